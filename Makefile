@@ -1,0 +1,37 @@
+# The two commands a fresh machine needs: `make demo` and `make test`.
+# Each creates .venv if missing and installs the project into it.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP_DEV := $(VENV)/.installed-dev
+
+.PHONY: demo test lint typecheck unit bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(STAMP_DEV): $(BIN)/python pyproject.toml
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $@
+
+demo: $(STAMP_DEV)
+	$(BIN)/ambrosia-py demo
+
+test: lint typecheck unit
+
+lint: $(STAMP_DEV)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(STAMP_DEV)
+	$(BIN)/mypy
+
+unit: $(STAMP_DEV)
+	$(BIN)/pytest -q
+
+bench: $(STAMP_DEV)
+	$(BIN)/ambrosia-py bench wire
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

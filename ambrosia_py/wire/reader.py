@@ -1,0 +1,412 @@
+"""Incremental readers: feed bytes in chunks of any size, take complete units out.
+
+:class:`RecordReader` reads a stream of log records (what a coordinator sends its binding,
+or a log file on disk), verifying check bytes, committer id and consecutive sequence ids,
+and attaching each Checkpoint's blob, which follows its record. :class:`MessageReader`
+reads the bare messages a binding sends its coordinator.
+
+Both are sans-IO: no sockets, no files. ``feed()`` appends bytes; ``next_*()`` returns the
+next complete unit or ``None`` when more bytes are needed; ``close()`` says the stream
+ended and raises :class:`TruncatedError` if it ended inside a unit. Each record is copied
+out of the input buffer once; the messages decoded from it are views into that copy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import attrs
+
+from .errors import (
+    CommitterError,
+    MalformedMessageError,
+    ProtocolError,
+    SequenceError,
+    TruncatedError,
+    UnknownMessageTypeError,
+)
+from .messages import (
+    Buffer,
+    Checkpoint,
+    CheckpointHeader,
+    Direction,
+    Message,
+    MessageType,
+    decode_message,
+    decode_messages,
+)
+from .records import (
+    CHECKPOINT_SEQ,
+    CONTROL_SEQ,
+    DEFAULT_MAX_RECORD_SIZE,
+    HEADER_SIZE,
+    DiskRecordTail,
+    LogRecord,
+    RecordHeader,
+    decode_disk_tail,
+    parse_header,
+    verify_check,
+)
+from .varint import decode_zigzag_int
+
+__all__ = [
+    "DEFAULT_MAX_CHECKPOINT_SIZE",
+    "DEFAULT_MAX_MESSAGE_SIZE",
+    "Frame",
+    "MessageReader",
+    "RawRecord",
+    "RecordReader",
+]
+
+DEFAULT_MAX_CHECKPOINT_SIZE = 1 << 40
+DEFAULT_MAX_MESSAGE_SIZE = DEFAULT_MAX_RECORD_SIZE
+
+
+class _Buffer:
+    """A growable input buffer with a read position; compacts lazily."""
+
+    __slots__ = ("consumed", "data", "pos")
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+        self.pos = 0
+        self.consumed = 0  # stream offset of data[0]
+
+    def feed(self, chunk: Buffer) -> None:
+        if self.pos and self.pos * 2 >= len(self.data):
+            del self.data[: self.pos]
+            self.consumed += self.pos
+            self.pos = 0
+        self.data += chunk
+
+    @property
+    def available(self) -> int:
+        return len(self.data) - self.pos
+
+    @property
+    def offset(self) -> int:
+        """Stream offset of the read position."""
+        return self.consumed + self.pos
+
+    def take(self, n: int) -> bytes:
+        with memoryview(self.data) as mv:
+            out = bytes(mv[self.pos : self.pos + n])
+        self.pos += n
+        return out
+
+
+@attrs.frozen
+class RawRecord:
+    """A verified record before message decoding.
+
+    ``body`` is the framed messages (a view of ``raw``); ``raw`` the record in wire form
+    when read from the wire, or header plus body when read from disk (the stored length
+    is then negative). ``offset`` is its position in the stream; ``tail`` its on-disk
+    watermarks (``None`` on the wire).
+    """
+
+    header: RecordHeader
+    raw: bytes = attrs.field(repr=False)
+    offset: int
+    tail: DiskRecordTail | None = None
+
+    @property
+    def seq(self) -> int:
+        return self.header.seq
+
+    @property
+    def body(self) -> memoryview:
+        return memoryview(self.raw)[HEADER_SIZE : self.header.length]
+
+
+class RecordReader:
+    """Reads log records from a byte stream fed in arbitrary chunks.
+
+    ``on_disk`` selects the on-disk form (negative length, watermarks after the body).
+    ``committer_id``, if given, must match every record; otherwise the first record's id is
+    required of the rest. ``next_seq``, if given, is the sequence id the first logged
+    record must have; logged records must then count up by one. Records with sequence id
+    -1 (control) and -2 (checkpoint) are allowed on the wire only and skip the count.
+    """
+
+    def __init__(
+        self,
+        *,
+        on_disk: bool = False,
+        verify: bool = True,
+        committer_id: int | None = None,
+        next_seq: int | None = None,
+        max_record_size: int = DEFAULT_MAX_RECORD_SIZE,
+        max_checkpoint_size: int = DEFAULT_MAX_CHECKPOINT_SIZE,
+        direction: Direction = Direction.TO_BINDING,
+    ) -> None:
+        self._buf = _Buffer()
+        self._on_disk = on_disk
+        self._verify = verify
+        self._committer = committer_id
+        self._next_seq = next_seq
+        self._max_record = max_record_size
+        self._max_checkpoint = max_checkpoint_size
+        self._direction = direction
+        # A decoded record waiting for its checkpoint blobs.
+        self._pending: tuple[RawRecord, list[Message]] | None = None
+        self._failed: ProtocolError | None = None
+
+    @property
+    def offset(self) -> int:
+        """Stream offset of the first byte not yet consumed."""
+        return self._buf.offset
+
+    @property
+    def buffered(self) -> int:
+        """Bytes fed but not yet consumed."""
+        return self._buf.available
+
+    @property
+    def next_seq(self) -> int | None:
+        """The sequence id the next logged record must carry, once known."""
+        return self._next_seq
+
+    def feed(self, data: Buffer) -> None:
+        """Append bytes from the stream."""
+        self._buf.feed(data)
+
+    def close(self) -> None:
+        """The stream has ended: raise if it ended inside a record or blob."""
+        if self._pending is not None or self._buf.available:
+            raise TruncatedError(
+                f"stream ends inside a record ({self._buf.available} bytes left over)",
+                offset=self._buf.offset,
+            )
+
+    def _fail(self, exc: ProtocolError) -> ProtocolError:
+        self._failed = exc
+        return exc
+
+    def next_raw(self) -> RawRecord | None:
+        """The next complete, verified record without decoding its messages."""
+        if self._failed is not None:
+            raise self._failed
+        buf = self._buf
+        if buf.available < HEADER_SIZE:
+            return None
+        start = buf.offset
+        try:
+            header = parse_header(
+                buf.data, buf.pos, on_disk=self._on_disk, max_record_size=self._max_record
+            )
+        except ProtocolError as exc:
+            raise self._fail(exc.relocated(base=buf.consumed)) from None
+        if buf.available < header.length:
+            return None
+        tail: DiskRecordTail | None = None
+        total = header.length
+        if self._on_disk:
+            try:
+                with memoryview(buf.data) as mv:
+                    tail, end = decode_disk_tail(mv, buf.pos + header.length)
+            except TruncatedError:
+                return None
+            except ProtocolError as exc:
+                raise self._fail(exc.relocated(base=buf.consumed, seq=header.seq)) from None
+            total = end - buf.pos
+        self._check_header(header, start)
+        raw = buf.take(total)
+        record = RawRecord(header, raw, start, tail)
+        if self._verify:
+            try:
+                verify_check(header, record.body, start)
+            except ProtocolError as exc:
+                raise self._fail(exc) from None
+        if header.seq >= 0:
+            self._next_seq = header.seq + 1
+        return record
+
+    def _check_header(self, header: RecordHeader, offset: int) -> None:
+        if self._committer is None:
+            self._committer = header.committer_id
+        elif header.committer_id != self._committer:
+            raise self._fail(
+                CommitterError(
+                    f"committer id {header.committer_id}, expected {self._committer}",
+                    offset=offset,
+                    seq=header.seq,
+                )
+            )
+        seq = header.seq
+        if seq < 0:
+            if self._on_disk or seq not in (CONTROL_SEQ, CHECKPOINT_SEQ):
+                raise self._fail(
+                    SequenceError(f"sequence id {seq} not allowed here", offset=offset, seq=seq)
+                )
+            return
+        if self._next_seq is not None and seq != self._next_seq:
+            raise self._fail(
+                SequenceError(
+                    f"sequence id {seq} where {self._next_seq} was expected",
+                    offset=offset,
+                    seq=seq,
+                )
+            )
+
+    def decode(self, record: RawRecord) -> list[Message]:
+        """Decode a raw record's messages (checkpoints appear as headers)."""
+        try:
+            return decode_messages(
+                memoryview(record.raw), HEADER_SIZE, record.header.length, self._direction
+            )
+        except ProtocolError as exc:
+            raise self._fail(exc.relocated(base=record.offset, seq=record.seq)) from None
+
+    def next_record(self) -> LogRecord | None:
+        """The next complete record, its messages decoded and checkpoint blobs attached."""
+        if self._pending is None:
+            raw = self.next_raw()
+            if raw is None:
+                return None
+            messages = self.decode(raw)
+            self._pending = (raw, messages)
+        raw, messages = self._pending
+        for i, msg in enumerate(messages):
+            if isinstance(msg, CheckpointHeader):
+                if msg.length > self._max_checkpoint:
+                    raise self._fail(
+                        ProtocolError(
+                            f"checkpoint of {msg.length} bytes exceeds the maximum "
+                            f"{self._max_checkpoint}",
+                            offset=raw.offset,
+                            seq=raw.seq,
+                        )
+                    )
+                if self._buf.available < msg.length:
+                    return None
+                messages[i] = Checkpoint(self._buf.take(msg.length))
+        self._pending = None
+        return LogRecord(raw.header.committer_id, raw.seq, tuple(messages), raw.header.check)
+
+    def __iter__(self) -> Iterator[LogRecord]:
+        while (record := self.next_record()) is not None:
+            yield record
+
+    def records(self, data: Buffer) -> list[LogRecord]:
+        """Feed ``data`` and return every record completed by it."""
+        self.feed(data)
+        return list(self)
+
+
+@attrs.frozen
+class Frame:
+    """One framed message, undecoded: its type, and the whole frame (size prefix included).
+
+    ``blob`` is a Checkpoint's blob, which follows its frame on the wire.
+    """
+
+    type: MessageType
+    raw: bytes = attrs.field(repr=False)
+    offset: int
+    blob: bytes | None = attrs.field(default=None, repr=False)
+
+    @property
+    def data_start(self) -> int:
+        """Index in ``raw`` of the first data byte (after size and type)."""
+        _, pos = decode_zigzag_int(self.raw, 0)
+        return pos + 1
+
+
+class MessageReader:
+    """Reads the bare messages a binding sends its coordinator (no record headers)."""
+
+    def __init__(
+        self,
+        *,
+        direction: Direction = Direction.TO_COORDINATOR,
+        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+        max_checkpoint_size: int = DEFAULT_MAX_CHECKPOINT_SIZE,
+    ) -> None:
+        self._buf = _Buffer()
+        self._direction = direction
+        self._max_message = max_message_size
+        self._max_checkpoint = max_checkpoint_size
+        self._pending: tuple[MessageType, bytes, int, int] | None = None  # waiting for a blob
+
+    @property
+    def offset(self) -> int:
+        return self._buf.offset
+
+    def feed(self, data: Buffer) -> None:
+        self._buf.feed(data)
+
+    def close(self) -> None:
+        if self._pending is not None or self._buf.available:
+            raise TruncatedError(
+                f"stream ends inside a message ({self._buf.available} bytes left over)",
+                offset=self._buf.offset,
+            )
+
+    def next_frame(self) -> Frame | None:
+        """The next complete frame (and its checkpoint blob), undecoded."""
+        buf = self._buf
+        if self._pending is None:
+            if not buf.available:
+                return None
+            start = buf.offset
+            try:
+                with memoryview(buf.data) as mv:
+                    size, pos = decode_zigzag_int(mv, buf.pos)
+            except TruncatedError:
+                return None
+            except ProtocolError as exc:
+                raise exc.relocated(base=buf.consumed) from None
+            if not 1 <= size <= self._max_message:
+                raise MalformedMessageError(
+                    f"message size {size} outside 1..{self._max_message}", offset=start
+                )
+            header_len = pos - buf.pos
+            if buf.available < header_len + size:
+                return None
+            t = buf.data[pos]
+            try:
+                mtype = MessageType(t)
+            except ValueError:
+                raise UnknownMessageTypeError(
+                    f"unknown message type {t}", offset=start + header_len
+                ) from None
+            raw = buf.take(header_len + size)
+            if mtype != MessageType.CHECKPOINT:
+                return Frame(mtype, raw, start)
+            msg, _ = decode_message(raw, 0, self._direction)
+            assert isinstance(msg, CheckpointHeader)
+            if msg.length > self._max_checkpoint:
+                raise ProtocolError(
+                    f"checkpoint of {msg.length} bytes exceeds the maximum {self._max_checkpoint}",
+                    offset=start,
+                )
+            self._pending = (mtype, raw, start, msg.length)
+        mtype, raw, start, length = self._pending
+        if buf.available < length:
+            return None
+        self._pending = None
+        return Frame(mtype, raw, start, buf.take(length))
+
+    def decode(self, frame: Frame) -> Message:
+        """Decode a frame into its message (a Checkpoint gets its blob)."""
+        if frame.blob is not None:
+            return Checkpoint(frame.blob)
+        try:
+            msg, _ = decode_message(frame.raw, 0, self._direction)
+        except ProtocolError as exc:
+            raise exc.relocated(base=frame.offset) from None
+        return msg
+
+    def next_message(self) -> Message | None:
+        frame = self.next_frame()
+        return None if frame is None else self.decode(frame)
+
+    def __iter__(self) -> Iterator[Message]:
+        while (msg := self.next_message()) is not None:
+            yield msg
+
+    def messages(self, data: Buffer) -> list[Message]:
+        """Feed ``data`` and return every message completed by it."""
+        self.feed(data)
+        return list(self)
