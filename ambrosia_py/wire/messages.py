@@ -625,18 +625,26 @@ def decode_messages(
     append = out.append
     incoming = direction is Direction.TO_BINDING
     while pos < end:
-        # Fast path: a one-byte size and an incoming fork or impulse call with a one-byte
-        # method id, which is what high-rate traffic looks like.
-        size = mv[pos]
-        if incoming and size < 0x80 and pos + 1 + (size >> 1) <= end and not size & 1:
-            stop = pos + 1 + (size >> 1)
-            if size >= 8 and mv[pos + 1] == 0 and mv[pos + 2] == 0:
-                m = mv[pos + 3]
-                r = mv[pos + 4]
-                if m < 0x80 and (r == 1 or r == 2):
-                    append(IncomingRpc((m >> 1) ^ -(m & 1), _RPC_TYPES[r], mv[pos + 5 : stop]))
-                    pos = stop
-                    continue
+        # Fast path: a size of one or two varint bytes and an incoming fork or impulse call
+        # with a one-byte method id, which is what high-rate traffic looks like.
+        if incoming:
+            b0 = mv[pos]
+            if b0 < 0x80:
+                raw_size, hdr = b0, 1
+            elif pos + 1 < end and mv[pos + 1] < 0x80:
+                raw_size, hdr = (b0 & 0x7F) | (mv[pos + 1] << 7), 2
+            else:
+                raw_size, hdr = 1, 0  # odd: falls through to the general path
+            if not raw_size & 1 and raw_size >= 8:
+                stop = pos + hdr + (raw_size >> 1)
+                p = pos + hdr
+                if stop <= end and mv[p] == 0 and mv[p + 1] == 0:
+                    m = mv[p + 2]
+                    r = mv[p + 3]
+                    if m < 0x80 and (r == 1 or r == 2):
+                        append(IncomingRpc((m >> 1) ^ -(m & 1), _RPC_TYPES[r], mv[p + 4 : stop]))
+                        pos = stop
+                        continue
         msg, pos = decode_message(mv, pos, direction, end=end)
         append(msg)
     return out

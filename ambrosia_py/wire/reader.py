@@ -62,18 +62,41 @@ DEFAULT_MAX_CHECKPOINT_SIZE = 1 << 40
 DEFAULT_MAX_MESSAGE_SIZE = DEFAULT_MAX_RECORD_SIZE
 
 
+_HAND_OVER = 64 * 1024  # records at least this large are never copied out
+
+
 class _Buffer:
-    """A growable input buffer with a read position; compacts lazily."""
+    """An input buffer with a read position.
+
+    Copies are what limit throughput for large records, so the buffer avoids them: a
+    ``bytes`` chunk fed while nothing is buffered is kept by reference, and records are
+    handed out as views of it; a large record assembled from several chunks is handed
+    out as a view of the assembly buffer, which is then replaced (only the bytes after the
+    record are copied). Small records are copied out, which keeps memory compact.
+    """
 
     __slots__ = ("consumed", "data", "pos")
 
     def __init__(self) -> None:
-        self.data = bytearray()
+        self.data: bytes | bytearray = b""
         self.pos = 0
         self.consumed = 0  # stream offset of data[0]
 
     def feed(self, chunk: Buffer) -> None:
-        if self.pos and self.pos * 2 >= len(self.data):
+        if not len(chunk):
+            return
+        if self.pos >= len(self.data):
+            # Nothing buffered: keep an immutable chunk as it is.
+            self.consumed += len(self.data)
+            self.pos = 0
+            self.data = chunk if isinstance(chunk, bytes) else bytes(chunk)
+            return
+        if isinstance(self.data, bytes):
+            with memoryview(self.data) as mv:
+                self.data = bytearray(mv[self.pos :])
+            self.consumed += self.pos
+            self.pos = 0
+        elif self.pos and self.pos * 2 >= len(self.data):
             del self.data[: self.pos]
             self.consumed += self.pos
             self.pos = 0
@@ -88,11 +111,25 @@ class _Buffer:
         """Stream offset of the read position."""
         return self.consumed + self.pos
 
-    def take(self, n: int) -> bytes:
-        with memoryview(self.data) as mv:
-            out = bytes(mv[self.pos : self.pos + n])
+    def take(self, n: int) -> bytes | memoryview:
+        """The next ``n`` bytes, as a copy or a view that no later feed can change."""
+        start = self.pos
         self.pos += n
-        return out
+        data = self.data
+        if isinstance(data, bytes):
+            return (
+                memoryview(data)[start : start + n] if n >= _HAND_OVER else data[start : start + n]
+            )
+        rest = len(data) - self.pos
+        if n >= _HAND_OVER and rest < n:
+            # Hand the assembly buffer over (it is never resized again) and keep the rest.
+            with memoryview(data) as mv:
+                self.data = bytearray(mv[self.pos :])
+            self.consumed += self.pos
+            self.pos = 0
+            return memoryview(data)[start : start + n]
+        with memoryview(data) as mv:
+            return bytes(mv[start : start + n])
 
 
 @attrs.frozen
@@ -106,7 +143,7 @@ class RawRecord:
     """
 
     header: RecordHeader
-    raw: bytes = attrs.field(repr=False)
+    raw: bytes | memoryview = attrs.field(repr=False)
     offset: int
     tail: DiskRecordTail | None = None
 
@@ -302,9 +339,9 @@ class Frame:
     """
 
     type: MessageType
-    raw: bytes = attrs.field(repr=False)
+    raw: bytes | memoryview = attrs.field(repr=False)
     offset: int
-    blob: bytes | None = attrs.field(default=None, repr=False)
+    blob: bytes | memoryview | None = attrs.field(default=None, repr=False)
 
     @property
     def data_start(self) -> int:
@@ -327,7 +364,9 @@ class MessageReader:
         self._direction = direction
         self._max_message = max_message_size
         self._max_checkpoint = max_checkpoint_size
-        self._pending: tuple[MessageType, bytes, int, int] | None = None  # waiting for a blob
+        self._pending: tuple[MessageType, bytes | memoryview, int, int] | None = (
+            None  # waiting for a blob
+        )
 
     @property
     def offset(self) -> int:

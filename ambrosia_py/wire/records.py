@@ -128,8 +128,32 @@ def frame_record(committer_id: int, seq: int, body: Buffer) -> bytes:
     return HEADER.pack(committer_id, HEADER_SIZE + len(body), check, seq)
 
 
+_COALESCE = 4096  # payloads at least this large travel as their own buffer, uncopied
+
+
+def _coalesce(parts: Iterable[Buffer]) -> list[Buffer]:
+    """Join runs of small buffers; leave large ones as they are (no copy)."""
+    out: list[Buffer] = []
+    small: list[Buffer] = []
+    for part in parts:
+        if len(part) >= _COALESCE:
+            if small:
+                out.append(b"".join(small))
+                small = []
+            out.append(part)
+        else:
+            small.append(part)
+    if small:
+        out.append(b"".join(small))
+    return out
+
+
 def encode_record_parts(committer_id: int, seq: int, messages: Sequence[Message]) -> list[Buffer]:
-    """A record in wire form as buffers: header, messages, then any checkpoint blobs."""
+    """A record in wire form as buffers: header, messages, then any checkpoint blobs.
+
+    Large payloads are not copied: they appear as their own buffers, ready for
+    ``writev``/``writelines``; the check bytes are computed over the parts in turn.
+    """
     body: list[Buffer] = []
     blobs: list[Buffer] = []
     for msg in messages:
@@ -137,8 +161,18 @@ def encode_record_parts(committer_id: int, seq: int, messages: Sequence[Message]
         blob = getattr(msg, "blob", None)
         if blob is not None:
             blobs.append(blob)
-    joined = b"".join(body)
-    return [frame_record(committer_id, seq, joined), joined, *blobs]
+    chunks = _coalesce(body)
+    length = HEADER_SIZE + sum(len(c) for c in chunks)
+    if seq == CHECKPOINT_SEQ:
+        check = 0
+    elif len(chunks) == 1:
+        check = check_bytes(chunks[0])
+    else:
+        hasher = xxhash.xxh64()
+        for c in chunks:
+            hasher.update(c)
+        check = hasher.intdigest()
+    return [HEADER.pack(committer_id, length, check, seq), *chunks, *blobs]
 
 
 def encode_record(committer_id: int, seq: int, messages: Sequence[Message]) -> bytes:
