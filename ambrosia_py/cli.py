@@ -1,1 +1,19 @@
-def main() -> None: ...
+"""``ambrosia-py``: the command line. Each package contributes its own commands."""
+
+from __future__ import annotations
+
+import click
+
+from .bench import bench
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="ambrosia-py")
+def main() -> None:
+    """AMBROSIA-style virtual resiliency for Python."""
+
+
+main.add_command(bench)
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
