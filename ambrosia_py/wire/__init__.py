@@ -7,6 +7,7 @@ Nothing here touches a socket, a file or a clock.
 from .errors import (
     BatchCountError,
     CheckBytesError,
+    CheckpointSizeError,
     CommitterError,
     InvalidNameError,
     MalformedMessageError,
@@ -100,6 +101,7 @@ __all__ = [
     "CheckBytesError",
     "Checkpoint",
     "CheckpointHeader",
+    "CheckpointSizeError",
     "Commit",
     "CommitterError",
     "CountReplayableRpcBatch",

@@ -11,6 +11,7 @@ from __future__ import annotations
 __all__ = [
     "BatchCountError",
     "CheckBytesError",
+    "CheckpointSizeError",
     "CommitterError",
     "InvalidNameError",
     "MalformedMessageError",
@@ -41,6 +42,10 @@ class ProtocolError(ValueError):
         """The same error with its offset moved by ``base`` (and ``seq`` filled in)."""
         offset = None if self.offset is None else base + self.offset
         return type(self)(self.reason, offset=offset, seq=self.seq if seq is None else seq)
+
+
+class CheckpointSizeError(ProtocolError):
+    """A checkpoint blob longer than the reader's configured maximum."""
 
 
 class CommitterError(ProtocolError):

@@ -356,6 +356,9 @@ def _call_head(method_id: int, rpc_type: RpcType, sender: str, call_seq: int) ->
     head = b"\x00" + encode_zigzag_int(method_id) + _TYPE_BYTES[rpc_type]
     if rpc_type == RpcType.ASYNC_AWAIT:
         head += _name(sender) + encode_zigzag_long(call_seq)
+    elif sender or call_seq:
+        # Only async/await calls carry them on the wire: refuse rather than drop them.
+        raise ValueError(f"a {rpc_type.name} call carries no sender or call sequence number")
     return head
 
 
@@ -370,6 +373,15 @@ def _return_parts(
     if return_type not in (ReturnType.VALUE, ReturnType.EXCEPTION):
         raise ValueError(f"not a return type: {return_type!r}")
     return [head + encode_zigzag_int(len(value)), value]
+
+
+def _replayable(messages: tuple[RpcMessage, ...]) -> int:
+    """Messages that replay regenerates: everything but impulse calls."""
+    return sum(
+        1
+        for m in messages
+        if not (isinstance(m, IncomingRpc | OutgoingRpc) and m.rpc_type == RpcType.IMPULSE)
+    )
 
 
 def _data_parts(msg: Message) -> list[Buffer]:
@@ -407,6 +419,11 @@ def _data_parts(msg: Message) -> list[Buffer]:
         counted: list[Buffer] = [
             encode_zigzag_int(len(msg.messages)) + encode_zigzag_int(msg.replayable_count)
         ]
+        if msg.replayable_count != _replayable(msg.messages):
+            raise ValueError(
+                f"replayable count {msg.replayable_count}, but the batch holds "
+                f"{_replayable(msg.messages)} non-impulse messages"
+            )
         for inner in msg.messages:
             counted.extend(frame_parts(inner))
         return counted
@@ -490,7 +507,9 @@ def _decode_rpc(mv: memoryview, pos: int, end: int, outgoing: bool) -> Message:
     value: Payload = b""
     if return_type != ReturnType.NO_VALUE:
         n, pos = _varint(mv, pos, end, False)
-        if n < 0 or pos + n > end:
+        if n < 0:
+            raise MalformedMessageError(f"negative return value length {n}", offset=pos)
+        if pos + n > end:
             raise TruncatedError(f"return value of {n} bytes runs past the message end", offset=pos)
         value = mv[pos : pos + n]
         pos += n
@@ -518,20 +537,32 @@ def _decode_batch(
                 f"batch states {count} messages but holds more ({end - pos} bytes left)",
                 offset=pos,
             )
+        inner_start = pos
+        # Refuse a nested batch before decoding it: decoding recurses, and a record can
+        # hold enough nesting levels to exhaust the stack (RecursionError).
+        size, p = _varint(mv, pos, end, False)
+        if size >= 1 and p < end and mv[p] in _BATCH_TYPES:
+            raise MalformedMessageError("batch holds a batch", offset=inner_start)
         inner, pos = decode_message(mv, pos, direction, end=end)
         if not isinstance(
             inner, IncomingRpc | IncomingReturnValue | OutgoingRpc | OutgoingReturnValue
         ):
-            raise MalformedMessageError(f"batch holds a {type(inner).__name__}", offset=pos)
+            raise MalformedMessageError(f"batch holds a {type(inner).__name__}", offset=inner_start)
         items.append(inner)
     if len(items) != count:
         raise BatchCountError(f"batch states {count} messages but holds {len(items)}", offset=start)
     if counted:
-        if not 0 <= replayable <= count:
-            raise BatchCountError(f"replayable count {replayable} outside 0..{count}", offset=start)
+        actual = _replayable(tuple(items))
+        if replayable != actual:
+            raise BatchCountError(
+                f"batch states {replayable} replayable messages but holds {actual}",
+                offset=start,
+            )
         return CountReplayableRpcBatch(tuple(items), replayable)
     return RpcBatch(tuple(items))
 
+
+_BATCH_TYPES = (MessageType.RPC_BATCH, MessageType.COUNT_REPLAYABLE_RPC_BATCH)
 
 _EMPTY: dict[MessageType, Message] = {
     MessageType.TAKE_CHECKPOINT: TakeCheckpoint(),
@@ -555,7 +586,8 @@ def decode_message(
     A type 8 message decodes to a :class:`CheckpointHeader`; its blob is not consumed.
     """
     mv = buf if isinstance(buf, memoryview) else memoryview(buf)
-    limit = len(mv) if end is None else end
+    # An ``end`` past the buffer must not let an IndexError out: the data is truncated.
+    limit = len(mv) if end is None else min(end, len(mv))
     start = pos
     size, pos = _varint(mv, pos, limit, False)
     if size < 1:
@@ -621,6 +653,8 @@ def decode_messages(
 ) -> list[Message]:
     """Decode the messages packed in ``buf[pos:end]`` (a record body)."""
     mv = buf if isinstance(buf, memoryview) else memoryview(buf)
+    if end > len(mv):
+        raise TruncatedError(f"messages end at {end}, past the {len(mv)}-byte buffer", offset=pos)
     out: list[Message] = []
     append = out.append
     incoming = direction is Direction.TO_BINDING

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 import attrs
 
 from .errors import (
+    CheckpointSizeError,
     CommitterError,
     MalformedMessageError,
     ProtocolError,
@@ -136,9 +137,9 @@ class _Buffer:
 class RawRecord:
     """A verified record before message decoding.
 
-    ``body`` is the framed messages (a view of ``raw``); ``raw`` the record in wire form
-    when read from the wire, or header plus body when read from disk (the stored length
-    is then negative). ``offset`` is its position in the stream; ``tail`` its on-disk
+    ``body`` is the framed messages (a view of ``raw``); ``raw`` the record as read: in
+    wire form from the wire, or from disk with its stored (negative) length and its
+    watermark tail after the body. ``offset`` is its position in the stream; ``tail`` its on-disk
     watermarks (``None`` on the wire).
     """
 
@@ -308,7 +309,7 @@ class RecordReader:
             if isinstance(msg, CheckpointHeader):
                 if msg.length > self._max_checkpoint:
                     raise self._fail(
-                        ProtocolError(
+                        CheckpointSizeError(
                             f"checkpoint of {msg.length} bytes exceeds the maximum "
                             f"{self._max_checkpoint}",
                             offset=raw.offset,
@@ -367,6 +368,7 @@ class MessageReader:
         self._pending: tuple[MessageType, bytes | memoryview, int, int] | None = (
             None  # waiting for a blob
         )
+        self._failed: ProtocolError | None = None
 
     @property
     def offset(self) -> int:
@@ -383,7 +385,19 @@ class MessageReader:
             )
 
     def next_frame(self) -> Frame | None:
-        """The next complete frame (and its checkpoint blob), undecoded."""
+        """The next complete frame (and its checkpoint blob), undecoded.
+
+        After an error every later call raises it again: the reader never resyncs.
+        """
+        if self._failed is not None:
+            raise self._failed
+        try:
+            return self._next_frame()
+        except ProtocolError as exc:
+            self._failed = exc
+            raise
+
+    def _next_frame(self) -> Frame | None:
         buf = self._buf
         if self._pending is None:
             if not buf.available:
@@ -413,10 +427,13 @@ class MessageReader:
             raw = buf.take(header_len + size)
             if mtype != MessageType.CHECKPOINT:
                 return Frame(mtype, raw, start)
-            msg, _ = decode_message(raw, 0, self._direction)
+            try:
+                msg, _ = decode_message(raw, 0, self._direction)
+            except ProtocolError as exc:
+                raise exc.relocated(base=start) from None
             assert isinstance(msg, CheckpointHeader)
             if msg.length > self._max_checkpoint:
-                raise ProtocolError(
+                raise CheckpointSizeError(
                     f"checkpoint of {msg.length} bytes exceeds the maximum {self._max_checkpoint}",
                     offset=start,
                 )
@@ -434,7 +451,8 @@ class MessageReader:
         try:
             msg, _ = decode_message(frame.raw, 0, self._direction)
         except ProtocolError as exc:
-            raise exc.relocated(base=frame.offset) from None
+            self._failed = exc.relocated(base=frame.offset)
+            raise self._failed from None
         return msg
 
     def next_message(self) -> Message | None:

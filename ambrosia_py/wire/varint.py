@@ -102,7 +102,8 @@ def decode_zigzag_int(buf: bytes | bytearray | memoryview, pos: int = 0) -> tupl
         if b < 0x80:  # fast path: one byte
             return (b >> 1) ^ -(b & 1), pos + 1
     n, pos2 = _decode(buf, pos, _MAX_INT_BYTES, "ZigZagInt")
-    n &= 0xFFFFFFFF
+    if n > 0xFFFFFFFF:  # a fifth byte above 0x0f: never written, and not to be truncated
+        raise VarintTooLongError("ZigZagInt value exceeds 32 bits", offset=pos)
     return (n >> 1) ^ -(n & 1), pos2
 
 
@@ -113,5 +114,6 @@ def decode_zigzag_long(buf: bytes | bytearray | memoryview, pos: int = 0) -> tup
         if b < 0x80:
             return (b >> 1) ^ -(b & 1), pos + 1
     n, pos2 = _decode(buf, pos, _MAX_LONG_BYTES, "ZigZagLong")
-    n &= 0xFFFFFFFFFFFFFFFF
+    if n > 0xFFFFFFFFFFFFFFFF:  # a tenth byte above 0x01
+        raise VarintTooLongError("ZigZagLong value exceeds 64 bits", offset=pos)
     return (n >> 1) ^ -(n & 1), pos2
