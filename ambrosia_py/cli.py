@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from .bench import bench
+from .coordinator.admin_cli import instances, log, register
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -14,6 +15,9 @@ def main() -> None:
 
 
 main.add_command(bench)
+main.add_command(register)
+main.add_command(instances)
+main.add_command(log)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

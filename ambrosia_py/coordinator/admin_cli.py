@@ -1,0 +1,332 @@
+"""Administration commands: register instances, list them, and show, verify or prune logs.
+
+``ambrosia-py register``, ``ambrosia-py instances`` and ``ambrosia-py log show|verify|prune``
+work on the files a coordinator leaves in its data directory (see :mod:`.storage` and
+:mod:`.registry`); none of them needs a running coordinator, and ``log prune`` refuses to
+run beside one. ``show`` and ``verify`` never modify a log.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from .. import wire
+from .registry import REGISTRY_FILE, InstanceInfo, Registry, RegistryError
+from .storage import (
+    CorruptLogError,
+    InstanceFiles,
+    InstanceLockedError,
+    LogScan,
+    StorageError,
+    log_number,
+    log_numbers_in,
+)
+
+__all__ = ["instances", "log", "register"]
+
+_DATA_DIR = click.option(
+    "--data-dir",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="The coordinators' data directory (registry and instance directories).",
+)
+_PREVIEW = 16
+
+
+# --- registry commands --------------------------------------------------------------------
+
+
+@click.command()
+@click.argument("name")
+@_DATA_DIR
+@click.option("--receive-port", type=int, help="Port the coordinator receives on.")
+@click.option("--send-port", type=int, help="Port the coordinator sends on.")
+@click.option("--version", "version", type=int, help="Current version (default 0).")
+def register(
+    name: str,
+    data_dir: Path,
+    receive_port: int | None,
+    send_port: int | None,
+    version: int | None,
+) -> None:
+    """Register instance NAME (ports not given are allocated) and print its ports."""
+    try:
+        with Registry(data_dir) as reg:
+            info = reg.register(
+                name, receive_port=receive_port, send_port=send_port, version=version or 0
+            )
+            if version is not None and info.current_version != version:
+                reg.set_current_version(name, version)
+                info = reg.get(name) or info
+    except RegistryError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(
+        f"{info.name}: receive port {info.receive_port}, send port {info.send_port}, "
+        f"version {info.current_version}"
+    )
+
+
+def _opt(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
+@click.command()
+@_DATA_DIR
+def instances(data_dir: Path) -> None:
+    """List the registered instances."""
+    if not (data_dir / REGISTRY_FILE).exists():
+        click.echo(f"no registry in {data_dir}")
+        return
+    with Registry(data_dir) as reg:
+        infos: list[InstanceInfo] = reg.instances()
+    if not infos:
+        click.echo(f"no instances registered in {data_dir}")
+        return
+    table = Table(title=f"instances in {data_dir}")
+    for header in ("name", "version", "receive", "send", "checkpoint", "log", "committer"):
+        table.add_column(header, overflow="fold")
+    for i in infos:
+        table.add_row(
+            i.name,
+            str(i.current_version),
+            str(i.receive_port),
+            str(i.send_port),
+            _opt(i.last_checkpoint),
+            _opt(i.last_log),
+            _opt(i.committer_id),
+        )
+    Console(soft_wrap=False).print(table)
+
+
+# --- log commands -------------------------------------------------------------------------
+
+
+@click.group()
+def log() -> None:
+    """Inspect and maintain coordinator log files."""
+
+
+def _preview(data: wire.Payload) -> str:
+    raw = bytes(data[:_PREVIEW])
+    more = "..." if len(data) > _PREVIEW else ""
+    text = f"{len(data)} bytes"
+    if raw:
+        text += f": {raw.hex()}{more}"
+        try:
+            decoded = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            decoded = ""
+        if decoded and decoded.isprintable():
+            text += f" {decoded!r}{more}"
+    return text
+
+
+def describe(msg: wire.Message) -> list[str]:
+    """Readable lines for one message a coordinator logged (batches indent their RPCs)."""
+    if isinstance(msg, wire.IncomingRpc):
+        line = f"RPC {msg.rpc_type.name.lower()} method {msg.method_id}"
+        if msg.rpc_type is wire.RpcType.ASYNC_AWAIT:
+            line += f" from {msg.sender!r} call {msg.call_seq}"
+        return [f"{line}, args {_preview(msg.args)}"]
+    if isinstance(msg, wire.IncomingReturnValue):
+        return [
+            f"return {msg.return_type.name.lower()} from {msg.sender!r} call {msg.call_seq}, "
+            f"value {_preview(msg.value)}"
+        ]
+    if isinstance(msg, wire.RpcBatch | wire.CountReplayableRpcBatch):
+        head = f"RPC batch of {len(msg.messages)}"
+        if isinstance(msg, wire.CountReplayableRpcBatch):
+            head += f" ({msg.replayable_count} replayable)"
+        return [head] + ["  " + line for inner in msg.messages for line in describe(inner)]
+    if isinstance(msg, wire.InitialMessage):
+        return [f"InitialMessage {_preview(msg.data)}"]
+    if isinstance(msg, wire.CheckpointHeader):
+        return [f"Checkpoint, blob of {msg.length} bytes"]
+    return [repr(msg)]
+
+
+def _count(messages: list[wire.Message]) -> int:
+    """Messages, counting each RPC of a batch."""
+    return sum(
+        len(m.messages) if isinstance(m, wire.RpcBatch | wire.CountReplayableRpcBatch) else 1
+        for m in messages
+    )
+
+
+def _decode(record: wire.RawRecord, path: Path) -> list[wire.Message]:
+    try:
+        return wire.decode_messages(
+            record.raw, wire.HEADER_SIZE, record.header.length, wire.Direction.TO_BINDING
+        )
+    except wire.ProtocolError as exc:
+        raise CorruptLogError(
+            path,
+            record.offset,
+            record.seq,
+            f"record verifies but its messages do not decode: {exc.reason}"
+            + ("" if exc.offset is None else f" (at offset {record.offset + exc.offset})"),
+        ) from None
+
+
+def _is_last(path: Path) -> bool:
+    """Whether no higher-numbered log sits beside ``path`` (it is where a crash tears)."""
+    n = log_number(path)
+    return n is None or all(m <= n for m in log_numbers_in(path.parent))
+
+
+def _scan(path: Path, committer: int | None, next_seq: int | None, last: bool) -> LogScan:
+    return LogScan(path, committer_id=committer, next_seq=next_seq, last=last, repair=False)
+
+
+@log.command()
+@click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--from-seq", type=int, default=None, help="Skip records before this seq.")
+@click.option("--limit", type=click.IntRange(min=0), default=None, help="Show at most N.")
+def show(path: Path, from_seq: int | None, limit: int | None) -> None:
+    """Print the records of log file PATH and their messages."""
+    scan = _scan(path, None, None, _is_last(path))
+    shown = 0
+    try:
+        for record in scan:
+            if from_seq is not None and record.seq < from_seq:
+                continue
+            if limit is not None and shown >= limit:
+                return
+            shown += 1
+            messages = _decode(record, path)
+            h = record.header
+            click.echo(
+                f"record seq {h.seq}  offset {record.offset}  committer {h.committer_id}  "
+                f"length {h.length}  messages {len(messages)}"
+            )
+            tail = record.tail or wire.DiskRecordTail()
+            if tail.watermarks:
+                marks = "; ".join(
+                    f"{w.name!r} seq {w.last_seq} replayable {w.last_replayable_seq}"
+                    for w in tail.watermarks
+                )
+                click.echo(f"  watermarks: {marks}")
+            if tail.trims:
+                trims = "; ".join(f"{t.name!r} seq {t.seq}" for t in tail.trims)
+                click.echo(f"  trims: {trims}")
+            for msg in messages:
+                for line in describe(msg):
+                    click.echo(f"  {line}")
+    except CorruptLogError as exc:
+        raise click.ClickException(str(exc)) from None
+    if scan.damage is not None:
+        d = scan.damage
+        raise click.ClickException(
+            f"{d.path}: {d.reason}; {d.dropped_bytes} bytes from offset {d.offset} "
+            "would be cut at recovery"
+        )
+    if shown == 0:
+        click.echo("no records")
+
+
+def _log_files(path: Path) -> Iterator[Path]:
+    if path.is_file():
+        yield path
+        return
+    numbers = log_numbers_in(path)
+    for prev, n in itertools.pairwise(numbers):
+        if n != prev + 1:
+            raise CorruptLogError(
+                path / f"serverlog{prev + 1}", 0, None, "log file missing between two others"
+            )
+    for n in numbers:
+        yield path / f"serverlog{n}"
+
+
+@log.command()
+@click.argument("path", type=click.Path(exists=True, path_type=Path))
+def verify(path: Path) -> None:
+    """Verify log file PATH, or every log of the instance-version directory PATH.
+
+    Exit 0 if every record verifies (sequence ids consecutive across files), 1 naming the
+    first bad record or the torn tail a recovery would cut.
+    """
+    files = records = messages = size = 0
+    committer: int | None = None
+    next_seq: int | None = None
+    first_seq: int | None = None
+    try:
+        paths = list(_log_files(path))
+        for i, log_path in enumerate(paths):
+            last = i == len(paths) - 1 and _is_last(log_path)
+            scan = _scan(log_path, committer, next_seq, last)
+            for record in scan:
+                messages += _count(_decode(record, log_path))
+                first_seq = record.seq if first_seq is None else first_seq
+            files += 1
+            records += scan.records
+            size += scan.end_offset
+            committer, next_seq = scan.committer_id, scan.next_seq
+            if scan.damage is not None:
+                d = scan.damage
+                raise click.ClickException(
+                    f"{d.reason} in {d.path} at offset {d.offset}: {d.dropped_bytes} bytes after "
+                    f"the last good record (next seq {_opt(next_seq)}) would be cut at recovery"
+                )
+    except CorruptLogError as exc:
+        raise click.ClickException(
+            f"bad record in {exc.path} at offset {exc.offset}, seq {_opt(exc.seq)}: {exc.reason}"
+        ) from None
+    if files == 0:
+        raise click.ClickException(f"no log files in {path}")
+    seqs = ""
+    if first_seq is not None and next_seq is not None:
+        seqs = f", seqs {first_seq}..{next_seq - 1}"
+    click.echo(
+        f"OK: {files} file{'s' * (files != 1)}, {records} records, {messages} messages, "
+        f"{size} bytes{seqs}"
+    )
+
+
+@log.command()
+@_DATA_DIR
+@click.option("--instance", required=True, help="The instance name.")
+@click.option("--version", "version", type=int, help="Instance version (default: current).")
+@click.option("--keep", type=click.IntRange(min=1), required=True, help="Checkpoints to keep.")
+def prune(data_dir: Path, instance: str, version: int | None, keep: int) -> None:
+    """Remove the oldest checkpoints and the logs only they need.
+
+    Refuses while a running coordinator holds the instance's lock.
+    """
+    info: InstanceInfo | None = None
+    if (data_dir / REGISTRY_FILE).exists():
+        with Registry(data_dir) as reg:
+            info = reg.get(instance)
+    if version is None:
+        if info is None:
+            raise click.ClickException(
+                f"instance {instance!r} is not registered in {data_dir}; give --version"
+            )
+        version = info.current_version
+    committed = info.last_checkpoint if info and info.current_version == version else None
+    files = InstanceFiles(data_dir, instance, version)
+    if not files.path.is_dir():
+        raise click.ClickException(f"no directory {files.path}")
+    try:
+        files.acquire_lock()
+    except InstanceLockedError as exc:
+        raise click.ClickException(f"refusing to prune: {exc}") from None
+    try:
+        removed = files.prune(keep, committed=committed)
+    except StorageError as exc:
+        raise click.ClickException(str(exc)) from None
+    finally:
+        files.release_lock()
+    for p in removed:
+        click.echo(f"removed {p.name}")
+    if not removed:
+        click.echo("nothing to remove")
+    kept_chk = ", ".join(map(str, files.checkpoint_numbers())) or "none"
+    kept_log = ", ".join(map(str, files.log_numbers())) or "none"
+    click.echo(f"kept checkpoints {kept_chk}; logs {kept_log}")

@@ -1,0 +1,350 @@
+"""The instance registry: what the released coordinator kept in cloud tables, on local disk.
+
+An embedded SQLite database at ``<data dir>/registry.sqlite3`` (reference ambrosia.md,
+Files on disk: "ours keeps it in an embedded store on local disk") holds, per instance,
+its two loopback ports (receive, send), its current version and committer id, and per
+version the last committed checkpoint and the log file that goes with it.
+
+Several coordinator processes on one machine may share a data directory, so the database
+runs in WAL mode with a busy timeout, every change is one short ``BEGIN IMMEDIATE``
+transaction (which serialises writers, so checking and taking ports cannot race), and
+``synchronous=FULL`` makes a committed checkpoint survive power loss.
+
+Ports: a port given explicitly must not be used by another registered instance. A port
+not given is allocated from :data:`PORT_RANGE`, which sits below Linux's default
+ephemeral range (32768-60999) so outgoing connections never take it later; candidates are
+tried from a random start (registries in other data directories cannot see ours), must be
+unused by any registered instance, and must be bindable on 127.0.0.1 right now.
+"""
+
+from __future__ import annotations
+
+import random
+import socket
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+import attrs
+
+__all__ = [
+    "PORT_RANGE",
+    "REGISTRY_FILE",
+    "InstanceInfo",
+    "Registry",
+    "RegistryError",
+]
+
+REGISTRY_FILE = "registry.sqlite3"
+PORT_RANGE = range(20000, 32768)
+_BUSY_TIMEOUT_S = 30.0
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS instances (
+    name TEXT PRIMARY KEY,
+    receive_port INTEGER NOT NULL,
+    send_port INTEGER NOT NULL,
+    current_version INTEGER NOT NULL,
+    committer_id INTEGER
+);
+CREATE TABLE IF NOT EXISTS versions (
+    name TEXT NOT NULL REFERENCES instances(name),
+    version INTEGER NOT NULL,
+    last_checkpoint INTEGER,
+    last_log INTEGER,
+    PRIMARY KEY (name, version)
+);
+"""
+
+_SELECT = """
+SELECT i.name, i.receive_port, i.send_port, i.current_version,
+       v.last_checkpoint, v.last_log, i.committer_id
+FROM instances AS i
+LEFT JOIN versions AS v ON v.name = i.name AND v.version = i.current_version
+"""
+
+
+class RegistryError(Exception):
+    """A registry request that cannot be met (unknown instance, port clash, ...)."""
+
+
+@attrs.frozen
+class InstanceInfo:
+    """One registered instance; ``last_checkpoint``/``last_log`` are for its current version."""
+
+    name: str
+    receive_port: int
+    send_port: int
+    current_version: int
+    last_checkpoint: int | None
+    last_log: int | None
+    committer_id: int | None
+
+
+def _info(row: tuple[object, ...]) -> InstanceInfo:
+    name, rp, sp, version, chk, log, committer = row
+    assert isinstance(name, str) and isinstance(rp, int) and isinstance(sp, int)
+    assert isinstance(version, int)
+    assert chk is None or isinstance(chk, int)
+    assert log is None or isinstance(log, int)
+    assert committer is None or isinstance(committer, int)
+    return InstanceInfo(name, rp, sp, version, chk, log, committer)
+
+
+def _bindable(port: int) -> bool:
+    """Whether a listener could take ``port`` on 127.0.0.1 now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _check_port(port: int, what: str) -> None:
+    if not 1 <= port <= 65535:
+        raise RegistryError(f"{what} {port} is not a TCP port (1-65535)")
+
+
+def _set_wal(db: sqlite3.Connection) -> None:
+    """Switch to WAL mode, retrying while another process holds the database.
+
+    Changing the journal mode takes an exclusive lock, and SQLite reports "database is
+    locked" for it without calling the busy handler when several processes open a fresh
+    database at once; so the busy timeout alone is not enough here.
+    """
+    deadline = time.monotonic() + _BUSY_TIMEOUT_S
+    delay = 0.001
+    while True:
+        try:
+            db.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+
+
+class Registry:
+    """The registry of one data directory. Thread-safe; share one per process."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = Path(data_dir)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.data_dir / REGISTRY_FILE
+        self._lock = threading.Lock()
+        self._db: sqlite3.Connection | None = sqlite3.connect(
+            self.path,
+            timeout=_BUSY_TIMEOUT_S,
+            isolation_level=None,  # we issue BEGIN/COMMIT ourselves
+            check_same_thread=False,
+        )
+        with self._lock:
+            db = self._conn()
+            db.execute(f"PRAGMA busy_timeout = {int(_BUSY_TIMEOUT_S * 1000)}")
+            _set_wal(db)
+            db.execute("PRAGMA synchronous = FULL")
+            db.execute("PRAGMA foreign_keys = ON")
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                for statement in _SCHEMA.split(";"):
+                    if statement.strip():
+                        db.execute(statement)
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+
+    def _conn(self) -> sqlite3.Connection:
+        if self._db is None:
+            raise RegistryError(f"registry {self.path} is closed")
+        return self._db
+
+    def close(self) -> None:
+        """Close the database (idempotent)."""
+        with self._lock:
+            if self._db is not None:
+                self._db.close()
+                self._db = None
+
+    def __enter__(self) -> Registry:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- reading -----------------------------------------------------------------------
+
+    def _get(self, db: sqlite3.Connection, name: str) -> InstanceInfo | None:
+        row = db.execute(_SELECT + " WHERE i.name = ?", (name,)).fetchone()
+        return None if row is None else _info(row)
+
+    def get(self, name: str) -> InstanceInfo | None:
+        """The instance called ``name``, or ``None``."""
+        with self._lock:
+            return self._get(self._conn(), name)
+
+    def instances(self) -> list[InstanceInfo]:
+        """Every registered instance, by name."""
+        with self._lock:
+            rows = self._conn().execute(_SELECT + " ORDER BY i.name").fetchall()
+        return [_info(row) for row in rows]
+
+    # --- writing -----------------------------------------------------------------------
+
+    def _write(self) -> _Transaction:
+        return _Transaction(self)
+
+    def register(
+        self,
+        name: str,
+        *,
+        receive_port: int | None = None,
+        send_port: int | None = None,
+        version: int = 0,
+    ) -> InstanceInfo:
+        """Register ``name`` (or return it unchanged if it exists and no port is given).
+
+        Explicit ports replace an existing instance's; missing ones are allocated (new
+        instance) or kept (existing one). ``version`` is the current version of a new
+        instance; change an existing one's with :meth:`set_current_version`.
+        """
+        if not name:
+            raise RegistryError("an instance needs a name")
+        for port, what in ((receive_port, "receive port"), (send_port, "send port")):
+            if port is not None:
+                _check_port(port, what)
+        if version < 0:
+            raise RegistryError(f"version {version} is negative")
+        with self._write() as db:
+            existing = self._get(db, name)
+            if existing is not None and receive_port is None and send_port is None:
+                return existing
+            used: dict[int, str] = {}
+            for other, rp, sp in db.execute(
+                "SELECT name, receive_port, send_port FROM instances WHERE name != ?", (name,)
+            ):
+                used[rp] = other
+                used[sp] = other
+            for port, what in ((receive_port, "receive port"), (send_port, "send port")):
+                if port is not None and port in used:
+                    raise RegistryError(
+                        f"{what} {port} for {name!r} is already used by instance {used[port]!r}"
+                    )
+            if existing is not None:
+                receive_port = existing.receive_port if receive_port is None else receive_port
+                send_port = existing.send_port if send_port is None else send_port
+            taken = set(used) | {p for p in (receive_port, send_port) if p is not None}
+            if receive_port is None:
+                receive_port = _allocate(taken)
+                taken.add(receive_port)
+            if send_port is None:
+                send_port = _allocate(taken)
+            if receive_port == send_port:
+                raise RegistryError(
+                    f"receive and send port of {name!r} must differ (both {receive_port})"
+                )
+            if existing is None:
+                db.execute(
+                    "INSERT INTO instances (name, receive_port, send_port, current_version) "
+                    "VALUES (?, ?, ?, ?)",
+                    (name, receive_port, send_port, version),
+                )
+                db.execute(
+                    "INSERT OR IGNORE INTO versions (name, version) VALUES (?, ?)",
+                    (name, version),
+                )
+            else:
+                db.execute(
+                    "UPDATE instances SET receive_port = ?, send_port = ? WHERE name = ?",
+                    (receive_port, send_port, name),
+                )
+            info = self._get(db, name)
+        assert info is not None
+        return info
+
+    def _require(self, db: sqlite3.Connection, name: str) -> None:
+        if db.execute("SELECT 1 FROM instances WHERE name = ?", (name,)).fetchone() is None:
+            raise RegistryError(f"unknown instance {name!r} (register it first)")
+
+    def set_current_version(self, name: str, version: int) -> None:
+        """Make ``version`` the instance's current version (after an upgrade)."""
+        if version < 0:
+            raise RegistryError(f"version {version} is negative")
+        with self._write() as db:
+            self._require(db, name)
+            db.execute("UPDATE instances SET current_version = ? WHERE name = ?", (version, name))
+            db.execute(
+                "INSERT OR IGNORE INTO versions (name, version) VALUES (?, ?)", (name, version)
+            )
+
+    def commit_checkpoint(self, name: str, version: int, checkpoint: int, log: int) -> None:
+        """Record that checkpoint ``checkpoint`` (and log ``log``) of ``version`` is durable.
+
+        Checkpoint numbers only grow: recording an older one than the registry already
+        has is refused, since recovery would then start from stale state.
+        """
+        if checkpoint < 1 or log < 1:
+            raise RegistryError(f"checkpoint {checkpoint} / log {log}: numbers start at 1")
+        with self._write() as db:
+            self._require(db, name)
+            row = db.execute(
+                "SELECT last_checkpoint FROM versions WHERE name = ? AND version = ?",
+                (name, version),
+            ).fetchone()
+            if row is not None and row[0] is not None and row[0] > checkpoint:
+                raise RegistryError(
+                    f"instance {name!r} version {version} already committed checkpoint "
+                    f"{row[0]}; refusing to go back to {checkpoint}"
+                )
+            db.execute(
+                "INSERT INTO versions (name, version, last_checkpoint, last_log) "
+                "VALUES (?, ?, ?, ?) ON CONFLICT (name, version) DO UPDATE SET "
+                "last_checkpoint = excluded.last_checkpoint, last_log = excluded.last_log",
+                (name, version, checkpoint, log),
+            )
+
+    def set_committer_id(self, name: str, committer_id: int) -> None:
+        """Record the instance's committer id (a 32-bit signed integer)."""
+        if not -(2**31) <= committer_id < 2**31:
+            raise RegistryError(f"committer id {committer_id} does not fit in 32 bits")
+        with self._write() as db:
+            self._require(db, name)
+            db.execute("UPDATE instances SET committer_id = ? WHERE name = ?", (committer_id, name))
+
+
+class _Transaction:
+    """``with registry._write() as db``: one ``BEGIN IMMEDIATE`` ... ``COMMIT``."""
+
+    def __init__(self, registry: Registry) -> None:
+        self._registry = registry
+
+    def __enter__(self) -> sqlite3.Connection:
+        self._registry._lock.acquire()
+        try:
+            db = self._registry._conn()
+            db.execute("BEGIN IMMEDIATE")
+        except BaseException:
+            self._registry._lock.release()
+            raise
+        self._db = db
+        return db
+
+    def __exit__(self, exc_type: object, *rest: object) -> None:
+        try:
+            self._db.execute("ROLLBACK" if exc_type is not None else "COMMIT")
+        finally:
+            self._registry._lock.release()
+
+
+def _allocate(taken: set[int]) -> int:
+    """A port from :data:`PORT_RANGE` not in ``taken`` and bindable on 127.0.0.1 now."""
+    start = random.SystemRandom().randrange(len(PORT_RANGE))
+    for i in range(len(PORT_RANGE)):
+        port = PORT_RANGE[(start + i) % len(PORT_RANGE)]
+        if port not in taken and _bindable(port):
+            return port
+    raise RegistryError(f"no free loopback port left in {PORT_RANGE.start}-{PORT_RANGE.stop - 1}")
