@@ -6,6 +6,7 @@ import click
 
 from .bench import bench
 from .coordinator.admin_cli import instances, log, register
+from .coordinator.ic_cli import coordinator, debug
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -18,6 +19,8 @@ main.add_command(bench)
 main.add_command(register)
 main.add_command(instances)
 main.add_command(log)
+main.add_command(coordinator)
+main.add_command(debug)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -1,0 +1,116 @@
+"""``ambrosia-py coordinator`` and ``ambrosia-py debug``: run an Immortal Coordinator."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any
+
+import click
+
+from .ic_server import (
+    DEFAULT_LOG_TRIGGER_MB,
+    CoordinatorConfig,
+    CoordinatorError,
+    run_coordinator,
+    run_debug,
+)
+from .registry import RegistryError
+from .storage import StorageError
+
+__all__ = ["coordinator", "debug"]
+
+
+def _setup_logging(instance: str) -> None:
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=logging.INFO,
+        format=f"%(asctime)s ic[{instance}] %(levelname)s %(message)s",
+    )
+
+
+def _run(main: Coroutine[Any, Any, int]) -> None:
+    try:
+        status = asyncio.run(main)
+    except (CoordinatorError, StorageError, RegistryError) as exc:
+        click.echo(f"ambrosia-py: {exc}", err=True)
+        sys.exit(2)
+    sys.exit(status)
+
+
+_instance = click.option("--instance", required=True, help="The instance name.")
+_data_dir = click.option(
+    "--data-dir",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Where logs, checkpoints and the registry live.",
+)
+_ports = [
+    click.option(
+        "--receive-port", type=int, help="Port the binding writes to (default: registry)."
+    ),
+    click.option("--send-port", type=int, help="Port the binding reads from (default: registry)."),
+]
+
+
+@click.command()
+@_instance
+@_data_dir
+@click.option("--version", "version", type=int, help="Version to run (a new instance's first).")
+@_ports[0]
+@_ports[1]
+@click.option(
+    "--log-trigger-mb",
+    type=float,
+    default=DEFAULT_LOG_TRIGGER_MB,
+    show_default=True,
+    help="Roll to a new log file and take a checkpoint when a log passes this size.",
+)
+@click.option("--upgrade-version", type=int, help="Recover, then upgrade to this version.")
+def coordinator(
+    instance: str,
+    data_dir: Path,
+    version: int | None,
+    receive_port: int | None,
+    send_port: int | None,
+    log_trigger_mb: float,
+    upgrade_version: int | None,
+) -> None:
+    """Run one Immortal Coordinator in the foreground until its binding leaves."""
+    _setup_logging(instance)
+    config = CoordinatorConfig(
+        data_dir=data_dir,
+        instance=instance,
+        version=version,
+        receive_port=receive_port,
+        send_port=send_port,
+        log_trigger_mb=log_trigger_mb,
+        upgrade_version=upgrade_version,
+    )
+    _run(run_coordinator(config))
+
+
+@click.command()
+@_instance
+@_data_dir
+@click.option("--checkpoint", type=int, required=True, help="The checkpoint to start from.")
+@click.option("--test-upgrade", is_flag=True, help="Send UpgradeService before the replay.")
+@_ports[0]
+@_ports[1]
+def debug(
+    instance: str,
+    data_dir: Path,
+    checkpoint: int,
+    test_upgrade: bool,
+    receive_port: int | None,
+    send_port: int | None,
+) -> None:
+    """Replay history to a binding from a checkpoint, writing nothing (what-if testing)."""
+    _setup_logging(instance)
+    config = CoordinatorConfig(
+        data_dir=data_dir, instance=instance, receive_port=receive_port, send_port=send_port
+    )
+    _run(run_debug(config, checkpoint, test_upgrade=test_upgrade))

@@ -1,0 +1,526 @@
+"""The Immortal Coordinator process: the two binding sockets, start-up, group commit.
+
+This is the thin asyncio adapter around :mod:`ic_core` (routing), :mod:`storage` (files)
+and :mod:`registry` (metadata). The rules it keeps (seed 002, *Communication Protocols*;
+reference ambrosia.md, *Start-up* and *The two local sockets*):
+
+* Listen on the receive port (where the binding writes) first, accept one binding, then
+  listen on the send port (where the binding reads) and accept it. Later connections on
+  either port are refused with a log line; the first binding is unaffected.
+* First start: TakeBecomingPrimaryCheckpoint → the binding's InitialMessage and
+  Checkpoint → the InitialMessage is logged durably as record 0 of log 1, *then*
+  checkpoint 1 is written and committed, *then* record 0 is echoed. A crash before the
+  commit leaves no committed checkpoint, and the next start is a first start again.
+* Recovery from committed checkpoint N: the checkpoint as a seq -2 record, every record
+  of logs N, N+1, ... (verified; a torn tail of the last log is cut and reported, damage
+  before it stops recovery), then log M = last + 1, TakeBecomingPrimaryCheckpoint (or
+  UpgradeTakeCheckpoint) and the binding's checkpoint written as checkpoint M.
+* Normal processing, group commit: a reader task sorts the binding's bytes into pending
+  input; a committer task packs everything pending into one record, appends it and
+  ``fdatasync``s it in a worker thread — input keeps arriving meanwhile and forms the next
+  record — and only then forwards the same bytes to the binding. The binding only ever
+  sees durable input.
+* Checkpoints: when the binding sends TakeCheckpoint or the log passes its size trigger,
+  the committer moves to log N+1 and sends TakeCheckpoint (a seq -1 record) between the
+  last record of log N and the first of log N+1, so the binding's answer is the state at
+  the start of log N+1: it becomes ``serverchkpt<N+1>``, written atomically and only then
+  committed in the registry. Until then recovery uses checkpoint N and replays both logs.
+* When the binding disconnects, pending input is made durable and the coordinator exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import signal
+from collections.abc import Callable
+from pathlib import Path
+
+import attrs
+
+from .. import wire
+from ..wire import (
+    CHECKPOINT_SEQ,
+    CONTROL_SEQ,
+    Checkpoint,
+    Message,
+    TakeBecomingPrimaryCheckpoint,
+    TakeCheckpoint,
+    UpgradeService,
+    UpgradeTakeCheckpoint,
+)
+from .ic_core import CheckpointArrived, CheckpointRequested, IcState, InitialArrived, Intake
+from .registry import Registry
+from .storage import CorruptLogError, InstanceFiles, LogWriter
+
+__all__ = ["CoordinatorConfig", "CoordinatorError", "run_coordinator", "run_debug"]
+
+log = logging.getLogger("ambrosia_py.coordinator")
+
+DEFAULT_LOG_TRIGGER_MB = 1000  # the released coordinator's default
+DEFAULT_MAX_RECORD_BYTES = 16 * 1024 * 1024
+_READ_SIZE = 256 * 1024
+
+
+class CoordinatorError(Exception):
+    """A condition that stops the coordinator; the message says what and where."""
+
+
+@attrs.frozen
+class CoordinatorConfig:
+    """How to run one coordinator."""
+
+    data_dir: Path
+    instance: str
+    version: int | None = None
+    receive_port: int | None = None
+    send_port: int | None = None
+    log_trigger_mb: float = DEFAULT_LOG_TRIGGER_MB
+    upgrade_version: int | None = None
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
+    host: str = "127.0.0.1"
+
+
+class _Listener:
+    """One listening port that hands out its first connection and refuses the rest."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.server: asyncio.Server | None = None
+        self._first: asyncio.Future[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = (
+            asyncio.get_running_loop().create_future()
+        )
+
+    async def listen(self, host: str, port: int) -> None:
+        self.server = await asyncio.start_server(self._on_connect, host, port)
+
+    def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if not self._first.done():
+            self._first.set_result((reader, writer))
+            return
+        peer = writer.get_extra_info("peername")
+        log.warning("refusing a second binding connection from %s on the %s port", peer, self.name)
+        writer.close()
+
+    async def accept(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        return await self._first
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+
+
+class _Binding:
+    """The binding's two connections."""
+
+    def __init__(
+        self,
+        receive: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+        send: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+    ) -> None:
+        self.reader = receive[0]  # what the binding sends us
+        self._receive_writer = receive[1]
+        self.writer = send[1]  # where we send records
+        self.gone = False
+
+    async def send(self, parts: list[wire.Payload]) -> None:
+        if self.gone:
+            return
+        try:
+            self.writer.writelines(parts)
+            await self.writer.drain()
+        except (ConnectionError, OSError):
+            self.gone = True
+
+    async def control(self, committer_id: int, msg: Message) -> None:
+        await self.send(wire.encode_record_parts(committer_id, CONTROL_SEQ, [msg]))
+
+    def close(self) -> None:
+        for w in (self._receive_writer, self.writer):
+            w.close()
+
+
+def _resolve(config: CoordinatorConfig, registry: Registry) -> tuple[int, int, int]:
+    """Version and ports: the registry's, registering the instance on first use."""
+    info = registry.get(config.instance)
+    if info is None:
+        info = registry.register(
+            config.instance,
+            receive_port=config.receive_port,
+            send_port=config.send_port,
+            version=config.version or 0,
+        )
+    if config.version is not None and config.version != info.current_version:
+        raise CoordinatorError(
+            f"instance {config.instance!r} is at version {info.current_version}, not "
+            f"{config.version}; use --upgrade-version to move to a new version"
+        )
+    return (
+        info.current_version,
+        config.receive_port or info.receive_port,
+        config.send_port or info.send_port,
+    )
+
+
+async def _connect_binding(
+    config: CoordinatorConfig, receive_port: int, send_port: int, ready: Callable[[str], None]
+) -> tuple[_Binding, list[_Listener]]:
+    receive = _Listener("receive")
+    await receive.listen(config.host, receive_port)
+    ready(f"receive_port={receive_port} send_port={send_port}")
+    first = await receive.accept()
+    send = _Listener("send")
+    await send.listen(config.host, send_port)
+    second = await send.accept()
+    log.info("binding attached")
+    return _Binding(first, second), [receive, send]
+
+
+async def _replay(
+    files: InstanceFiles,
+    binding: _Binding,
+    state: IcState,
+    first_log: int,
+    *,
+    repair: bool,
+) -> tuple[int, int]:
+    """Send every logged record from ``first_log`` on; return (next seq, last log number)."""
+    logs = [n for n in files.log_numbers() if n >= first_log]
+    next_seq = state.next_seq
+    replayed = 0
+    for n in logs:
+        scan = files.scan_log(
+            n, committer_id=state.committer_id, next_seq=next_seq, last=n == logs[-1], repair=repair
+        )
+        for raw in scan:
+            await binding.send([wire.disk_to_wire(raw.header, raw.body)])
+            replayed += 1
+        if scan.next_seq is not None:
+            next_seq = scan.next_seq
+        if scan.damage is not None:
+            d = scan.damage
+            verb = "cut" if repair else "found"
+            log.warning(
+                "%s a torn tail of %s: %d bytes at offset %d (%s)",
+                verb,
+                d.path.name,
+                d.dropped_bytes,
+                d.offset,
+                d.reason,
+            )
+    log.info("replayed %d records from logs %s; next seq %d", replayed, logs, next_seq)
+    return next_seq, logs[-1] if logs else first_log
+
+
+class _Coordinator:
+    def __init__(self, config: CoordinatorConfig, registry: Registry, files: InstanceFiles):
+        self.config = config
+        self.registry = registry
+        self.files = files
+        self.intake = Intake(config.instance)
+        self.binding: _Binding | None = None
+        self.committer_id = 0
+        self.next_seq = 0
+        self.log_number = 0
+        self.writer: LogWriter | None = None
+        self.trigger_bytes = int(config.log_trigger_mb * 1024 * 1024)
+        self._wake = asyncio.Event()
+        self._eof = False
+        self._roll_requested = False
+        self._awaiting_checkpoint: int | None = None  # the log number it will pair with
+        self._checkpoint_arrived: asyncio.Future[wire.Payload] | None = None
+        self._initial: asyncio.Future[bytes] | None = None
+        self._failure: BaseException | None = None
+        self._log_first_seq: dict[int, int] = {}  # first seq of each log we opened
+
+    # -- reading the binding -------------------------------------------------------------
+
+    async def read_binding(self) -> None:
+        assert self.binding is not None
+        try:
+            while data := await self.binding.reader.read(_READ_SIZE):
+                for event in self.intake.feed(data):
+                    await self._on_event(event)
+                for dest in self.intake.new_destinations:
+                    log.warning(
+                        "output for instance %r is kept in memory: links to other "
+                        "coordinators are not available yet",
+                        dest,
+                    )
+                self.intake.new_destinations.clear()
+                self._wake.set()
+            self.intake.close()
+        except wire.ProtocolError as exc:
+            log.error("bad input from the binding: %s", exc)
+            self._failure = exc
+        except (ConnectionError, OSError) as exc:
+            log.info("binding connection lost: %s", exc)
+        finally:
+            self._eof = True
+            self._wake.set()
+            for fut in (self._checkpoint_arrived, self._initial):
+                if fut is not None and not fut.done():
+                    fut.set_exception(CoordinatorError("the binding disconnected during start-up"))
+
+    async def _on_event(self, event: object) -> None:
+        if isinstance(event, CheckpointRequested):
+            self._roll_requested = True
+        elif isinstance(event, CheckpointArrived):
+            if self._checkpoint_arrived is not None and not self._checkpoint_arrived.done():
+                self._checkpoint_arrived.set_result(event.blob)
+            elif self._awaiting_checkpoint is not None:
+                await self._commit_checkpoint(self._awaiting_checkpoint, event.blob)
+                self._awaiting_checkpoint = None
+            else:
+                raise wire.MalformedMessageError("a checkpoint nobody asked for")
+        elif isinstance(event, InitialArrived):
+            if self._initial is None or self._initial.done():
+                raise wire.MalformedMessageError("InitialMessage outside a first start")
+            self._initial.set_result(event.frame)
+
+    async def _commit_checkpoint(
+        self, n: int, blob: wire.Payload, version: int | None = None
+    ) -> None:
+        # The checkpoint is the state at the start of log n, whose first seq we recorded.
+        state = IcState(self.committer_id, self._log_first_seq[n], blob)
+        files = self.files
+        await asyncio.to_thread(files.write_checkpoint, n, state.encode_parts())
+        await asyncio.to_thread(
+            self.registry.commit_checkpoint,
+            self.config.instance,
+            files.version,
+            n,
+            n,
+        )
+        log.info("checkpoint %d committed (%d bytes, next seq %d)", n, len(blob), state.next_seq)
+
+    # -- start-up ------------------------------------------------------------------------
+
+    async def first_start(self) -> None:
+        assert self.binding is not None
+        for n in self.files.log_numbers():
+            self.files.log_path(n).unlink()
+        for n in self.files.checkpoint_numbers():
+            self.files.checkpoint_path(n).unlink()
+        self.committer_id = secrets.randbelow(2**31 - 1) + 1
+        self.registry.set_committer_id(self.config.instance, self.committer_id)
+        log.info("first start, committer id %d", self.committer_id)
+        loop = asyncio.get_running_loop()
+        self._initial = loop.create_future()
+        self._checkpoint_arrived = loop.create_future()
+        await self.binding.control(self.committer_id, TakeBecomingPrimaryCheckpoint())
+        reader = asyncio.create_task(self.read_binding())
+        self._reader_task = reader
+        initial = await self._initial
+        blob = await self._checkpoint_arrived
+        self._checkpoint_arrived = None
+        self.log_number = 1
+        self._log_first_seq = {1: 0}
+        self.writer = self.files.open_log(1)
+        await self._append(initial)  # record 0, durable before checkpoint 1 is committed
+        self.next_seq = 1
+        await self._commit_checkpoint(1, blob)
+        await self._forward(0, initial)
+
+    async def recover(self, checkpoint: int) -> None:
+        assert self.binding is not None
+        data = self.files.read_checkpoint(checkpoint)
+        state = IcState.decode(data, str(self.files.checkpoint_path(checkpoint)))
+        self.committer_id = state.committer_id
+        log.info("recovering from checkpoint %d (next seq %d)", checkpoint, state.next_seq)
+        await self.binding.send(
+            wire.encode_record_parts(self.committer_id, CHECKPOINT_SEQ, [Checkpoint(state.blob)])
+        )
+        self.next_seq, last_log = await _replay(
+            self.files, self.binding, state, checkpoint, repair=True
+        )
+        loop = asyncio.get_running_loop()
+        self._checkpoint_arrived = loop.create_future()
+        self._reader_task = asyncio.create_task(self.read_binding())
+        upgrade = self.config.upgrade_version
+        if upgrade is not None:
+            await self.binding.control(self.committer_id, UpgradeTakeCheckpoint())
+        else:
+            await self.binding.control(self.committer_id, TakeBecomingPrimaryCheckpoint())
+        blob = await self._checkpoint_arrived
+        self._checkpoint_arrived = None
+        if upgrade is not None:
+            await self._move_to_version(upgrade)
+            new_log = 1
+        else:
+            new_log = last_log + 1
+        self.log_number = new_log
+        self._log_first_seq = {new_log: self.next_seq}
+        self.writer = self.files.open_log(new_log)
+        await self._commit_checkpoint(new_log, blob)
+        if upgrade is not None:
+            self.registry.set_current_version(self.config.instance, upgrade)
+            log.info("upgraded to version %d", upgrade)
+
+    async def _move_to_version(self, version: int) -> None:
+        new = InstanceFiles(self.config.data_dir, self.config.instance, version)
+        new.create()
+        new.acquire_lock()
+        for n in new.log_numbers():  # an earlier upgrade attempt that never committed
+            new.log_path(n).unlink()
+        for n in new.checkpoint_numbers():
+            new.checkpoint_path(n).unlink()
+        self.files.release_lock()
+        self.files = new
+
+    # -- normal processing ---------------------------------------------------------------
+
+    async def _append(self, body: bytes) -> None:
+        assert self.writer is not None
+        disk = wire.encode_disk_record(self.committer_id, self.next_seq, body)
+        await asyncio.to_thread(self.writer.append, [disk])
+
+    async def _forward(self, seq: int, body: bytes) -> None:
+        assert self.binding is not None
+        await self.binding.send([wire.frame_record(self.committer_id, seq, body), body])
+
+    async def _roll(self) -> None:
+        """Move to the next log and ask the binding for the checkpoint that pairs with it."""
+        assert self.writer is not None and self.binding is not None
+        self.writer.close()
+        self.log_number += 1
+        self._log_first_seq[self.log_number] = self.next_seq
+        self.writer = self.files.open_log(self.log_number)
+        self._awaiting_checkpoint = self.log_number
+        self._roll_requested = False
+        log.info("rolled to log %d; asking for checkpoint %d", self.log_number, self.log_number)
+        await self.binding.control(self.committer_id, TakeCheckpoint())
+
+    async def commit_loop(self) -> None:
+        """Group commit: one record per round, durable before it is forwarded."""
+        while True:
+            if self._roll_requested and self._awaiting_checkpoint is None:
+                await self._roll()
+            if self.intake.pending:
+                body = b"".join(self.intake.take(self.config.max_record_bytes))
+                seq = self.next_seq
+                await self._append(body)
+                self.next_seq += 1
+                await self._forward(seq, body)
+                assert self.writer is not None
+                if self.writer.size >= self.trigger_bytes:
+                    self._roll_requested = True
+                continue
+            if self._eof:
+                return
+            self._wake.clear()
+            await self._wake.wait()
+
+    async def run(self, ready: Callable[[str], None]) -> int:
+        version = self.files.version
+        _, receive_port, send_port = _resolve(self.config, self.registry)
+        self.binding, listeners = await _connect_binding(
+            self.config,
+            receive_port,
+            send_port,
+            lambda ports: ready(f"ready instance={self.config.instance} version={version} {ports}"),
+        )
+        try:
+            info = self.registry.get(self.config.instance)
+            assert info is not None
+            if info.last_checkpoint is None:
+                await self.first_start()
+            else:
+                await self.recover(info.last_checkpoint)
+            await self.commit_loop()
+        finally:
+            if self.writer is not None:
+                self.writer.close()
+            self.binding.close()
+            for listener in listeners:
+                listener.close()
+        if self._failure is not None:
+            return 1
+        log.info("binding disconnected; log %d ends at seq %d", self.log_number, self.next_seq - 1)
+        return 0
+
+
+def _print_ready(line: str) -> None:
+    print(line, flush=True)
+
+
+async def _with_signals(main: asyncio.Task[int]) -> int:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, main.cancel)
+    try:
+        return await main
+    except asyncio.CancelledError:
+        log.info("stopped by signal")
+        return 0
+
+
+async def run_coordinator(
+    config: CoordinatorConfig, ready: Callable[[str], None] = _print_ready
+) -> int:
+    """Run one coordinator until its binding disconnects; return the exit status."""
+    registry = Registry(config.data_dir)
+    try:
+        version, _, _ = _resolve(config, registry)
+        files = InstanceFiles(config.data_dir, config.instance, version)
+        files.create()
+        files.acquire_lock()
+        coordinator = _Coordinator(config, registry, files)
+        try:
+            return await _with_signals(asyncio.create_task(coordinator.run(ready)))
+        except CorruptLogError as exc:
+            raise CoordinatorError(f"recovery stopped: {exc}") from None
+        finally:
+            coordinator.files.release_lock()
+    finally:
+        registry.close()
+
+
+async def run_debug(
+    config: CoordinatorConfig,
+    checkpoint: int,
+    *,
+    test_upgrade: bool = False,
+    ready: Callable[[str], None] = _print_ready,
+) -> int:
+    """Serve a binding checkpoint ``checkpoint`` and the records after it, writing nothing."""
+    registry = Registry(config.data_dir)
+    try:
+        version, receive_port, send_port = _resolve(config, registry)
+    finally:
+        registry.close()
+    files = InstanceFiles(config.data_dir, config.instance, version)
+    if checkpoint not in files.checkpoint_numbers():
+        raise CoordinatorError(
+            f"no checkpoint {checkpoint} in {files.path} (have {files.checkpoint_numbers()})"
+        )
+    state = IcState.decode(
+        files.read_checkpoint(checkpoint), str(files.checkpoint_path(checkpoint))
+    )
+    binding, listeners = await _connect_binding(
+        config,
+        receive_port,
+        send_port,
+        lambda ports: ready(f"ready debug instance={config.instance} version={version} {ports}"),
+    )
+    try:
+        await binding.send(
+            wire.encode_record_parts(state.committer_id, CHECKPOINT_SEQ, [Checkpoint(state.blob)])
+        )
+        if test_upgrade:
+            await binding.control(state.committer_id, UpgradeService())
+        try:
+            await _replay(files, binding, state, checkpoint, repair=False)
+        except CorruptLogError as exc:
+            raise CoordinatorError(f"replay stopped: {exc}") from None
+        # Whatever the binding sends now is what-if output: read and discard it.
+        with contextlib.suppress(ConnectionError, OSError):
+            while await binding.reader.read(_READ_SIZE):
+                pass
+    finally:
+        binding.close()
+        for listener in listeners:
+            listener.close()
+    return 0
