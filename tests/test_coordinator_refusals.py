@@ -1,0 +1,113 @@
+"""What the coordinator refuses: a second binding, a second coordinator, damaged logs."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.fake_binding import FakeBinding, checkpoint, coordinator, frame, incoming_fork, self_fork
+
+DEADLINE = 30
+
+
+def start(binding: FakeBinding) -> None:
+    assert binding.record().seq == -1
+    binding.send(frame(9, b"init") + checkpoint(b"cp"))
+    assert binding.record().seq == 0
+
+
+def one_by_one(binding: FakeBinding, n: int) -> None:
+    """Send n self-calls, each waiting for its echo, so each is a record of its own."""
+    for i in range(n):
+        binding.send(self_fork(1, bytes([i])))
+        rec = binding.record()
+        assert rec.seq == i + 1 and rec.body == incoming_fork(1, bytes([i]))
+
+
+def run_ic(data_dir: Path, instance: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ambrosia_py.cli",
+            "coordinator",
+            "--instance",
+            instance,
+            "--data-dir",
+            str(data_dir),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE,
+    )
+
+
+def test_a_second_binding_is_refused_and_the_first_unaffected(tmp_path: Path) -> None:
+    with coordinator(tmp_path, "svc") as (ic, binding):
+        start(binding)
+        for port in (binding.receive_port, binding.send_port):
+            intruder = socket.create_connection(("127.0.0.1", port), timeout=DEADLINE)
+            assert intruder.recv(1) == b""  # closed by the coordinator
+            intruder.close()
+        one_by_one(binding, 3)
+        binding.close()
+        assert ic.proc.wait(timeout=DEADLINE) == 0
+        assert ic.stderr().count("refusing a second binding connection") == 2
+
+
+def test_a_second_coordinator_for_the_instance_is_refused(tmp_path: Path) -> None:
+    with coordinator(tmp_path, "svc") as (ic, binding):
+        start(binding)
+        second = run_ic(tmp_path, "svc")
+        assert second.returncode == 2
+        assert f"pid {ic.proc.pid}" in second.stderr
+        assert "svc" in second.stderr
+        one_by_one(binding, 1)  # the first is unaffected
+
+
+def test_a_torn_tail_is_cut_and_reported(tmp_path: Path) -> None:
+    with coordinator(tmp_path, "svc") as (ic, binding):
+        start(binding)
+        one_by_one(binding, 5)
+        ic.kill()
+    log1 = tmp_path / "svc_0" / "serverlog1"
+    size = log1.stat().st_size
+    os.truncate(log1, size - 3)  # the last write did not finish
+    with coordinator(tmp_path, "svc") as (ic, binding):
+        assert binding.record().seq == -2
+        seqs = []
+        while (rec := binding.record()).seq != -1:
+            seqs.append(rec.seq)
+        assert seqs == [0, 1, 2, 3, 4]  # record 5 was torn and is gone
+        binding.send(checkpoint(b"cp2") + self_fork(1, b"again"))
+        assert binding.record().seq == 5  # the sequence carries on where it was cut
+        binding.close()
+        assert ic.proc.wait(timeout=DEADLINE) == 0
+        err = ic.stderr()
+    assert "cut a torn tail of serverlog1" in err
+    assert log1.stat().st_size < size - 3  # repaired: the torn record was truncated away
+
+
+def test_damage_before_the_tail_stops_recovery(tmp_path: Path) -> None:
+    with coordinator(tmp_path, "svc") as (ic, binding):
+        start(binding)
+        one_by_one(binding, 5)
+        ic.kill()
+    log1 = tmp_path / "svc_0" / "serverlog1"
+    data = bytearray(log1.read_bytes())
+    # Record 0 is the initial message: header (24) + 6-byte body + 2 watermark bytes.
+    # Flip a byte inside record 1's body, which has good records after it.
+    rec1 = 24 + len(frame(9, b"init")) + 2
+    data[rec1 + 24 + 2] ^= 0xFF
+    log1.write_bytes(bytes(data))
+    with coordinator(tmp_path, "svc") as (ic, binding):
+        assert binding.record().seq == -2
+        assert binding.record().seq == 0  # the good record before the damage
+        assert ic.proc.wait(timeout=DEADLINE) == 2
+        err = ic.stderr()
+    assert "recovery stopped" in err
+    assert "serverlog1" in err and f"offset {rec1}" in err and "seq 1" in err
+    assert log1.read_bytes() == bytes(data)  # nothing was cut
