@@ -62,6 +62,7 @@ WIRE_API = [
     "VarintTooLongError",
     "Watermark",
     "check_bytes",
+    "coalesce_parts",
     "decode_disk_tail",
     "decode_message",
     "decode_messages",
@@ -79,6 +80,7 @@ WIRE_API = [
     "frame_parts",
     "frame_record",
     "parse_header",
+    "record_headers",
     "verify_check",
 ]
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from .coordinator import coordinator
 from .wire import wire
 
 
@@ -13,5 +14,6 @@ def bench() -> None:
 
 
 bench.add_command(wire)
+bench.add_command(coordinator)
 
 __all__ = ["bench"]

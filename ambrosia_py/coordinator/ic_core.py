@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import struct
 from collections import defaultdict
-from collections.abc import Iterable
 
 import attrs
 
@@ -94,11 +93,12 @@ class IcState:
 # --- routing -------------------------------------------------------------------------------
 
 
-def to_incoming(raw: bytes | memoryview) -> tuple[str, bytes]:
-    """Split an outgoing RPC frame into its destination and the incoming frame.
+def to_incoming(raw: bytes | memoryview) -> tuple[str, bytes, memoryview]:
+    """Split an outgoing RPC frame into its destination and the incoming frame's parts.
 
-    ``size | 00 | ZigZagInt dest length | dest | body`` becomes ``size' | 00 | body``:
-    the destination is cut out without decoding the body (the hot path for self-calls).
+    ``size | 00 | ZigZagInt dest length | dest | body`` becomes ``size' | 00`` and
+    ``body`` (a view of ``raw``): the destination is cut out without decoding or copying
+    the body (the hot path for self-calls).
     """
     mv = memoryview(raw)
     size, pos = wire.decode_zigzag_int(mv, 0)
@@ -114,8 +114,7 @@ def to_incoming(raw: bytes | memoryview) -> tuple[str, bytes]:
     body = mv[name_at + name_len : pos + size]
     if not len(body):
         raise wire.TruncatedError("RPC body is empty", offset=name_at + name_len)
-    new_size = 1 + len(body)
-    return destination, b"".join((wire.encode_zigzag_int(new_size), b"\x00", body))
+    return destination, wire.encode_zigzag_int(1 + len(body)) + b"\x00", body
 
 
 @attrs.frozen
@@ -144,14 +143,15 @@ class Intake:
     """Sorts the binding's byte stream into input to log, output and control events.
 
     ``feed`` returns the control events in order; input for this instance accumulates in
-    :attr:`pending` (framed incoming messages, ready to be packed into a record), output
+    :attr:`pending` (framed incoming messages as buffers, ready to be packed into a record
+    without copying), output
     for other instances in :attr:`outboxes` until links to other coordinators exist.
     """
 
     def __init__(self, instance: str) -> None:
         self.instance = instance
         self._reader = MessageReader()
-        self.pending: list[bytes] = []
+        self.pending: list[list[wire.Payload]] = []  # one buffer list per message
         self.pending_bytes = 0
         self.attached: set[str] = set()
         self.outboxes: dict[str, list[bytes]] = defaultdict(list)
@@ -176,25 +176,29 @@ class Intake:
         """The binding's stream ended: raise if it ended inside a message."""
         self._reader.close()
 
-    def take(self, max_bytes: int) -> list[bytes]:
-        """Remove and return pending input frames, at most ``max_bytes`` (at least one)."""
+    def take(self, max_bytes: int) -> list[wire.Payload]:
+        """Remove pending input, at most ``max_bytes`` (at least one message), as buffers.
+
+        Small buffers are joined, large payloads stay views (see ``wire.coalesce_parts``).
+        """
         taken = 0
         n = 0
-        for frame in self.pending:
-            if n and taken + len(frame) > max_bytes:
+        for parts in self.pending:
+            size = sum(len(p) for p in parts)
+            if n and taken + size > max_bytes:
                 break
-            taken += len(frame)
+            taken += size
             n += 1
-        out = self.pending[:n]
+        out = [p for parts in self.pending[:n] for p in parts]
         del self.pending[:n]
         self.pending_bytes -= taken
-        return out
+        return wire.coalesce_parts(out)
 
-    def _input(self, frame: bytes) -> None:
-        self.pending.append(frame)
-        self.pending_bytes += len(frame)
+    def _input(self, parts: list[wire.Payload]) -> None:
+        self.pending.append(parts)
+        self.pending_bytes += sum(len(p) for p in parts)
 
-    def _route(self, destination: str, incoming: bytes, outgoing: bytes) -> None:
+    def _route(self, destination: str, incoming: list[wire.Payload], outgoing: bytes) -> None:
         if destination in ("", self.instance):
             self._input(incoming)
             return
@@ -205,8 +209,11 @@ class Intake:
     def _frame(self, frame: Frame) -> IntakeEvent | None:
         t = frame.type
         if t == MessageType.RPC:
-            destination, incoming = to_incoming(frame.raw)
-            self._route(destination, incoming, bytes(frame.raw))
+            destination, prefix, body = to_incoming(frame.raw)
+            if destination in ("", self.instance):
+                self._input([prefix, body])
+            else:
+                self._route(destination, [], bytes(frame.raw))
             return None
         msg = self._reader.decode(frame)
         if isinstance(msg, RpcBatch):
@@ -235,9 +242,4 @@ class Intake:
             incoming = IncomingReturnValue(msg.return_type, msg.sender, msg.call_seq, msg.value)
         else:  # pragma: no cover - the batch decoder only yields RPC messages
             raise wire.MalformedMessageError(f"batch holds a {type(msg).__name__}")
-        self._route(msg.destination, wire.encode_message(incoming), wire.encode_message(msg))
-
-
-def join(frames: Iterable[bytes]) -> bytes:
-    """The body of a record: framed messages, packed."""
-    return b"".join(frames)
+        self._route(msg.destination, [wire.encode_message(incoming)], wire.encode_message(msg))

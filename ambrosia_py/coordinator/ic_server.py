@@ -62,6 +62,7 @@ log = logging.getLogger("ambrosia_py.coordinator")
 DEFAULT_LOG_TRIGGER_MB = 1000  # the released coordinator's default
 DEFAULT_MAX_RECORD_BYTES = 16 * 1024 * 1024
 _READ_SIZE = 256 * 1024
+_EMPTY_TAIL = wire.encode_disk_tail()  # no watermarks, no trim watermarks
 
 
 class CoordinatorError(Exception):
@@ -126,10 +127,23 @@ class _Binding:
         self.gone = False
 
     async def send(self, parts: list[wire.Payload]) -> None:
+        self.write(parts)
+        await self.drain()
+
+    def write(self, parts: list[wire.Payload]) -> None:
+        """Queue bytes for the binding without waiting for them to leave."""
         if self.gone:
             return
         try:
             self.writer.writelines(parts)
+        except (ConnectionError, OSError):
+            self.gone = True
+
+    async def drain(self) -> None:
+        """Wait until the binding has taken what was queued (flow control)."""
+        if self.gone:
+            return
+        try:
             await self.writer.drain()
         except (ConnectionError, OSError):
             self.gone = True
@@ -319,10 +333,13 @@ class _Coordinator:
         self.log_number = 1
         self._log_first_seq = {1: 0}
         self.writer = self.files.open_log(1)
-        await self._append(initial)  # record 0, durable before checkpoint 1 is committed
+        # Record 0 is durable before checkpoint 1 is committed, and forwarded after it.
+        assert self.writer is not None
+        wire_header, disk_header = wire.record_headers(self.committer_id, 0, [initial])
+        await asyncio.to_thread(self.writer.append, [disk_header, initial, _EMPTY_TAIL])
         self.next_seq = 1
         await self._commit_checkpoint(1, blob)
-        await self._forward(0, initial)
+        await self.binding.send([wire_header, initial])
 
     async def recover(self, checkpoint: int) -> None:
         assert self.binding is not None
@@ -372,14 +389,19 @@ class _Coordinator:
 
     # -- normal processing ---------------------------------------------------------------
 
-    async def _append(self, body: bytes) -> None:
-        assert self.writer is not None
-        disk = wire.encode_disk_record(self.committer_id, self.next_seq, body)
-        await asyncio.to_thread(self.writer.append, [disk])
-
-    async def _forward(self, seq: int, body: bytes) -> None:
-        assert self.binding is not None
-        await self.binding.send([wire.frame_record(self.committer_id, seq, body), body])
+    async def _log(self, body: list[wire.Payload]) -> None:
+        """Make one record durable (write + fdatasync in a worker), then forward it."""
+        assert self.writer is not None and self.binding is not None
+        seq = self.next_seq
+        wire_header, disk_header = wire.record_headers(self.committer_id, seq, body)
+        # No coordinator-to-coordinator links yet, so the watermark sections are empty.
+        await asyncio.to_thread(self.writer.append, [disk_header, *body, _EMPTY_TAIL])
+        self.next_seq = seq + 1
+        # The previous record must have left before this one is queued (flow control),
+        # but this record need not have left before the next write starts: forwarding
+        # overlaps the next append.
+        await self.binding.drain()
+        self.binding.write([wire_header, *body])
 
     async def _roll(self) -> None:
         """Move to the next log and ask the binding for the checkpoint that pairs with it."""
@@ -399,11 +421,7 @@ class _Coordinator:
             if self._roll_requested and self._awaiting_checkpoint is None:
                 await self._roll()
             if self.intake.pending:
-                body = b"".join(self.intake.take(self.config.max_record_bytes))
-                seq = self.next_seq
-                await self._append(body)
-                self.next_seq += 1
-                await self._forward(seq, body)
+                await self._log(self.intake.take(self.config.max_record_bytes))
                 assert self.writer is not None
                 if self.writer.size >= self.trigger_bytes:
                     self._roll_requested = True

@@ -71,6 +71,7 @@ from .records import (
     TrimWatermark,
     Watermark,
     check_bytes,
+    coalesce_parts,
     decode_disk_tail,
     disk_to_wire,
     encode_disk_record,
@@ -79,6 +80,7 @@ from .records import (
     encode_record_parts,
     frame_record,
     parse_header,
+    record_headers,
     verify_check,
 )
 from .varint import (
@@ -144,6 +146,7 @@ __all__ = [
     "VarintTooLongError",
     "Watermark",
     "check_bytes",
+    "coalesce_parts",
     "decode_disk_tail",
     "decode_message",
     "decode_messages",
@@ -161,5 +164,6 @@ __all__ = [
     "frame_parts",
     "frame_record",
     "parse_header",
+    "record_headers",
     "verify_check",
 ]

@@ -45,6 +45,7 @@ __all__ = [
     "TrimWatermark",
     "Watermark",
     "check_bytes",
+    "coalesce_parts",
     "decode_disk_tail",
     "disk_to_wire",
     "encode_disk_record",
@@ -53,6 +54,7 @@ __all__ = [
     "encode_record_parts",
     "frame_record",
     "parse_header",
+    "record_headers",
     "verify_check",
 ]
 
@@ -131,7 +133,7 @@ def frame_record(committer_id: int, seq: int, body: Buffer) -> bytes:
 _COALESCE = 4096  # payloads at least this large travel as their own buffer, uncopied
 
 
-def _coalesce(parts: Iterable[Buffer]) -> list[Buffer]:
+def coalesce_parts(parts: Iterable[Buffer]) -> list[Buffer]:
     """Join runs of small buffers; leave large ones as they are (no copy)."""
     out: list[Buffer] = []
     small: list[Buffer] = []
@@ -161,18 +163,31 @@ def encode_record_parts(committer_id: int, seq: int, messages: Sequence[Message]
         blob = getattr(msg, "blob", None)
         if blob is not None:
             blobs.append(blob)
-    chunks = _coalesce(body)
-    length = HEADER_SIZE + sum(len(c) for c in chunks)
+    chunks = coalesce_parts(body)
+    wire_header, _ = record_headers(committer_id, seq, chunks)
+    return [wire_header, *chunks, *blobs]
+
+
+def record_headers(committer_id: int, seq: int, body: Sequence[Buffer]) -> tuple[bytes, bytes]:
+    """The wire and on-disk headers of a record whose body is the buffers ``body``.
+
+    The check bytes are computed over the buffers in turn, so a coordinator can write and
+    forward a record without joining its messages.
+    """
+    length = HEADER_SIZE + sum(len(c) for c in body)
     if seq == CHECKPOINT_SEQ:
         check = 0
-    elif len(chunks) == 1:
-        check = check_bytes(chunks[0])
+    elif len(body) == 1:
+        check = check_bytes(body[0])
     else:
         hasher = xxhash.xxh64()
-        for c in chunks:
+        for c in body:
             hasher.update(c)
         check = hasher.intdigest()
-    return [HEADER.pack(committer_id, length, check, seq), *chunks, *blobs]
+    return (
+        HEADER.pack(committer_id, length, check, seq),
+        HEADER.pack(committer_id, -length - 1, check, seq),
+    )
 
 
 def encode_record(committer_id: int, seq: int, messages: Sequence[Message]) -> bytes:
