@@ -56,6 +56,15 @@ def self_fork(method: int, args: bytes) -> bytes:
     return frame(0, zz(0) + b"\x00" + zz(method) + b"\x01" + args)
 
 
+def self_impulse(method: int, args: bytes) -> bytes:
+    """An outgoing impulse to the local instance: input from the outside world."""
+    return frame(0, zz(0) + b"\x00" + zz(method) + b"\x02" + args)
+
+
+def incoming_impulse(method: int, args: bytes) -> bytes:
+    return frame(0, b"\x00" + zz(method) + b"\x02" + args)
+
+
 def incoming_fork(method: int, args: bytes) -> bytes:
     """What the coordinator logs for a self fork: the destination cut out."""
     return frame(0, b"\x00" + zz(method) + b"\x01" + args)

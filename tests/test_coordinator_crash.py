@@ -1,4 +1,7 @@
-"""SIGKILL the coordinator at random points while a binding streams self-calls.
+"""SIGKILL the coordinator at random points while a binding streams impulses.
+
+Impulses are input from the outside world (a real binding sends them from background
+tasks), so replay does not regenerate them: what was logged is all there is.
 
 The fake binding's state is the list of numbers it has been handed; its checkpoint blob
 is that list. After every crash and recovery the state must be exactly the state before
@@ -13,7 +16,7 @@ import struct
 import threading
 from pathlib import Path
 
-from tests.fake_binding import FakeBinding, checkpoint, coordinator, frame, self_fork, unzz
+from tests.fake_binding import FakeBinding, checkpoint, coordinator, frame, self_impulse, unzz
 
 TAKE_BECOMING_PRIMARY = 11
 
@@ -26,11 +29,11 @@ def decode_state(blob: bytes) -> list[int]:
     return list(struct.unpack(f"<{len(blob) // 8}q", blob))
 
 
-def fork_value(data: bytes) -> int:
-    # incoming call body: return type 0, method id, rpc type 1, then the 8-byte argument
+def impulse_value(data: bytes) -> int:
+    # incoming call body: return type 0, method id, rpc type 2, then the 8-byte argument
     assert data[0] == 0
     _, pos = unzz(data, 1)
-    assert data[pos] == 1
+    assert data[pos] == 2
     return int(struct.unpack("<q", data[pos + 1 :])[0])
 
 
@@ -39,7 +42,7 @@ def stream(binding: FakeBinding, values: list[int], stop: threading.Event) -> No
         for v in values:
             if stop.is_set():
                 return
-            binding.send(self_fork(7, struct.pack("<q", v)))
+            binding.send(self_impulse(7, struct.pack("<q", v)))
     except OSError:
         return  # the coordinator was killed
 
@@ -67,7 +70,7 @@ def test_sigkill_at_random_points_loses_nothing_and_repeats_nothing(tmp_path: Pa
                         break
                     for mtype, data in rec.messages:
                         if mtype == 0:
-                            state.append(fork_value(data))
+                            state.append(impulse_value(data))
                 assert check is not None
                 base, sent, handed = check
                 k = len(state) - len(base)
@@ -91,7 +94,7 @@ def test_sigkill_at_random_points_loses_nothing_and_repeats_nothing(tmp_path: Pa
                     assert rec.seq >= 0
                     for mtype, data in rec.messages:
                         assert mtype == 0
-                        state.append(fork_value(data))
+                        state.append(impulse_value(data))
                         handed += 1
                 ic.kill()
             finally:

@@ -8,7 +8,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.fake_binding import FakeBinding, checkpoint, coordinator, frame, incoming_fork, self_fork
+from tests.fake_binding import (
+    FakeBinding,
+    checkpoint,
+    coordinator,
+    frame,
+    incoming_fork,
+    incoming_impulse,
+    self_fork,
+    self_impulse,
+)
 
 DEADLINE = 30
 
@@ -82,8 +91,9 @@ def test_a_torn_tail_is_cut_and_reported(tmp_path: Path) -> None:
         while (rec := binding.record()).seq != -1:
             seqs.append(rec.seq)
         assert seqs == [0, 1, 2, 3, 4]  # record 5 was torn and is gone
-        binding.send(checkpoint(b"cp2") + self_fork(1, b"again"))
-        assert binding.record().seq == 5  # the sequence carries on where it was cut
+        binding.send(checkpoint(b"cp2") + self_impulse(1, b"again"))
+        rec = binding.record()  # the sequence carries on where it was cut
+        assert (rec.seq, rec.body) == (5, incoming_impulse(1, b"again"))
         binding.close()
         assert ic.proc.wait(timeout=DEADLINE) == 0
         err = ic.stderr()

@@ -192,6 +192,23 @@ async def _connect_binding(
     return _Binding(first, second), [receive, send]
 
 
+def _replayable_outputs(raw: wire.RawRecord) -> int:
+    """How many of a logged record's messages are replayable outputs of the binding."""
+    return sum(
+        1
+        for m in wire.decode_messages(raw.body, 0, len(raw.body))
+        if isinstance(m, wire.IncomingReturnValue)
+        or (isinstance(m, wire.IncomingRpc) and m.rpc_type != wire.RpcType.IMPULSE)
+    )
+
+
+@attrs.frozen
+class _Replayed:
+    next_seq: int
+    last_log: int
+    outputs: int  # replayable outputs in the replayed records
+
+
 async def _replay(
     files: InstanceFiles,
     binding: _Binding,
@@ -199,17 +216,18 @@ async def _replay(
     first_log: int,
     *,
     repair: bool,
-) -> tuple[int, int]:
-    """Send every logged record from ``first_log`` on; return (next seq, last log number)."""
+) -> _Replayed:
+    """Send every logged record from ``first_log`` on, verified, in wire form."""
     logs = [n for n in files.log_numbers() if n >= first_log]
     next_seq = state.next_seq
-    replayed = 0
+    replayed = outputs = 0
     for n in logs:
         scan = files.scan_log(
             n, committer_id=state.committer_id, next_seq=next_seq, last=n == logs[-1], repair=repair
         )
         for raw in scan:
             await binding.send([wire.disk_to_wire(raw.header, raw.body)])
+            outputs += _replayable_outputs(raw)
             replayed += 1
         if scan.next_seq is not None:
             next_seq = scan.next_seq
@@ -225,7 +243,15 @@ async def _replay(
                 d.reason,
             )
     log.info("replayed %d records from logs %s; next seq %d", replayed, logs, next_seq)
-    return next_seq, logs[-1] if logs else first_log
+    return _Replayed(next_seq, logs[-1] if logs else first_log, outputs)
+
+
+@attrs.frozen
+class _LogStart:
+    """What the checkpoint that pairs with a log must record about its start."""
+
+    next_seq: int
+    logged_outputs: int
 
 
 class _Coordinator:
@@ -237,17 +263,19 @@ class _Coordinator:
         self.binding: _Binding | None = None
         self.committer_id = 0
         self.next_seq = 0
+        self.logged_outputs = 0  # replayable outputs of the binding made durable so far
         self.log_number = 0
         self.writer: LogWriter | None = None
         self.trigger_bytes = int(config.log_trigger_mb * 1024 * 1024)
         self._wake = asyncio.Event()
         self._eof = False
         self._roll_requested = False
-        self._awaiting_checkpoint: int | None = None  # the log number it will pair with
-        self._checkpoint_arrived: asyncio.Future[wire.Payload] | None = None
+        self._awaiting_checkpoint: int | None = None  # the log it will pair with
+        self._arrived: CheckpointArrived | None = None  # answer not yet committed
+        self._startup_checkpoint: asyncio.Future[CheckpointArrived] | None = None
         self._initial: asyncio.Future[bytes] | None = None
         self._failure: BaseException | None = None
-        self._log_first_seq: dict[int, int] = {}  # first seq of each log we opened
+        self._log_start: dict[int, _LogStart] = {}
 
     # -- reading the binding -------------------------------------------------------------
 
@@ -256,7 +284,7 @@ class _Coordinator:
         try:
             while data := await self.binding.reader.read(_READ_SIZE):
                 for event in self.intake.feed(data):
-                    await self._on_event(event)
+                    self._on_event(event)
                 for dest in self.intake.new_destinations:
                     log.warning(
                         "output for instance %r is kept in memory: links to other "
@@ -274,19 +302,18 @@ class _Coordinator:
         finally:
             self._eof = True
             self._wake.set()
-            for fut in (self._checkpoint_arrived, self._initial):
+            for fut in (self._startup_checkpoint, self._initial):
                 if fut is not None and not fut.done():
                     fut.set_exception(CoordinatorError("the binding disconnected during start-up"))
 
-    async def _on_event(self, event: object) -> None:
+    def _on_event(self, event: object) -> None:
         if isinstance(event, CheckpointRequested):
             self._roll_requested = True
         elif isinstance(event, CheckpointArrived):
-            if self._checkpoint_arrived is not None and not self._checkpoint_arrived.done():
-                self._checkpoint_arrived.set_result(event.blob)
-            elif self._awaiting_checkpoint is not None:
-                await self._commit_checkpoint(self._awaiting_checkpoint, event.blob)
-                self._awaiting_checkpoint = None
+            if self._startup_checkpoint is not None and not self._startup_checkpoint.done():
+                self._startup_checkpoint.set_result(event)
+            elif self._awaiting_checkpoint is not None and self._arrived is None:
+                self._arrived = event  # committed by the commit loop, see _commit_ready
             else:
                 raise wire.MalformedMessageError("a checkpoint nobody asked for")
         elif isinstance(event, InitialArrived):
@@ -294,21 +321,56 @@ class _Coordinator:
                 raise wire.MalformedMessageError("InitialMessage outside a first start")
             self._initial.set_result(event.frame)
 
-    async def _commit_checkpoint(
-        self, n: int, blob: wire.Payload, version: int | None = None
-    ) -> None:
-        # The checkpoint is the state at the start of log n, whose first seq we recorded.
-        state = IcState(self.committer_id, self._log_first_seq[n], blob)
-        files = self.files
-        await asyncio.to_thread(files.write_checkpoint, n, state.encode_parts())
-        await asyncio.to_thread(
-            self.registry.commit_checkpoint,
-            self.config.instance,
-            files.version,
-            n,
-            n,
+    # -- the log -------------------------------------------------------------------------
+
+    def _open_log(self, n: int) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        self.log_number = n
+        self._log_start[n] = _LogStart(self.next_seq, self.logged_outputs)
+        self.writer = self.files.open_log(n)
+
+    async def _write(self, body: list[wire.Payload], outputs: int) -> bytes:
+        """Make one record durable (write + fdatasync in a worker); return its wire header."""
+        assert self.writer is not None
+        seq = self.next_seq
+        wire_header, disk_header = wire.record_headers(self.committer_id, seq, body)
+        # No coordinator-to-coordinator links yet, so the watermark sections are empty.
+        await asyncio.to_thread(self.writer.append, [disk_header, *body, _EMPTY_TAIL])
+        self.next_seq = seq + 1
+        self.logged_outputs += outputs
+        return wire_header
+
+    async def _log_pending(self, limit: int | None = None) -> list[list[wire.Payload]]:
+        """Make pending input durable, up to message number ``limit``; return the records."""
+        records = []
+        while self.intake.pending and (limit is None or self.intake.dequeued < limit):
+            room = None if limit is None else limit - self.intake.dequeued
+            body, outputs = self.intake.take(self.config.max_record_bytes, room)
+            records.append([await self._write(body, outputs), *body])
+        return records
+
+    async def _commit_checkpoint(self, n: int, arrived: CheckpointArrived) -> None:
+        """Write checkpoint n once everything queued before it is durable, then commit it."""
+        assert self.binding is not None
+        for record in await self._log_pending(arrived.enqueued):
+            await self.binding.drain()
+            self.binding.write(record)
+        start = self._log_start[n]
+        state = IcState(
+            self.committer_id,
+            start.next_seq,
+            start.logged_outputs,
+            arrived.binding_outputs,
+            arrived.blob,
         )
-        log.info("checkpoint %d committed (%d bytes, next seq %d)", n, len(blob), state.next_seq)
+        await asyncio.to_thread(self.files.write_checkpoint, n, state.encode_parts())
+        await asyncio.to_thread(
+            self.registry.commit_checkpoint, self.config.instance, self.files.version, n, n
+        )
+        log.info(
+            "checkpoint %d committed (%d bytes, next seq %d)", n, len(arrived.blob), start.next_seq
+        )
 
     # -- start-up ------------------------------------------------------------------------
 
@@ -323,23 +385,20 @@ class _Coordinator:
         log.info("first start, committer id %d", self.committer_id)
         loop = asyncio.get_running_loop()
         self._initial = loop.create_future()
-        self._checkpoint_arrived = loop.create_future()
+        self._startup_checkpoint = loop.create_future()
         await self.binding.control(self.committer_id, TakeBecomingPrimaryCheckpoint())
-        reader = asyncio.create_task(self.read_binding())
-        self._reader_task = reader
+        self._reader_task = asyncio.create_task(self.read_binding())
         initial = await self._initial
-        blob = await self._checkpoint_arrived
-        self._checkpoint_arrived = None
-        self.log_number = 1
-        self._log_first_seq = {1: 0}
-        self.writer = self.files.open_log(1)
-        # Record 0 is durable before checkpoint 1 is committed, and forwarded after it.
-        assert self.writer is not None
-        wire_header, disk_header = wire.record_headers(self.committer_id, 0, [initial])
-        await asyncio.to_thread(self.writer.append, [disk_header, initial, _EMPTY_TAIL])
-        self.next_seq = 1
-        await self._commit_checkpoint(1, blob)
-        await self.binding.send([wire_header, initial])
+        arrived = await self._startup_checkpoint
+        self._open_log(1)
+        # Record 0 (the initial message) is durable before checkpoint 1 is committed, and
+        # so is whatever the binding sent before its checkpoint; all are forwarded after.
+        header = await self._write([initial], 0)
+        records = await self._log_pending(arrived.enqueued)
+        await self._commit_checkpoint(1, arrived)
+        await self.binding.send([header, initial])
+        for record in records:
+            await self.binding.send(record)
 
     async def recover(self, checkpoint: int) -> None:
         assert self.binding is not None
@@ -350,31 +409,31 @@ class _Coordinator:
         await self.binding.send(
             wire.encode_record_parts(self.committer_id, CHECKPOINT_SEQ, [Checkpoint(state.blob)])
         )
-        self.next_seq, last_log = await _replay(
-            self.files, self.binding, state, checkpoint, repair=True
-        )
-        loop = asyncio.get_running_loop()
-        self._checkpoint_arrived = loop.create_future()
+        # Replay makes the binding regenerate its outputs; those already logged are dropped.
+        self.intake.received_outputs = state.binding_outputs
+        replayed = await _replay(self.files, self.binding, state, checkpoint, repair=True)
+        self.next_seq = replayed.next_seq
+        self.logged_outputs = state.logged_outputs + replayed.outputs
+        self.intake.skip_below = self.logged_outputs
+        self._startup_checkpoint = asyncio.get_running_loop().create_future()
         self._reader_task = asyncio.create_task(self.read_binding())
         upgrade = self.config.upgrade_version
         if upgrade is not None:
             await self.binding.control(self.committer_id, UpgradeTakeCheckpoint())
         else:
             await self.binding.control(self.committer_id, TakeBecomingPrimaryCheckpoint())
-        blob = await self._checkpoint_arrived
-        self._checkpoint_arrived = None
+        arrived = await self._startup_checkpoint
         if upgrade is not None:
             await self._move_to_version(upgrade)
-            new_log = 1
+            self._open_log(1)
         else:
-            new_log = last_log + 1
-        self.log_number = new_log
-        self._log_first_seq = {new_log: self.next_seq}
-        self.writer = self.files.open_log(new_log)
-        await self._commit_checkpoint(new_log, blob)
+            self._open_log(replayed.last_log + 1)
+        await self._commit_checkpoint(self.log_number, arrived)
         if upgrade is not None:
             self.registry.set_current_version(self.config.instance, upgrade)
             log.info("upgraded to version %d", upgrade)
+        if self.intake.dropped:
+            log.info("dropped %d regenerated outputs already in the log", self.intake.dropped)
 
     async def _move_to_version(self, version: int) -> None:
         new = InstanceFiles(self.config.data_dir, self.config.instance, version)
@@ -389,27 +448,10 @@ class _Coordinator:
 
     # -- normal processing ---------------------------------------------------------------
 
-    async def _log(self, body: list[wire.Payload]) -> None:
-        """Make one record durable (write + fdatasync in a worker), then forward it."""
-        assert self.writer is not None and self.binding is not None
-        seq = self.next_seq
-        wire_header, disk_header = wire.record_headers(self.committer_id, seq, body)
-        # No coordinator-to-coordinator links yet, so the watermark sections are empty.
-        await asyncio.to_thread(self.writer.append, [disk_header, *body, _EMPTY_TAIL])
-        self.next_seq = seq + 1
-        # The previous record must have left before this one is queued (flow control),
-        # but this record need not have left before the next write starts: forwarding
-        # overlaps the next append.
-        await self.binding.drain()
-        self.binding.write([wire_header, *body])
-
     async def _roll(self) -> None:
         """Move to the next log and ask the binding for the checkpoint that pairs with it."""
-        assert self.writer is not None and self.binding is not None
-        self.writer.close()
-        self.log_number += 1
-        self._log_first_seq[self.log_number] = self.next_seq
-        self.writer = self.files.open_log(self.log_number)
+        assert self.binding is not None
+        self._open_log(self.log_number + 1)
         self._awaiting_checkpoint = self.log_number
         self._roll_requested = False
         log.info("rolled to log %d; asking for checkpoint %d", self.log_number, self.log_number)
@@ -417,11 +459,22 @@ class _Coordinator:
 
     async def commit_loop(self) -> None:
         """Group commit: one record per round, durable before it is forwarded."""
+        assert self.binding is not None
         while True:
+            if self._arrived is not None and self._awaiting_checkpoint is not None:
+                arrived, self._arrived = self._arrived, None
+                await self._commit_checkpoint(self._awaiting_checkpoint, arrived)
+                self._awaiting_checkpoint = None
             if self._roll_requested and self._awaiting_checkpoint is None:
                 await self._roll()
             if self.intake.pending:
-                await self._log(self.intake.take(self.config.max_record_bytes))
+                body, outputs = self.intake.take(self.config.max_record_bytes)
+                header = await self._write(body, outputs)
+                # The previous record must have left before this one is queued (flow
+                # control), but this one need not have left before the next write
+                # starts: forwarding overlaps the next append.
+                await self.binding.drain()
+                self.binding.write([header, *body])
                 assert self.writer is not None
                 if self.writer.size >= self.trigger_bytes:
                     self._roll_requested = True

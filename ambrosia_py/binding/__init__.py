@@ -1,0 +1,1 @@
+"""The language binding: Immortal, @rpc, proxies, deterministic dispatch, checkpoints."""
