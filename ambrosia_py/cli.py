@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from .bench import bench
+from .binding.run_cli import run
 from .coordinator.admin_cli import instances, log, register
 from .coordinator.ic_cli import coordinator, debug
 
@@ -21,6 +22,7 @@ main.add_command(instances)
 main.add_command(log)
 main.add_command(coordinator)
 main.add_command(debug)
+main.add_command(run)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -305,6 +305,8 @@ class _Coordinator:
             for fut in (self._startup_checkpoint, self._initial):
                 if fut is not None and not fut.done():
                     fut.set_exception(CoordinatorError("the binding disconnected during start-up"))
+                    # Only the first of the two is awaited; the other must not warn.
+                    fut.add_done_callback(lambda f: f.exception())
 
     def _on_event(self, event: object) -> None:
         if isinstance(event, CheckpointRequested):

@@ -1,0 +1,67 @@
+"""The binding's checkpoint blob: ``b"AMBPYCK" | u16 format version | lz4 frame``.
+
+The lz4 frame holds a cloudpickle of :class:`Snapshot`: the immortal's state (its
+``__dict__``: attributes are state), the dispatcher's counters, and the *tail*: the
+messages handled since that state was taken.
+
+Why a tail: the coordinator may ask for a checkpoint while handlers are suspended
+awaiting replies, and a suspended coroutine cannot be pickled. So a checkpoint taken
+when nothing is in flight holds the state and an empty tail; one taken while coroutines
+wait holds the last such state plus every message handled since, and restoring it
+replays those messages (with their outputs suppressed: they were sent before the
+checkpoint) to rebuild the waiting coroutines exactly.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import attrs
+import cloudpickle
+import lz4.frame
+
+from .errors import CheckpointFormatError
+
+__all__ = ["FORMAT_VERSION", "Snapshot", "decode_snapshot", "encode_snapshot"]
+
+MAGIC = b"AMBPYCK"
+FORMAT_VERSION = 1
+_HEADER = struct.Struct("<7sH")
+
+
+@attrs.frozen
+class Snapshot:
+    """What a checkpoint restores."""
+
+    class_name: str  # module:qualname of the immortal's class, for a clear error on mismatch
+    class_version: int
+    state: dict[str, Any]
+    call_seq: int
+    attached: frozenset[str]
+    tail: tuple[bytes, ...] = ()  # framed incoming messages handled since ``state``
+
+
+def encode_snapshot(snapshot: Snapshot) -> bytes:
+    body: bytes = lz4.frame.compress(cloudpickle.dumps(snapshot))
+    return _HEADER.pack(MAGIC, FORMAT_VERSION) + body
+
+
+def decode_snapshot(blob: bytes | bytearray | memoryview) -> Snapshot:
+    data = bytes(blob)
+    if len(data) < _HEADER.size:
+        raise CheckpointFormatError(f"checkpoint of {len(data)} bytes is too short")
+    magic, version = _HEADER.unpack_from(data)
+    if magic != MAGIC:
+        raise CheckpointFormatError(f"not an ambrosia-py checkpoint (magic {magic!r})")
+    if version != FORMAT_VERSION:
+        raise CheckpointFormatError(
+            f"checkpoint format version {version}, expected {FORMAT_VERSION}"
+        )
+    try:
+        snapshot = cloudpickle.loads(lz4.frame.decompress(data[_HEADER.size :]))
+    except Exception as exc:
+        raise CheckpointFormatError(f"checkpoint body does not load: {exc}") from exc
+    if not isinstance(snapshot, Snapshot):
+        raise CheckpointFormatError(f"checkpoint holds a {type(snapshot).__name__}")
+    return snapshot

@@ -1,0 +1,142 @@
+"""The binding's two-socket client: the thin asyncio adapter around the dispatcher.
+
+It connects to the coordinator's receive port first (where it writes), then to its send
+port (where it reads), and sends nothing until the first record arrives (reference
+ambrosia.md, *The two local sockets*). Records are verified as they are read (check
+bytes, committer id, consecutive sequence ids); a bad one stops the binding. When the
+coordinator goes away the binding stops: they live and die together.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import time
+from typing import Any
+
+from .. import wire
+from ..wire import Message, RecordReader
+from .dispatcher import Dispatcher
+from .immortal import Immortal
+
+__all__ = ["Connection", "connect", "serve"]
+
+log = logging.getLogger("ambrosia_py.binding")
+_READ_SIZE = 256 * 1024
+
+
+async def _open(
+    host: str, port: int, deadline: float
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """Connect, retrying while the port is not listening yet (the send port opens late)."""
+    while True:
+        try:
+            return await asyncio.open_connection(host, port)
+        except (ConnectionRefusedError, OSError) as exc:
+            if time.monotonic() >= deadline:
+                raise ConnectionRefusedError(
+                    f"no coordinator listening on {host}:{port} ({exc})"
+                ) from None
+            await asyncio.sleep(0.01)
+
+
+class Connection:
+    """The binding's two connections: it writes to the receive port, reads the send port.
+
+    Both stream pairs are kept: dropping a writer closes its socket.
+    """
+
+    def __init__(
+        self,
+        receive: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+        send: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+    ) -> None:
+        self._receive = receive
+        self._send = send
+        self.reader = send[0]
+        self.writer = receive[1]
+
+    def close(self) -> None:
+        self._receive[1].close()
+        self._send[1].close()
+
+
+async def connect(
+    receive_port: int, send_port: int, *, host: str = "127.0.0.1", timeout: float = 30.0
+) -> Connection:
+    """Connect to a coordinator: its receive port first, then its send port."""
+    deadline = time.monotonic() + timeout
+    receive = await _open(host, receive_port, deadline)
+    send = await _open(host, send_port, deadline)
+    return Connection(receive, send)
+
+
+async def serve(
+    service: type[Immortal],
+    instance: str,
+    receive_port: int,
+    send_port: int,
+    *,
+    host: str = "127.0.0.1",
+    upgrade_to: type[Immortal] | None = None,
+    timeout: float = 30.0,
+    dispatcher: Dispatcher | None = None,
+) -> Dispatcher:
+    """Run ``service`` as ``instance`` until the coordinator goes away; return the dispatcher."""
+    conn = await connect(receive_port, send_port, host=host, timeout=timeout)
+    reader, writer = conn.reader, conn.writer
+    d = dispatcher or Dispatcher(service, instance, upgrade_to=upgrade_to)
+
+    def send(msgs: list[Message]) -> None:
+        for m in msgs:
+            writer.writelines(wire.encode_message_parts(m))
+
+    d.live_send = lambda m: send([m])
+    records = RecordReader()
+    background: list[asyncio.Task[Any]] = []
+    try:
+        while data := await reader.read(_READ_SIZE):
+            records.feed(data)
+            for record in records:
+                send(d.handle(record))
+                await writer.drain()
+                for fn, args in d.take_effects():
+                    _run_effect(fn, args)
+                if d.became_primary:
+                    d.became_primary = False
+                    background = _start_background(d, background)
+        records.close()
+        log.info("coordinator went away; stopping")
+    except ConnectionError as exc:
+        log.info("coordinator connection lost (%s); stopping", exc)
+    finally:
+        for task in background:
+            task.cancel()
+        conn.close()
+    return d
+
+
+_effect_tasks: set[asyncio.Future[Any]] = set()  # keeps running async effects referenced
+
+
+def _run_effect(fn: Any, args: tuple[Any, ...]) -> None:
+    try:
+        result = fn(*args)
+        if inspect.isawaitable(result):
+            task = asyncio.ensure_future(result)
+            _effect_tasks.add(task)
+            task.add_done_callback(_effect_tasks.discard)
+    except Exception:
+        log.exception("effect %r failed", fn)
+
+
+def _start_background(d: Dispatcher, running: list[asyncio.Task[Any]]) -> list[asyncio.Task[Any]]:
+    if running:
+        return running
+    tasks = []
+    for name in type(d.immortal).background_methods():
+        coro = getattr(d.immortal, name)()
+        tasks.append(asyncio.ensure_future(coro))
+        log.info("background task %s started", name)
+    return tasks

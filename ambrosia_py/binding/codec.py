@@ -1,0 +1,90 @@
+"""How arguments and return values travel: ``pickle`` (default) or ``json``.
+
+``json`` is the format of the released Node binding: the arguments are one UTF-8 JSON
+object mapping parameter names to values, so services in other languages can call ours.
+Return values travel with the method's codec too; exceptions always as pickles, with a
+:class:`RemoteError` carrying the text when the exception itself cannot be pickled.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import pickle
+from collections.abc import Callable
+from typing import Any, Literal
+
+from .errors import RemoteError
+
+__all__ = [
+    "CodecName",
+    "decode_args",
+    "decode_exception",
+    "decode_value",
+    "encode_args",
+    "encode_exception",
+    "encode_value",
+]
+
+CodecName = Literal["pickle", "json"]
+_PROTOCOL = pickle.HIGHEST_PROTOCOL
+
+
+def encode_args(
+    codec: CodecName, signature: inspect.Signature, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> bytes:
+    """Encode a call's arguments (``signature`` excludes ``self``)."""
+    if codec == "json":
+        bound = signature.bind(*args, **kwargs)
+        return json.dumps(dict(bound.arguments), separators=(",", ":")).encode()
+    signature.bind(*args, **kwargs)  # a wrong call fails at the caller, not remotely
+    return pickle.dumps((args, kwargs), protocol=_PROTOCOL)
+
+
+def decode_args(
+    codec: CodecName, data: bytes | bytearray | memoryview
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The positional and keyword arguments of an incoming call."""
+    if codec == "json":
+        obj = json.loads(bytes(data))
+        if not isinstance(obj, dict):
+            raise ValueError("json arguments must be one JSON object of parameter names")
+        return (), obj
+    args, kwargs = pickle.loads(data)
+    return tuple(args), dict(kwargs)
+
+
+def encode_value(codec: CodecName, value: Any) -> bytes:
+    if codec == "json":
+        return json.dumps(value, separators=(",", ":")).encode()
+    return pickle.dumps(value, protocol=_PROTOCOL)
+
+
+def decode_value(codec: CodecName, data: bytes | bytearray | memoryview) -> Any:
+    if codec == "json":
+        return json.loads(bytes(data))
+    return pickle.loads(data)
+
+
+def encode_exception(exc: BaseException) -> bytes:
+    try:
+        data = pickle.dumps(exc, protocol=_PROTOCOL)
+        pickle.loads(data)  # some exceptions pickle but cannot be rebuilt
+        return data
+    except Exception:
+        return pickle.dumps(RemoteError(f"{type(exc).__name__}: {exc}"), protocol=_PROTOCOL)
+
+
+def decode_exception(data: bytes | bytearray | memoryview) -> BaseException:
+    try:
+        exc = pickle.loads(data)
+    except Exception as err:
+        return RemoteError(f"an exception that could not be decoded ({err})")
+    return exc if isinstance(exc, BaseException) else RemoteError(repr(exc))
+
+
+def signature_of(fn: Callable[..., Any]) -> inspect.Signature:
+    """The signature of an @rpc method without ``self``."""
+    sig = inspect.signature(fn)
+    params = list(sig.parameters.values())[1:]
+    return sig.replace(parameters=params)

@@ -1,0 +1,447 @@
+"""The deterministic dispatcher, sans-IO: log records in, messages for the coordinator out.
+
+This module owns the determinism boundary (seed 002, *Normal processing* and *Receive
+logged replay messages*):
+
+* Handlers run one message at a time, in log order. ``async def`` handlers are driven by
+  hand (``coroutine.send``), never by an event loop: the only thing they may await is a
+  call to an immortal (:class:`CallFuture`), and they resume when the record carrying the
+  reply is dispatched. While a handler runs, the real event loop is hidden, so a handler
+  that sleeps, opens a socket or awaits anything else gets a :class:`DeterminismError`.
+* Modes: *starting* (first start), *recovering* (a checkpoint was restored; logged
+  records are being replayed), *primary*. Outputs (calls, forks, return values) are sent
+  in every mode — after a crash the coordinator drops the ones it already logged — but
+  effects run only when primary, and impulses may only be sent by background code while
+  primary.
+* Checkpoints are taken the moment the coordinator asks, even with handlers suspended:
+  see :mod:`checkpoint` for the state-plus-tail design.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+from collections.abc import Callable, Coroutine, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import cloudpickle
+
+from .. import wire
+from ..wire import (
+    AttachTo,
+    BecomingPrimary,
+    Checkpoint,
+    CountReplayableRpcBatch,
+    IncomingReturnValue,
+    IncomingRpc,
+    InitialMessage,
+    LogRecord,
+    Message,
+    OutgoingReturnValue,
+    OutgoingRpc,
+    ReturnType,
+    RpcBatch,
+    RpcType,
+    TakeBecomingPrimaryCheckpoint,
+    TakeCheckpoint,
+    UpgradeService,
+    UpgradeTakeCheckpoint,
+)
+from . import codec
+from .checkpoint import Snapshot, decode_snapshot, encode_snapshot
+from .errors import (
+    BindingError,
+    CheckpointFormatError,
+    DeterminismError,
+    ImpulseDuringRecoveryError,
+    UnknownMethodError,
+)
+from .immortal import CallFuture, Immortal, MethodSpec
+
+__all__ = ["Dispatcher", "Mode"]
+
+log = logging.getLogger("ambrosia_py.binding")
+_PRIVATE = "_ambrosia_"
+
+
+class Mode(enum.Enum):
+    STARTING = "starting"
+    RECOVERING = "recovering"
+    PRIMARY = "primary"
+
+
+class _Task:
+    """A suspended ``async def`` handler."""
+
+    __slots__ = ("coro", "reply_to", "spec", "waiting_on")
+
+    def __init__(
+        self, coro: Coroutine[Any, Any, Any], spec: MethodSpec, reply_to: tuple[str, int] | None
+    ) -> None:
+        self.coro = coro
+        self.spec = spec
+        self.reply_to = reply_to
+        self.waiting_on: CallFuture | None = None
+
+
+@contextmanager
+def _no_event_loop() -> Iterator[None]:
+    """Hide the running event loop while a handler runs (the determinism boundary)."""
+    loop = asyncio.events._get_running_loop()
+    asyncio.events._set_running_loop(None)
+    try:
+        yield
+    finally:
+        asyncio.events._set_running_loop(loop)
+
+
+def _class_name(cls: type) -> str:
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+class Dispatcher:
+    """Runs one immortal: feed it records with :meth:`handle`, send what it returns.
+
+    ``upgrade_to`` is the class to switch to when the coordinator says UpgradeTakeCheckpoint
+    or UpgradeService. ``live_send`` is set by the I/O adapter for impulses, which
+    background code sends between records.
+    """
+
+    def __init__(
+        self,
+        service: type[Immortal],
+        instance: str,
+        *,
+        upgrade_to: type[Immortal] | None = None,
+    ) -> None:
+        self.cls = service
+        self.instance = instance
+        self.upgrade_to = upgrade_to
+        self.mode = Mode.STARTING
+        self.immortal = self._attach(service())
+        self.live_send: Callable[[Message], None] | None = None
+        self.became_primary = False  # set when the adapter should start background tasks
+        self._call_seq = 0
+        self._attached: set[str] = set()
+        self._waiting: dict[int, _Task] = {}
+        self._out: list[Message] = []
+        self._effects: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
+        self._in_handler = False
+        self._suppress = False  # replaying a checkpoint's tail: outputs were sent already
+        self._base: Snapshot | None = None  # the last state taken with nothing in flight
+        self._tail: list[Message] = []  # incoming messages handled since ``_base``
+
+    def _attach(self, immortal: Immortal) -> Immortal:
+        immortal.__dict__[_PRIVATE + "dispatcher"] = self
+        return immortal
+
+    # -- the record stream ---------------------------------------------------------------
+
+    def handle(self, record: LogRecord) -> list[Message]:
+        """Process one record from the coordinator; return the messages to send back."""
+        self._out = []
+        for msg in record.messages:
+            self._message(msg, record.seq)
+        out, self._out = self._out, []
+        return out
+
+    def take_effects(self) -> list[tuple[Callable[..., Any], tuple[Any, ...]]]:
+        """Effects to run in the outside world, in order (none while replaying)."""
+        effects, self._effects = self._effects, []
+        return effects
+
+    def _message(self, msg: Message, seq: int) -> None:
+        if isinstance(msg, IncomingRpc | IncomingReturnValue):
+            self._tail.append(msg)
+            self._dispatch(msg)
+        elif isinstance(msg, RpcBatch | CountReplayableRpcBatch):
+            for inner in msg.messages:
+                self._message(inner, seq)
+        elif isinstance(msg, Checkpoint):
+            self.restore(msg.blob)
+        elif isinstance(msg, TakeBecomingPrimaryCheckpoint):
+            if self.mode is Mode.STARTING:
+                self._first_start()
+            self._become_primary()
+        elif isinstance(msg, UpgradeTakeCheckpoint):
+            self._upgrade()
+            self._become_primary()
+        elif isinstance(msg, UpgradeService):
+            self._upgrade()
+        elif isinstance(msg, TakeCheckpoint):
+            self._out.append(Checkpoint(self.checkpoint()))
+        elif isinstance(msg, BecomingPrimary):
+            self.mode = Mode.PRIMARY
+            self.became_primary = True
+        elif isinstance(msg, InitialMessage):
+            pass  # the echo of our own InitialMessage: record 0
+        else:
+            raise BindingError(f"unexpected {type(msg).__name__} in record {seq}")
+
+    def _first_start(self) -> None:
+        with self._handler_context():
+            self.immortal.on_first_start()
+        self._out.append(InitialMessage(b""))
+
+    def _become_primary(self) -> None:
+        self._out.append(Checkpoint(self.checkpoint()))
+        self.mode = Mode.PRIMARY
+        self.became_primary = True
+
+    # -- dispatching calls ---------------------------------------------------------------
+
+    @contextmanager
+    def _handler_context(self) -> Iterator[None]:
+        self._in_handler = True
+        try:
+            with _no_event_loop():
+                yield
+        finally:
+            self._in_handler = False
+
+    def _dispatch(self, msg: IncomingRpc | IncomingReturnValue) -> None:
+        if isinstance(msg, IncomingReturnValue):
+            self._resume(msg)
+            return
+        spec = type(self.immortal).rpc_methods().get(msg.method_id)
+        reply_to = (msg.sender, msg.call_seq) if msg.rpc_type == RpcType.ASYNC_AWAIT else None
+        if spec is None:
+            err = UnknownMethodError(
+                f"{type(self.immortal).__name__} has no @rpc method with id {msg.method_id}"
+            )
+            self._finish(None, reply_to, None, err)
+            return
+        try:
+            args, kwargs = codec.decode_args(spec.codec, msg.args)
+        except Exception as exc:
+            self._finish(spec, reply_to, None, exc)
+            return
+        method = getattr(self.immortal, spec.name)
+        if not spec.is_async:
+            try:
+                with self._handler_context():
+                    result = method(*args, **kwargs)
+            except Exception as exc:
+                self._finish(spec, reply_to, None, exc)
+            else:
+                self._finish(spec, reply_to, result, None)
+            return
+        with self._handler_context():
+            coro = method(*args, **kwargs)
+        self._step(_Task(coro, spec, reply_to), None, None)
+
+    def _step(self, task: _Task, value: Any, error: BaseException | None) -> None:
+        try:
+            with self._handler_context():
+                awaited = task.coro.throw(error) if error is not None else task.coro.send(value)
+                while not isinstance(awaited, CallFuture):
+                    awaited = task.coro.throw(
+                        DeterminismError(
+                            f"handler {task.spec.name!r} awaited {awaited!r}: handlers may only "
+                            "await calls to immortals; do I/O in a @background task"
+                        )
+                    )
+        except StopIteration as stop:
+            self._finish(task.spec, task.reply_to, stop.value, None)
+        except Exception as exc:
+            self._finish(task.spec, task.reply_to, None, exc)
+        else:
+            task.waiting_on = awaited
+            self._waiting[awaited.call_seq] = task
+
+    def _resume(self, reply: IncomingReturnValue) -> None:
+        task = self._waiting.pop(reply.call_seq, None)
+        if task is None or task.waiting_on is None:
+            log.warning("reply to call %d, which nothing awaits: ignored", reply.call_seq)
+            return
+        method_codec = task.waiting_on.method.codec
+        if reply.return_type == ReturnType.EXCEPTION:
+            self._step(task, None, codec.decode_exception(reply.value))
+        elif reply.return_type == ReturnType.NO_VALUE:
+            self._step(task, None, None)
+        else:
+            self._step(task, codec.decode_value(method_codec, reply.value), None)
+
+    def _finish(
+        self,
+        spec: MethodSpec | None,
+        reply_to: tuple[str, int] | None,
+        result: Any,
+        error: BaseException | None,
+    ) -> None:
+        if error is not None:
+            if isinstance(error, RuntimeError) and "no running event loop" in str(error):
+                name = spec.name if spec else "?"
+                error = DeterminismError(
+                    f"handler {name!r} used the event loop ({error}); handlers see only "
+                    "logged input: do I/O in a @background task"
+                )
+            if reply_to is None:
+                log.error("handler %s raised %r", spec.name if spec else "?", error)
+        if reply_to is None:
+            return
+        sender, call_seq = reply_to
+        if error is not None:
+            kind, value = ReturnType.EXCEPTION, codec.encode_exception(error)
+        elif result is None:
+            kind, value = ReturnType.NO_VALUE, b""
+        else:
+            assert spec is not None
+            kind, value = ReturnType.VALUE, codec.encode_value(spec.codec, result)
+        self._emit(OutgoingReturnValue(sender, kind, self.instance, call_seq, value))
+
+    # -- what handlers (and background code) call ----------------------------------------
+
+    def _emit(self, msg: Message) -> None:
+        if not self._suppress:
+            self._out.append(msg)
+
+    def _require_handler(self, what: str) -> None:
+        if not self._in_handler:
+            raise DeterminismError(
+                f"{what} outside a handler: background code feeds the immortal through "
+                "impulses (self.impulse.method(...))"
+            )
+
+    def _outgoing(
+        self,
+        destination: str,
+        spec: MethodSpec,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        rpc_type: RpcType,
+        call_seq: int = 0,
+    ) -> None:
+        data = codec.encode_args(spec.codec, spec.signature, args, kwargs)
+        if destination in ("", self.instance):
+            destination = ""
+        elif destination not in self._attached:
+            self._attached.add(destination)
+            self._emit(AttachTo(destination))
+        sender = self.instance if rpc_type == RpcType.ASYNC_AWAIT else ""
+        self._emit(OutgoingRpc(destination, spec.id, rpc_type, data, sender, call_seq))
+
+    def call(
+        self, destination: str, spec: MethodSpec, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> CallFuture:
+        """An async/await call from a handler."""
+        self._require_handler(f"calling {spec.name}")
+        self._call_seq += 1
+        self._outgoing(destination, spec, args, kwargs, RpcType.ASYNC_AWAIT, self._call_seq)
+        return CallFuture(self._call_seq, spec)
+
+    def fork(
+        self, destination: str, spec: MethodSpec, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> None:
+        """A fire-and-forget call from a handler."""
+        self._require_handler(f"forking {spec.name}")
+        self._outgoing(destination, spec, args, kwargs, RpcType.FORK)
+
+    def impulse(self, spec: MethodSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """An impulse to this immortal, from background code while primary."""
+        if self.mode is not Mode.PRIMARY:
+            raise ImpulseDuringRecoveryError(
+                f"impulse {spec.name} sent while {self.mode.value}: impulses are input from "
+                "the outside world and may only be sent once the immortal is primary"
+            )
+        if self._in_handler:
+            raise DeterminismError(
+                f"impulse {spec.name} sent from a handler: replay would send it again; "
+                "handlers fork instead"
+            )
+        if self.live_send is None:
+            raise BindingError("no connection to the coordinator for impulses")
+        data = codec.encode_args(spec.codec, spec.signature, args, kwargs)
+        self.live_send(OutgoingRpc("", spec.id, RpcType.IMPULSE, data))
+
+    def effect(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        self._require_handler("an effect")
+        if self.mode is Mode.PRIMARY and not self._suppress:
+            self._effects.append((fn, args))
+
+    # -- checkpoints ---------------------------------------------------------------------
+
+    def _state(self) -> dict[str, Any]:
+        return {k: v for k, v in self.immortal.__dict__.items() if not k.startswith(_PRIVATE)}
+
+    def _snapshot_now(self) -> Snapshot:
+        return Snapshot(
+            _class_name(type(self.immortal)),
+            type(self.immortal).version,
+            cloudpickle.loads(cloudpickle.dumps(self._state())),  # a copy, not a reference
+            self._call_seq,
+            frozenset(self._attached),
+        )
+
+    def checkpoint(self) -> bytes:
+        """The checkpoint blob for the state right now (see :mod:`checkpoint`)."""
+        if not self._waiting:
+            self._base = self._snapshot_now()
+            self._tail = []
+            return encode_snapshot(self._base)
+        assert self._base is not None, "a suspended handler implies an earlier checkpoint"
+        tail = tuple(wire.encode_message(m) for m in self._tail)
+        return encode_snapshot(
+            Snapshot(
+                self._base.class_name,
+                self._base.class_version,
+                self._base.state,
+                self._base.call_seq,
+                self._base.attached,
+                tail,
+            )
+        )
+
+    def restore(self, blob: bytes | bytearray | memoryview) -> None:
+        """Load a checkpoint: its state, then its tail replayed with outputs suppressed."""
+        snap = decode_snapshot(blob)
+        cls = type(self.immortal)
+        if snap.class_name != _class_name(cls) and snap.class_version == cls.version:
+            log.warning("checkpoint of %s restored into %s", snap.class_name, _class_name(cls))
+        if snap.class_version != cls.version:
+            raise CheckpointFormatError(
+                f"checkpoint of {snap.class_name} version {snap.class_version}, but the service "
+                f"is version {cls.version}: run the old code and upgrade with --upgrade-version"
+            )
+        immortal = cls.__new__(cls)
+        immortal.__dict__.update(cloudpickle.loads(cloudpickle.dumps(snap.state)))
+        self.immortal = self._attach(immortal)
+        self._call_seq = snap.call_seq
+        self._attached = set(snap.attached)
+        self._waiting = {}
+        self._base = Snapshot(
+            snap.class_name, snap.class_version, snap.state, snap.call_seq, snap.attached
+        )
+        self._tail = []
+        self.mode = Mode.RECOVERING
+        self._suppress = True
+        try:
+            for raw in snap.tail:
+                msg, _ = wire.decode_message(raw)
+                assert isinstance(msg, IncomingRpc | IncomingReturnValue)
+                self._tail.append(msg)
+                self._dispatch(msg)
+        finally:
+            self._suppress = False
+
+    def _upgrade(self) -> None:
+        new = self.upgrade_to
+        if new is None:
+            raise BindingError("the coordinator asked for an upgrade, but no new code was given")
+        if self._waiting:
+            raise BindingError(
+                f"cannot upgrade with {len(self._waiting)} handlers awaiting replies: their "
+                "coroutines belong to the old code"
+            )
+        old = type(self.immortal)
+        state = new.upgrade_state(self._state(), old.version)
+        immortal = new.__new__(new)
+        immortal.__dict__.update(state)
+        self.immortal = self._attach(immortal)
+        self.cls = new
+        self.upgrade_to = None
+        self._base = self._snapshot_now()
+        self._tail = []
+        log.info("upgraded %s v%d -> %s v%d", old.__name__, old.version, new.__name__, new.version)

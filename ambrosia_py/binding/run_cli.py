@@ -1,0 +1,188 @@
+"""``ambrosia-py run SERVICE``: a service and its coordinator, started together.
+
+SERVICE is a file path (``counter.py``, ``counter.py:Counter``) or ``module:Class``; a
+file with one Immortal subclass needs no class name. Without ``--separated`` it starts
+``ambrosia-py coordinator`` for the instance as a child process (registering the
+instance on first use), waits for its ready line, and attaches; with ``--separated``
+it attaches to a coordinator already listening on the given ports. The two live and die
+together: when either goes away the other stops, and running the same command again
+recovers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import importlib.util
+import inspect
+import logging
+import sys
+from pathlib import Path
+
+import click
+
+from .client import serve
+from .immortal import Immortal
+
+__all__ = ["load_service", "run"]
+
+
+def load_service(spec: str) -> type[Immortal]:
+    """The Immortal subclass named by ``spec`` (see the module docstring)."""
+    target, _, class_name = spec.partition(":")
+    if target.endswith(".py") or Path(target).is_file():
+        path = Path(target)
+        if not path.is_file():
+            raise click.BadParameter(f"no such file: {target}", param_hint="SERVICE")
+        module_name = f"ambrosia_service_{path.stem}"
+        mod_spec = importlib.util.spec_from_file_location(module_name, path)
+        if mod_spec is None or mod_spec.loader is None:
+            raise click.BadParameter(f"cannot load {target}", param_hint="SERVICE")
+        module = importlib.util.module_from_spec(mod_spec)
+        sys.modules[module_name] = module
+        mod_spec.loader.exec_module(module)
+    else:
+        try:
+            module = importlib.import_module(target)
+        except ImportError as exc:
+            raise click.BadParameter(
+                f"cannot import {target}: {exc}", param_hint="SERVICE"
+            ) from None
+    found = {
+        name: obj
+        for name, obj in vars(module).items()
+        if inspect.isclass(obj)
+        and issubclass(obj, Immortal)
+        and obj is not Immortal
+        and obj.__module__ == module.__name__
+    }
+    if class_name:
+        if class_name not in found:
+            raise click.BadParameter(
+                f"{target} has no Immortal subclass {class_name!r} (it has {sorted(found)})",
+                param_hint="SERVICE",
+            )
+        return found[class_name]
+    if len(found) != 1:
+        raise click.BadParameter(
+            f"{target} defines {len(found)} Immortal subclasses {sorted(found)}: name one as "
+            f"{target}:Class",
+            param_hint="SERVICE",
+        )
+    return next(iter(found.values()))
+
+
+async def _run(
+    service: type[Immortal],
+    instance: str,
+    data_dir: Path,
+    separated: bool,
+    receive_port: int | None,
+    send_port: int | None,
+    upgrade_to: type[Immortal] | None,
+    upgrade_version: int | None,
+) -> int:
+    if separated:
+        if receive_port is None or send_port is None:
+            raise click.UsageError("--separated needs --receive-port and --send-port")
+        await serve(service, instance, receive_port, send_port, upgrade_to=upgrade_to)
+        return 0
+    args = [
+        sys.executable,
+        "-m",
+        "ambrosia_py.cli",
+        "coordinator",
+        "--instance",
+        instance,
+        "--data-dir",
+        str(data_dir),
+    ]
+    if receive_port is not None:
+        args += ["--receive-port", str(receive_port)]
+    if send_port is not None:
+        args += ["--send-port", str(send_port)]
+    if upgrade_version is not None:
+        args += ["--upgrade-version", str(upgrade_version)]
+    ic = await asyncio.create_subprocess_exec(*args, stdout=asyncio.subprocess.PIPE)
+    try:
+        assert ic.stdout is not None
+        line = (await ic.stdout.readline()).decode()
+        if not line.startswith("ready"):
+            code = await ic.wait()
+            raise click.ClickException(f"the coordinator did not start (exit status {code})")
+        fields = dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
+        click.echo(line.strip(), err=True)
+        await serve(
+            service,
+            instance,
+            int(fields["receive_port"]),
+            int(fields["send_port"]),
+            upgrade_to=upgrade_to,
+        )
+        return await ic.wait()
+    finally:
+        if ic.returncode is None:
+            ic.terminate()
+            await ic.wait()
+
+
+@click.command()
+@click.argument("service_spec", metavar="SERVICE")
+@click.option("--instance", help="Instance name (default: the class name, lower case).")
+@click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("ambrosia-data"),
+    show_default=True,
+    help="Where logs, checkpoints and the registry live.",
+)
+@click.option("--separated", is_flag=True, help="Attach to a coordinator already running.")
+@click.option("--receive-port", type=int, help="The coordinator's receive port.")
+@click.option("--send-port", type=int, help="The coordinator's send port.")
+@click.option(
+    "--upgrade-from",
+    "upgrade_from",
+    metavar="OLD_SERVICE",
+    help="Replay with OLD_SERVICE's code, then upgrade to SERVICE (with --upgrade-version).",
+)
+@click.option("--upgrade-version", type=int, help="The version number to upgrade to.")
+def run(
+    service_spec: str,
+    instance: str | None,
+    data_dir: Path,
+    separated: bool,
+    receive_port: int | None,
+    send_port: int | None,
+    upgrade_from: str | None,
+    upgrade_version: int | None,
+) -> None:
+    """Run an immortal service with its coordinator; run it again to recover."""
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=logging.INFO,
+        format="%(asctime)s binding %(levelname)s %(message)s",
+    )
+    service = load_service(service_spec)
+    upgrade_to: type[Immortal] | None = None
+    if upgrade_from is not None:
+        if upgrade_version is None:
+            raise click.UsageError("--upgrade-from needs --upgrade-version")
+        upgrade_to, service = service, load_service(upgrade_from)
+    try:
+        status = asyncio.run(
+            _run(
+                service,
+                instance or service.__name__.lower(),
+                data_dir,
+                separated,
+                receive_port,
+                send_port,
+                upgrade_to,
+                upgrade_version,
+            )
+        )
+    except ConnectionRefusedError as exc:
+        raise click.ClickException(str(exc)) from None
+    except KeyboardInterrupt:
+        status = 0
+    sys.exit(status)
