@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import secrets
 import signal
 from collections.abc import Callable
@@ -493,7 +494,9 @@ class _Coordinator:
             self.config,
             receive_port,
             send_port,
-            lambda ports: ready(f"ready instance={self.config.instance} version={version} {ports}"),
+            lambda ports: ready(
+                f"ready instance={self.config.instance} version={version} {ports} pid={os.getpid()}"
+            ),
         )
         try:
             info = self.registry.get(self.config.instance)
