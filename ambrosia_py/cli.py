@@ -8,6 +8,7 @@ from .bench import bench
 from .binding.run_cli import run
 from .coordinator.admin_cli import instances, log, register
 from .coordinator.ic_cli import coordinator, debug
+from .demo import demo
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -23,6 +24,7 @@ main.add_command(log)
 main.add_command(coordinator)
 main.add_command(debug)
 main.add_command(run)
+main.add_command(demo)
 
 if __name__ == "__main__":  # pragma: no cover
     main()
