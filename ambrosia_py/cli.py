@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from .bench import bench
-from .binding.run_cli import run
+from .binding.run_cli import replay, run
 from .coordinator.admin_cli import instances, log, register
 from .coordinator.ic_cli import coordinator, debug
 from .demo import demo
@@ -24,6 +24,7 @@ main.add_command(log)
 main.add_command(coordinator)
 main.add_command(debug)
 main.add_command(run)
+main.add_command(replay)
 main.add_command(demo)
 
 if __name__ == "__main__":  # pragma: no cover

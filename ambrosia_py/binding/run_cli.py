@@ -22,9 +22,10 @@ from pathlib import Path
 import click
 
 from .client import serve
+from .errors import BindingError
 from .immortal import Immortal
 
-__all__ = ["load_service", "run"]
+__all__ = ["load_service", "replay", "run"]
 
 
 def load_service(spec: str) -> type[Immortal]:
@@ -186,3 +187,44 @@ def run(
     except KeyboardInterrupt:
         status = 0
     sys.exit(status)
+
+
+@click.command()
+@click.argument("service_spec", metavar="SERVICE")
+@click.option("--instance", required=True, help="The instance whose history to replay.")
+@click.option(
+    "--data-dir",
+    required=True,
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    help="Where its logs and checkpoints live.",
+)
+@click.option("--verify", is_flag=True, help="Find the first non-deterministic message.")
+@click.option("--to-seq", type=int, help="Stop after this record.")
+def replay(
+    service_spec: str, instance: str, data_dir: Path, verify: bool, to_seq: int | None
+) -> None:
+    """Re-run an instance's recorded history offline with SERVICE's code, writing nothing.
+
+    With --verify, two replays run in lockstep from every checkpoint and are compared
+    after each message (state and outgoing calls), and each recomputed checkpoint with
+    the recorded one: the first difference is reported with its record and method.
+    """
+    from .replay import replay_instance  # the coordinator's modules only when asked
+
+    service = load_service(service_spec)
+    try:
+        result = replay_instance(service, data_dir, instance, verify=verify, to_seq=to_seq)
+    except BindingError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(
+        f"replayed {result.records} records ({result.messages} messages) from checkpoint "
+        f"{result.checkpoint}, last seq {result.last_seq}"
+    )
+    if result.divergence is not None:
+        click.echo(f"NOT DETERMINISTIC at {result.divergence}", err=True)
+        sys.exit(1)
+    if verify:
+        click.echo("deterministic: both replays and every recorded checkpoint agree")
+    for key, value in sorted(result.state.items()):
+        text = repr(value)
+        click.echo(f"  {key} = {text if len(text) <= 100 else text[:97] + '...'}")

@@ -1,0 +1,110 @@
+"""`ambrosia-py replay --verify` finds handlers that are not deterministic."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from ambrosia_py.cli import main
+
+SERVICE = """
+import sys
+{imports}
+from ambrosia_py import Immortal, background, rpc
+
+
+def announce(n):
+    print(f"handled {{n}}", file=sys.stderr, flush=True)
+
+
+class Ticker(Immortal):
+    def __init__(self):
+        self.count = 0
+        self.seen = []
+
+    @rpc
+    def tick(self, n: int) -> None:
+        self.count += n
+        self.seen.append({observed})
+        self.effect(announce, self.count)
+
+    @background
+    async def feed(self):
+        for n in (1, 2, 3):
+            self.impulse.tick(n)
+"""
+
+
+def record_history(tmp_path: Path, name: str, imports: str, observed: str) -> Path:
+    """Run the service until it has handled three impulses; return its file."""
+    path = tmp_path / f"{name}.py"
+    path.write_text(SERVICE.format(imports=imports, observed=observed))
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ambrosia_py.cli",
+            "run",
+            str(path),
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--instance",
+            name,
+        ],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+    )
+    done = threading.Event()
+    lines: list[str] = []
+
+    def drain() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            lines.append(line)
+            if "handled 6" in line:
+                done.set()
+        done.set()
+
+    threading.Thread(target=drain, daemon=True).start()
+    try:
+        assert done.wait(60) and any("handled 6" in x for x in lines), "".join(lines)
+    finally:
+        proc.kill()  # the log is durable: no need to stop politely
+        proc.wait()
+    return path
+
+
+def verify(tmp_path: Path, path: Path, name: str) -> tuple[int, str]:
+    result = CliRunner().invoke(
+        main,
+        ["replay", str(path), "--instance", name, "--data-dir", str(tmp_path / "data"), "--verify"],
+    )
+    return result.exit_code, result.output
+
+
+def test_a_deterministic_service_verifies(tmp_path: Path) -> None:
+    path = record_history(tmp_path, "steady", "", "n * 10")
+    code, out = verify(tmp_path, path, "steady")
+    assert code == 0, out
+    assert "deterministic" in out and "count = 6" in out and "seen = [10, 20, 30]" in out
+
+
+@pytest.mark.parametrize(
+    ("imports", "observed"),
+    [("import time", "time.time()"), ("import random", "random.random()")],
+)
+def test_verify_names_the_record_method_and_attribute(
+    tmp_path: Path, imports: str, observed: str
+) -> None:
+    path = record_history(tmp_path, "flaky", imports, observed)
+    code, out = verify(tmp_path, path, "flaky")
+    assert code == 1, out
+    # Record 0 is the initial message; the first impulse is record 1.
+    assert "NOT DETERMINISTIC at record 1, method tick: state differs" in out
+    assert "attribute 'seen'" in out
