@@ -1,0 +1,187 @@
+"""Run an immortal under test: a real coordinator process, the binding in this process.
+
+The coordinator is started with ``ambrosia-py coordinator`` in a data directory of the
+test's; the binding runs on an event loop in a thread of the test process, so the test
+can send impulses, wait for the state it expects, read the state, and kill the
+coordinator with SIGKILL whenever it likes. The binding dies with its coordinator (its
+in-memory state is dropped); starting the same instance again recovers from the log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import cloudpickle
+
+from ..binding.client import serve
+from ..binding.dispatcher import Dispatcher, Mode
+from ..binding.immortal import Immortal
+
+__all__ = ["ImmortalRunner", "RunningImmortal"]
+
+DEFAULT_TIMEOUT = 30.0
+
+
+class _Impulses:
+    def __init__(self, running: RunningImmortal) -> None:
+        self._running = running
+
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        def send(*args: Any, **kwargs: Any) -> None:
+            def in_loop() -> None:
+                getattr(self._running.dispatcher.immortal.impulse, name)(*args, **kwargs)
+
+            self._running._in_loop(in_loop)
+
+        return send
+
+
+class RunningImmortal:
+    """One incarnation of an immortal: its coordinator process and its binding thread."""
+
+    def __init__(
+        self, service: type[Immortal], data_dir: Path, instance: str, timeout: float
+    ) -> None:
+        self.service = service
+        self.instance = instance
+        self.timeout = timeout
+        self.ic = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "ambrosia_py.cli",
+                "coordinator",
+                "--instance",
+                instance,
+                "--data-dir",
+                str(data_dir),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert self.ic.stdout is not None
+        line = self.ic.stdout.readline()
+        if not line.startswith("ready"):
+            self.ic.wait(timeout)
+            err = self.ic.stderr.read() if self.ic.stderr else ""
+            raise RuntimeError(f"coordinator did not start: {line!r} {err}")
+        fields = dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
+        self.dispatcher = Dispatcher(service, instance)
+        self.loop = asyncio.new_event_loop()
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(
+            target=self._run,
+            args=(int(fields["receive_port"]), int(fields["send_port"])),
+            daemon=True,
+        )
+        self._thread.start()
+        self.wait_until(lambda _: self.dispatcher.mode is Mode.PRIMARY)
+
+    def _run(self, receive_port: int, send_port: int) -> None:
+        try:
+            self.loop.run_until_complete(
+                serve(
+                    self.service, self.instance, receive_port, send_port, dispatcher=self.dispatcher
+                )
+            )
+        except BaseException as exc:  # reported to the test by the next call
+            self.error = exc
+
+    def _in_loop(self, fn: Callable[[], Any]) -> Any:
+        if not self._thread.is_alive():
+            raise RuntimeError(f"the binding of {self.instance!r} has stopped ({self.error!r})")
+
+        async def call() -> Any:
+            return fn()
+
+        return asyncio.run_coroutine_threadsafe(call(), self.loop).result(self.timeout)
+
+    @property
+    def impulse(self) -> Any:
+        """``running.impulse.method(args)``: an impulse, as a background task would send."""
+        return _Impulses(self)
+
+    @property
+    def state(self) -> dict[str, Any]:
+        """A copy of the immortal's attributes, taken between two records."""
+
+        def copy() -> dict[str, Any]:
+            state = {
+                k: v
+                for k, v in self.dispatcher.immortal.__dict__.items()
+                if not k.startswith("_ambrosia_")
+            }
+            return dict(cloudpickle.loads(cloudpickle.dumps(state)))
+
+        result: dict[str, Any] = self._in_loop(copy)
+        return result
+
+    def wait_until(
+        self, predicate: Callable[[dict[str, Any]], bool], timeout: float | None = None
+    ) -> dict[str, Any]:
+        """Wait (with a deadline) until ``predicate(state)`` holds; return that state."""
+        deadline = time.monotonic() + (timeout or self.timeout)
+        while True:
+            state = self.state if self.dispatcher.mode is Mode.PRIMARY else {}
+            if self.dispatcher.mode is Mode.PRIMARY and predicate(state):
+                return state
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.instance}: condition not met; state {state!r}")
+            time.sleep(0.005)  # polling a condition, bounded by the deadline
+
+    def kill(self) -> None:
+        """SIGKILL the coordinator; the binding goes down with it."""
+        if self.ic.poll() is None:
+            os.kill(self.ic.pid, signal.SIGKILL)
+        self.ic.wait(self.timeout)
+        self._thread.join(self.timeout)
+        self.loop.close()
+
+    def stop(self) -> None:
+        """Stop cleanly: the binding leaves, the coordinator flushes and exits."""
+        if self._thread.is_alive():
+            self.loop.call_soon_threadsafe(self._cancel_all)
+            self._thread.join(self.timeout)
+        try:
+            self.ic.wait(self.timeout)
+        except subprocess.TimeoutExpired:
+            self.ic.kill()
+            self.ic.wait()
+        if not self.loop.is_closed():
+            self.loop.close()
+
+    def _cancel_all(self) -> None:
+        for task in asyncio.all_tasks(self.loop):
+            task.cancel()
+
+
+class ImmortalRunner:
+    """Starts immortals in one data directory and cleans up after the test."""
+
+    def __init__(self, data_dir: Path, timeout: float = DEFAULT_TIMEOUT) -> None:
+        self.data_dir = data_dir
+        self.timeout = timeout
+        self._running: list[RunningImmortal] = []
+
+    def start(self, service: type[Immortal], instance: str | None = None) -> RunningImmortal:
+        """Start (or, if it has history, recover) ``instance`` running ``service``."""
+        running = RunningImmortal(
+            service, self.data_dir, instance or service.__name__.lower(), self.timeout
+        )
+        self._running.append(running)
+        return running
+
+    def close(self) -> None:
+        for running in self._running:
+            if running.ic.poll() is None:
+                running.kill()
