@@ -7,8 +7,10 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from ambrosia_py.bench.coordinator import measure_coordinator, measure_disk
+from ambrosia_py.bench.rpc import measure_forks, measure_round_trips
 from ambrosia_py.bench.wire import MESSAGES_PER_RECORD, measure
 from ambrosia_py.cli import main
+from ambrosia_py.testing import ImmortalRunner
 
 
 def test_measure_reports_every_figure_for_each_size() -> None:
@@ -36,3 +38,13 @@ def test_bench_coordinator_streams_every_message_through_a_real_ic(tmp_path: Pat
     assert 1 <= figures["messages_per_record"] <= 2000
     syncs, bandwidth = measure_disk(tmp_path, seconds=0.05)
     assert syncs > 0 and bandwidth > 0
+
+
+def test_bench_rpc_runs_forks_and_round_trips_through_a_real_ic(tmp_path: Path) -> None:
+    runner = ImmortalRunner(tmp_path)
+    try:
+        assert measure_forks(runner, 16, 300) > 0
+        rtts = measure_round_trips(runner, 20)
+        assert len(rtts) == 19 and all(t > 0 for t in rtts)
+    finally:
+        runner.close()

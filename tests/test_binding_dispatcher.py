@@ -197,3 +197,26 @@ def test_effects_run_when_primary_and_are_suppressed_in_replay() -> None:
     replaying.handle(rec(-2, Checkpoint(blob)))
     replaying.handle(rec(2, IncomingRpc(poke, RpcType.FORK, args(2))))
     assert replaying.take_effects() == []  # this message was handled before the crash
+
+
+def test_a_wrongly_shaped_call_fails_at_the_caller_every_time() -> None:
+    class Caller(Immortal):
+        @rpc
+        def go(self, extra: bool) -> None:
+            if extra:
+                self.me.double.fork(1, 2)  # double takes one argument
+            else:
+                self.me.double.fork(1)
+
+    d = started(Caller)
+    go = Caller.rpc_methods_by_name()["go"].id
+    for extra in (False, True, False, True):
+        call = IncomingRpc(go, RpcType.ASYNC_AWAIT, args(extra), "c", 1)
+        out = d.handle(rec(1, call))
+        if extra:
+            (answer,) = out
+            assert isinstance(answer, OutgoingReturnValue)
+            assert answer.return_type == ReturnType.EXCEPTION
+            assert isinstance(pickle.loads(answer.value), TypeError)
+        else:
+            assert [type(m) for m in out] == [OutgoingRpc, OutgoingReturnValue]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from .coordinator import coordinator
+from .rpc import rpc_bench
 from .wire import wire
 
 
@@ -15,5 +16,6 @@ def bench() -> None:
 
 bench.add_command(wire)
 bench.add_command(coordinator)
+bench.add_command(rpc_bench)
 
 __all__ = ["bench"]

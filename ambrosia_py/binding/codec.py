@@ -37,8 +37,17 @@ def encode_args(
     if codec == "json":
         bound = signature.bind(*args, **kwargs)
         return json.dumps(dict(bound.arguments), separators=(",", ":")).encode()
-    signature.bind(*args, **kwargs)  # a wrong call fails at the caller, not remotely
+    # A wrong call fails at the caller, not remotely. Whether a call binds depends only on
+    # its shape, so each shape is checked once per signature.
+    shape = (len(args), tuple(kwargs))
+    shapes = _valid_shapes.setdefault(signature, set())
+    if shape not in shapes:
+        signature.bind(*args, **kwargs)
+        shapes.add(shape)
     return pickle.dumps((args, kwargs), protocol=_PROTOCOL)
+
+
+_valid_shapes: dict[inspect.Signature, set[tuple[int, tuple[str, ...]]]] = {}
 
 
 def decode_args(

@@ -1,0 +1,109 @@
+"""``ambrosia-py bench rpc``: calls through a real coordinator, with durable logging.
+
+Fork throughput: one impulse makes a handler fork ``k`` self-calls with arguments of a
+given size; the figure is ``k`` over the time until all ``k`` have run (each was logged
+and fsynced by the coordinator before it ran). Round-trip latency: a handler awaits
+self-calls one after the other; each reply is timestamped by an effect (handlers may
+not read the clock), and the gaps between replies are the round trips.
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from ..binding.immortal import Immortal, rpc
+from ..testing.runner import ImmortalRunner
+
+__all__ = ["RpcBench", "measure_forks", "measure_round_trips", "rpc_bench"]
+
+_stamps: list[float] = []
+
+
+def _stamp() -> None:
+    _stamps.append(time.perf_counter())
+
+
+class RpcBench(Immortal):
+    def __init__(self) -> None:
+        self.received = 0
+        self.rounds = 0
+
+    @rpc
+    def sink(self, data: bytes) -> None:
+        self.received += 1
+
+    @rpc
+    def burst(self, k: int, size: int) -> None:
+        data = b"x" * size
+        for _ in range(k):
+            self.me.sink.fork(data)
+
+    @rpc
+    def echo(self) -> int:
+        return 1
+
+    @rpc
+    async def ping(self, k: int) -> None:
+        for _ in range(k):
+            await self.me.echo()
+            self.effect(_stamp)
+            self.rounds += 1
+
+
+def measure_forks(runner: ImmortalRunner, size: int, k: int) -> float:
+    """Durable self-call forks per second with ``size``-byte arguments."""
+    svc = runner.start(RpcBench, f"forks{size}")
+    try:
+        start = time.perf_counter()
+        svc.impulse.burst(k, size)
+        svc.wait_until(lambda s: s["received"] >= k, timeout=600)
+        return k / (time.perf_counter() - start)
+    finally:
+        svc.stop()
+
+
+def measure_round_trips(runner: ImmortalRunner, k: int) -> list[float]:
+    """Round-trip times (seconds) of ``k`` sequential awaited self-calls."""
+    svc = runner.start(RpcBench, "pings")
+    try:
+        _stamps.clear()
+        _stamps.append(time.perf_counter())
+        svc.impulse.ping(k)
+        svc.wait_until(lambda s: s["rounds"] >= k, timeout=600)
+        return [b - a for a, b in itertools.pairwise(_stamps[1:])]
+    finally:
+        svc.stop()
+
+
+@click.command("rpc")
+@click.option("--calls", default=50_000, show_default=True, help="Forks per small-size run.")
+@click.option("--round-trips", default=2_000, show_default=True)
+def rpc_bench(calls: int, round_trips: int) -> None:
+    """Durable self-call fork throughput and async/await round-trip latency."""
+    console = Console(width=120)
+    with tempfile.TemporaryDirectory(prefix="ambrosia-bench-rpc-") as tmp:
+        runner = ImmortalRunner(Path(tmp))
+        try:
+            table = Table(title="rpc: durable self-call forks through a real coordinator")
+            for col in ("args", "calls", "calls/s"):
+                table.add_column(col, justify="right")
+            for size, k in ((16, calls), (1024, calls), (64 * 1024, max(1, calls // 25))):
+                table.add_row(f"{size} B", f"{k:,}", f"{measure_forks(runner, size, k):,.0f}")
+            console.print(table)
+            rtts = sorted(measure_round_trips(runner, round_trips))
+            p50 = statistics.median(rtts) * 1e3
+            p99 = rtts[int(len(rtts) * 0.99) - 1] * 1e3
+            console.print(
+                f"async/await self-call round trip ({len(rtts):,} calls, two durable records "
+                f"each): p50 {p50:.2f} ms, p99 {p99:.2f} ms"
+            )
+        finally:
+            runner.close()
