@@ -202,6 +202,10 @@ def test_effects_run_when_primary_and_are_suppressed_in_replay() -> None:
 def test_a_wrongly_shaped_call_fails_at_the_caller_every_time() -> None:
     class Caller(Immortal):
         @rpc
+        def double(self, x: int) -> int:
+            return 2 * x
+
+        @rpc
         def go(self, extra: bool) -> None:
             if extra:
                 self.me.double.fork(1, 2)  # double takes one argument
