@@ -30,6 +30,9 @@ def _reply(request: int, count: int) -> None:
 
 
 class Counter(Immortal):
+    class Options:
+        port: int = 0  # where clients connect; 0 picks a free port
+
     def __init__(self) -> None:
         self.count = 0
         self.calls = 0
@@ -59,7 +62,8 @@ class Counter(Immortal):
                 else:
                     writer.write(b"error: say 'add N' or 'get'\n")
 
-        server = await asyncio.start_server(client, "127.0.0.1", 0)
+        port = self.options.port if self.options is not None else 0
+        server = await asyncio.start_server(client, "127.0.0.1", port)
         port = server.sockets[0].getsockname()[1]
         print(f"counter listening on 127.0.0.1:{port}", file=sys.stderr, flush=True)
         async with server:

@@ -82,11 +82,12 @@ async def serve(
     upgrade_to: type[Immortal] | None = None,
     timeout: float = 30.0,
     dispatcher: Dispatcher | None = None,
+    options: Any = None,
 ) -> Dispatcher:
     """Run ``service`` as ``instance`` until the coordinator goes away; return the dispatcher."""
     conn = await connect(receive_port, send_port, host=host, timeout=timeout)
     reader, writer = conn.reader, conn.writer
-    d = dispatcher or Dispatcher(service, instance, upgrade_to=upgrade_to)
+    d = dispatcher or Dispatcher(service, instance, upgrade_to=upgrade_to, options=options)
 
     def send(msgs: list[Message]) -> None:
         for m in msgs:

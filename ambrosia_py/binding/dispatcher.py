@@ -104,8 +104,10 @@ class Dispatcher:
         instance: str,
         *,
         upgrade_to: type[Immortal] | None = None,
+        options: Any = None,
     ) -> None:
         self.cls = service
+        self.options = options
         self.instance = instance
         self.upgrade_to = upgrade_to
         self.mode = Mode.STARTING

@@ -10,6 +10,7 @@ impulses (``self.impulse.method(...)``). ``docs/binding.md`` explains the bounda
 from __future__ import annotations
 
 import inspect
+import typing
 from collections.abc import Awaitable, Callable, Generator
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, overload
 
@@ -195,6 +196,15 @@ class Immortal:
         ]
 
     @classmethod
+    def option_fields(cls) -> list[tuple[str, type, Any]]:
+        """The service options: the annotated fields of a nested ``Options`` class."""
+        options = getattr(cls, "Options", None)
+        if options is None:
+            return []
+        hints = typing.get_type_hints(options)
+        return [(name, hints[name], getattr(options, name, None)) for name in hints]
+
+    @classmethod
     def upgrade_state(cls, state: dict[str, Any], from_version: int) -> dict[str, Any]:
         """Convert the state of an older version of this class; default: unchanged."""
         return state
@@ -227,6 +237,15 @@ class Immortal:
     @property
     def instance_name(self) -> str:
         return self._dispatcher().instance
+
+    @property
+    def options(self) -> Any:
+        """The service options this incarnation was started with (see ``option_fields``).
+
+        Options configure the outside world (ports, paths) for background tasks; they are
+        not state and not checkpointed, so handlers must not let them change outcomes.
+        """
+        return self._dispatcher().options
 
     def effect(self, fn: Callable[..., Any], *args: Any) -> None:
         """Run ``fn(*args)`` in the outside world after this handler, unless replaying.

@@ -18,6 +18,7 @@ import inspect
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -73,6 +74,65 @@ def load_service(spec: str) -> type[Immortal]:
     return next(iter(found.values()))
 
 
+class _ServiceCommand(click.Command):
+    """``run``: once SERVICE is known, its options become ``--flags`` (and show in --help)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        # The command object is shared by every invocation: start from its own params.
+        base = self.__dict__.setdefault("_base_params", list(self.params))
+        self.params = list(base)
+        takes_value = {
+            opt
+            for p in self.params
+            if isinstance(p, click.Option) and not p.is_flag
+            for opt in p.opts
+        }
+        spec = _service_arg(args, takes_value)
+        if spec is not None:
+            try:
+                service = load_service(spec)
+            except click.BadParameter:
+                service = None  # reported properly when the argument is parsed
+            if service is not None:
+                known = {p.name for p in self.params}
+                for name, kind, default in service.option_fields():
+                    if name in known:
+                        raise click.UsageError(f"service option {name!r} clashes with run's own")
+                    self.params.append(
+                        click.Option(
+                            [f"--{name.replace('_', '-')}", name],
+                            type=kind,
+                            default=default,
+                            show_default=True,
+                            help=f"{service.__name__} option.",
+                        )
+                    )
+        return super().parse_args(ctx, args)
+
+
+def _service_arg(args: list[str], takes_value: set[str]) -> str | None:
+    """The first positional argument: SERVICE."""
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg in takes_value:
+            skip = True
+        elif not arg.startswith("-"):
+            return arg
+    return None
+
+
+def _options(service: type[Immortal], values: dict[str, Any]) -> Any:
+    cls = getattr(service, "Options", None)
+    if cls is None:
+        return None
+    options = cls()
+    for name, _, _ in service.option_fields():
+        setattr(options, name, values[name])
+    return options
+
+
 async def _run(
     service: type[Immortal],
     instance: str,
@@ -82,11 +142,21 @@ async def _run(
     send_port: int | None,
     upgrade_to: type[Immortal] | None,
     upgrade_version: int | None,
+    options: Any,
+    timeout: float,
 ) -> int:
     if separated:
         if receive_port is None or send_port is None:
             raise click.UsageError("--separated needs --receive-port and --send-port")
-        await serve(service, instance, receive_port, send_port, upgrade_to=upgrade_to)
+        await serve(
+            service,
+            instance,
+            receive_port,
+            send_port,
+            upgrade_to=upgrade_to,
+            options=options,
+            timeout=timeout,
+        )
         return 0
     args = [
         sys.executable,
@@ -119,6 +189,8 @@ async def _run(
             int(fields["receive_port"]),
             int(fields["send_port"]),
             upgrade_to=upgrade_to,
+            options=options,
+            timeout=timeout,
         )
         return await ic.wait()
     finally:
@@ -127,7 +199,7 @@ async def _run(
             await ic.wait()
 
 
-@click.command()
+@click.command(cls=_ServiceCommand)
 @click.argument("service_spec", metavar="SERVICE")
 @click.option("--instance", help="Instance name (default: the class name, lower case).")
 @click.option(
@@ -147,6 +219,13 @@ async def _run(
     help="Replay with OLD_SERVICE's code, then upgrade to SERVICE (with --upgrade-version).",
 )
 @click.option("--upgrade-version", type=int, help="The version number to upgrade to.")
+@click.option(
+    "--connect-timeout",
+    type=float,
+    default=30.0,
+    show_default=True,
+    help="Seconds to keep trying the coordinator's ports.",
+)
 def run(
     service_spec: str,
     instance: str | None,
@@ -156,8 +235,14 @@ def run(
     send_port: int | None,
     upgrade_from: str | None,
     upgrade_version: int | None,
+    connect_timeout: float,
+    **service_options: Any,
 ) -> None:
-    """Run an immortal service with its coordinator; run it again to recover."""
+    """Run an immortal service with its coordinator; run it again to recover.
+
+    The service's own options (its nested ``Options`` class) appear below once SERVICE
+    is given: ``ambrosia-py run SERVICE --help``.
+    """
     logging.basicConfig(
         stream=sys.stderr,
         level=logging.INFO,
@@ -180,6 +265,8 @@ def run(
                 send_port,
                 upgrade_to,
                 upgrade_version,
+                _options(upgrade_to or service, service_options),
+                connect_timeout,
             )
         )
     except ConnectionRefusedError as exc:

@@ -1,0 +1,85 @@
+"""`ambrosia-py run`: loading services, their options, and the errors a user can meet."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from ambrosia_py.cli import main
+
+EXAMPLE = str(Path(__file__).resolve().parent.parent / "examples" / "counter.py")
+
+
+def invoke(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, ["run", *args])
+    return result.exit_code, result.output
+
+
+def test_service_options_become_flags() -> None:
+    code, out = invoke("--instance", "x", EXAMPLE, "--help")
+    assert code == 0
+    assert "--port INTEGER" in out and "Counter option." in out
+
+
+def test_a_missing_service_file_is_a_clear_error(tmp_path: Path) -> None:
+    code, out = invoke(str(tmp_path / "nope.py"))
+    assert code == 2 and "no such file" in out
+
+
+def test_a_wrong_class_name_lists_the_ones_there() -> None:
+    code, out = invoke(f"{EXAMPLE}:Nope")
+    assert code == 2 and "has no Immortal subclass 'Nope'" in out and "['Counter']" in out
+
+
+def test_a_file_with_no_immortal_is_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "plain.py"
+    path.write_text("x = 1\n")
+    code, out = invoke(str(path))
+    assert code == 2 and "defines 0 Immortal subclasses" in out
+
+
+def test_an_unreachable_port_is_a_clear_error() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # bound, not listening: nothing answers there
+        code, out = invoke(
+            EXAMPLE,
+            "--separated",
+            "--receive-port",
+            str(port),
+            "--send-port",
+            str(port),
+            "--connect-timeout",
+            "0.2",
+        )
+    assert code == 1 and f"no coordinator listening on 127.0.0.1:{port}" in out
+
+
+def test_an_instance_already_running_is_refused(tmp_path: Path) -> None:
+    first = subprocess.Popen(
+        [sys.executable, "-m", "ambrosia_py.cli", "run", EXAMPLE, "--data-dir", str(tmp_path)],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert first.stderr is not None
+        for line in first.stderr:
+            if "counter listening on" in line:
+                break
+        second = subprocess.run(
+            [sys.executable, "-m", "ambrosia_py.cli", "run", EXAMPLE, "--data-dir", str(tmp_path)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert second.returncode != 0
+        assert "is locked by pid" in second.stderr or "locked" in second.stderr
+        assert "the coordinator did not start" in second.stderr
+    finally:
+        first.kill()
+        first.wait()
