@@ -163,3 +163,24 @@ def test_debug_replays_from_a_checkpoint_and_writes_nothing(tmp_path: Path) -> N
     after = {p.name: (p.stat().st_size, p.stat().st_mtime_ns) for p in d.iterdir()}
     assert after == before
     assert (tmp_path / "registry.sqlite3").read_bytes() == registry_before
+
+
+def test_a_log_passing_its_size_trigger_rolls_and_asks_for_a_checkpoint(tmp_path: Path) -> None:
+    # A trigger of about 2 KB: a few records of 1 KiB arguments pass it.
+    with coordinator(tmp_path, "svc", "--log-trigger-mb", "0.002") as (ic, binding):
+        first_start(binding)
+        asked = False
+        for i in range(8):
+            binding.send(self_fork(1, bytes(1024)))
+            rec = binding.record()
+            if rec.seq == -1:
+                assert rec.messages == [(TAKE_CHECKPOINT, b"")]
+                asked = True
+                binding.send(checkpoint(f"cp-{i}".encode()))
+                rec = binding.record()
+            assert rec.seq >= 1 and rec.body == incoming_fork(1, bytes(1024))
+        assert asked
+        binding.close()
+        assert ic.proc.wait(timeout=30) == 0
+    d = tmp_path / "svc_0"
+    assert (d / "serverlog2").exists() and (d / "serverchkpt2").exists()

@@ -83,3 +83,28 @@ def test_an_instance_already_running_is_refused(tmp_path: Path) -> None:
     finally:
         first.kill()
         first.wait()
+
+
+def test_ctrl_c_stops_service_and_coordinator_cleanly(tmp_path: Path) -> None:
+    import os
+    import signal
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ambrosia_py.cli", "run", EXAMPLE, "--data-dir", str(tmp_path)],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            if "counter listening on" in line:
+                break
+        os.kill(proc.pid, signal.SIGINT)
+        assert proc.wait(timeout=60) == 0
+        rest = proc.stderr.read()
+        assert "binding disconnected" in rest  # the coordinator stopped after flushing
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

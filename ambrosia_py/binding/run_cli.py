@@ -195,8 +195,13 @@ async def _run(
         return await ic.wait()
     finally:
         if ic.returncode is None:
-            ic.terminate()
-            await ic.wait()
+            # The binding's connection is closed by now: the coordinator sees it go, makes
+            # what it holds durable and exits. Only if it does not is it signalled.
+            try:
+                await asyncio.wait_for(asyncio.shield(ic.wait()), 10)
+            except (TimeoutError, asyncio.CancelledError):
+                ic.terminate()
+                await ic.wait()
 
 
 @click.command(cls=_ServiceCommand)

@@ -96,6 +96,16 @@ class _Listener:
         )
 
     async def listen(self, host: str, port: int) -> None:
+        # Bindings connect to "localhost", which may resolve to ::1 first: listen on both
+        # loopback addresses where the machine has IPv6 (reference ambrosia.md).
+        if host == "127.0.0.1":
+            try:
+                self.server = await asyncio.start_server(
+                    self._on_connect, ["127.0.0.1", "::1"], port
+                )
+                return
+            except OSError:
+                pass  # no IPv6 loopback here
         self.server = await asyncio.start_server(self._on_connect, host, port)
 
     def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -451,6 +461,21 @@ class _Coordinator:
 
     # -- normal processing ---------------------------------------------------------------
 
+    def stop(self) -> bool:
+        """Stop reading the binding; the commit loop then logs what is pending and ends.
+
+        Returns False before normal processing (nothing to flush yet: cancel instead).
+        """
+        reader = getattr(self, "_reader_task", None)
+        if reader is None or (
+            self._startup_checkpoint is not None and not self._startup_checkpoint.done()
+        ):
+            return False
+        reader.cancel()
+        self._eof = True
+        self._wake.set()
+        return True
+
     async def _roll(self) -> None:
         """Move to the next log and ask the binding for the checkpoint that pairs with it."""
         assert self.binding is not None
@@ -522,10 +547,18 @@ def _print_ready(line: str) -> None:
     print(line, flush=True)
 
 
-async def _with_signals(main: asyncio.Task[int]) -> int:
+async def _with_signals(main: asyncio.Task[int], coordinator: _Coordinator | None = None) -> int:
+    """Stop on SIGINT/SIGTERM: once processing, by flushing pending input first."""
     loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:
+        if coordinator is not None and coordinator.stop():
+            log.info("stopping on a signal: making pending input durable first")
+        else:
+            main.cancel()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, main.cancel)
+        loop.add_signal_handler(sig, on_signal)
     try:
         return await main
     except asyncio.CancelledError:
@@ -545,7 +578,7 @@ async def run_coordinator(
         files.acquire_lock()
         coordinator = _Coordinator(config, registry, files)
         try:
-            return await _with_signals(asyncio.create_task(coordinator.run(ready)))
+            return await _with_signals(asyncio.create_task(coordinator.run(ready)), coordinator)
         except CorruptLogError as exc:
             raise CoordinatorError(f"recovery stopped: {exc}") from None
         finally:
