@@ -92,6 +92,8 @@ def measure_coordinator(arg_size: int, count: int, data_dir: Path) -> dict[str, 
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
+        while line and not line.startswith("ready"):
+            line = proc.stdout.readline()
         fields = dict(kv.split("=") for kv in line.split() if "=" in kv)
         deadline = time.monotonic() + 30
         to_ic = _connect(int(fields["receive_port"]), deadline)
@@ -164,7 +166,7 @@ def coordinator(messages: int) -> None:
             "% of raw MB/s",
         ):
             table.add_column(col, justify="right")
-        for size, n in ((16, messages), (1024, messages // 4), (64 * 1024, 4000)):
+        for size, n in ((16, messages), (1024, messages // 4), (64 * 1024, 12000)):
             r = measure_coordinator(size, n, Path(tmp) / f"run-{size}")
             table.add_row(
                 f"{size} B",

@@ -31,11 +31,13 @@ reference ambrosia.md, *Start-up* and *The two local sockets*):
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import os
 import secrets
 import signal
+import socket
 from collections.abc import Callable
 from pathlib import Path
 
@@ -63,6 +65,7 @@ log = logging.getLogger("ambrosia_py.coordinator")
 DEFAULT_LOG_TRIGGER_MB = 1000  # the released coordinator's default
 DEFAULT_MAX_RECORD_BYTES = 16 * 1024 * 1024
 _READ_SIZE = 256 * 1024
+_IOV_MAX = 1024  # buffers per sendmsg call
 _EMPTY_TAIL = wire.encode_disk_tail()  # no watermarks, no trim watermarks
 
 
@@ -86,56 +89,96 @@ class CoordinatorConfig:
 
 
 class _Listener:
-    """One listening port that hands out its first connection and refuses the rest."""
+    """One listening port that hands out its first connection and refuses the rest.
+
+    Raw sockets rather than asyncio streams: the coordinator moves every byte it logs
+    through these connections, and the stream classes copy each read and write.
+    """
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.server: asyncio.Server | None = None
-        self._first: asyncio.Future[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = (
-            asyncio.get_running_loop().create_future()
-        )
+        self._sockets: list[socket.socket] = []
+        self._tasks: list[asyncio.Task[None]] = []
+        self._first: asyncio.Future[socket.socket] = asyncio.get_running_loop().create_future()
 
     async def listen(self, host: str, port: int) -> None:
         # Bindings connect to "localhost", which may resolve to ::1 first: listen on both
         # loopback addresses where the machine has IPv6 (reference ambrosia.md).
-        if host == "127.0.0.1":
+        hosts = [host]
+        if host == "127.0.0.1" and socket.has_ipv6:
+            hosts.append("::1")
+        for h in hosts:
+            family = socket.AF_INET6 if ":" in h else socket.AF_INET
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
-                self.server = await asyncio.start_server(
-                    self._on_connect, ["127.0.0.1", "::1"], port
-                )
-                return
+                sock.bind((h, port))
             except OSError:
-                pass  # no IPv6 loopback here
-        self.server = await asyncio.start_server(self._on_connect, host, port)
+                sock.close()
+                if h == host:
+                    raise
+                continue  # no IPv6 loopback here, or its port is taken: IPv4 only
+            sock.listen(8)
+            sock.setblocking(False)
+            self._sockets.append(sock)
+            self._tasks.append(asyncio.create_task(self._accept_loop(sock)))
 
-    def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if not self._first.done():
-            self._first.set_result((reader, writer))
-            return
-        peer = writer.get_extra_info("peername")
-        log.warning("refusing a second binding connection from %s on the %s port", peer, self.name)
-        writer.close()
+    async def _accept_loop(self, sock: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            conn, peer = await loop.sock_accept(sock)
+            if not self._first.done():
+                self._first.set_result(conn)
+                continue
+            log.warning(
+                "refusing a second binding connection from %s on the %s port", peer, self.name
+            )
+            conn.close()
 
-    async def accept(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    async def accept(self) -> socket.socket:
         return await self._first
 
     def close(self) -> None:
-        if self.server is not None:
-            self.server.close()
+        for task in self._tasks:
+            task.cancel()
+        for sock in self._sockets:
+            sock.close()
+
+
+def _sendmsg_all(sock: socket.socket, parts: list[wire.Payload]) -> None:
+    """Send every buffer, blocking, without joining them (the sender thread's job)."""
+    views = [memoryview(p).cast("B") for p in parts if len(p)]
+    while views:
+        sent = sock.sendmsg(views[:_IOV_MAX])
+        while sent:
+            if sent >= len(views[0]):
+                sent -= len(views[0])
+                views.pop(0)
+            else:
+                views[0] = views[0][sent:]
+                sent = 0
 
 
 class _Binding:
-    """The binding's two connections."""
+    """The binding's two connections.
 
-    def __init__(
-        self,
-        receive: tuple[asyncio.StreamReader, asyncio.StreamWriter],
-        send: tuple[asyncio.StreamReader, asyncio.StreamWriter],
-    ) -> None:
-        self.reader = receive[0]  # what the binding sends us
-        self._receive_writer = receive[1]
-        self.writer = send[1]  # where we send records
+    What the binding sends is read on the event loop (``sock_recv`` returns fresh bytes,
+    which the intake keeps without copying). Records go out from one sender thread with
+    a blocking ``sendmsg`` of their buffers: no copy into a transport buffer, order kept
+    by the single thread, and sending overlaps the next append.
+    """
+
+    def __init__(self, receive: socket.socket, send: socket.socket) -> None:
+        self._receive = receive  # what the binding sends us (non-blocking, event loop)
+        self._send = send  # where we send records (blocking, sender thread)
+        self._send.setblocking(True)
+        self._sender = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="send")
+        self._last: asyncio.Future[None] | None = None
         self.gone = False
+
+    async def recv(self) -> bytes:
+        """The next bytes from the binding; ``b""`` when it has gone."""
+        return await asyncio.get_running_loop().sock_recv(self._receive, _READ_SIZE)
 
     async def send(self, parts: list[wire.Payload]) -> None:
         self.write(parts)
@@ -145,26 +188,27 @@ class _Binding:
         """Queue bytes for the binding without waiting for them to leave."""
         if self.gone:
             return
-        try:
-            self.writer.writelines(parts)
-        except (ConnectionError, OSError):
-            self.gone = True
+        loop = asyncio.get_running_loop()
+        self._last = loop.run_in_executor(self._sender, _sendmsg_all, self._send, parts)
 
     async def drain(self) -> None:
-        """Wait until the binding has taken what was queued (flow control)."""
-        if self.gone:
+        """Wait until everything queued has been handed to the kernel (flow control)."""
+        if self.gone or self._last is None:
             return
         try:
-            await self.writer.drain()
-        except (ConnectionError, OSError):
+            await self._last
+        except OSError:
             self.gone = True
 
     async def control(self, committer_id: int, msg: Message) -> None:
         await self.send(wire.encode_record_parts(committer_id, CONTROL_SEQ, [msg]))
 
     def close(self) -> None:
-        for w in (self._receive_writer, self.writer):
-            w.close()
+        for sock in (self._receive, self._send):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+        self._sender.shutdown(wait=False)
 
 
 def _resolve(config: CoordinatorConfig, registry: Registry) -> tuple[int, int, int]:
@@ -196,6 +240,7 @@ async def _connect_binding(
     await receive.listen(config.host, receive_port)
     ready(f"receive_port={receive_port} send_port={send_port}")
     first = await receive.accept()
+    first.setblocking(False)
     send = _Listener("send")
     await send.listen(config.host, send_port)
     second = await send.accept()
@@ -293,7 +338,7 @@ class _Coordinator:
     async def read_binding(self) -> None:
         assert self.binding is not None
         try:
-            while data := await self.binding.reader.read(_READ_SIZE):
+            while data := await self.binding.recv():
                 for event in self.intake.feed(data):
                     self._on_event(event)
                 for dest in self.intake.new_destinations:
@@ -304,6 +349,9 @@ class _Coordinator:
                     )
                 self.intake.new_destinations.clear()
                 self._wake.set()
+                # sock_recv returns at once while data is waiting: yield, so the committer
+                # can start the next record while input keeps arriving (group commit).
+                await asyncio.sleep(0)
             self.intake.close()
         except wire.ProtocolError as exc:
             log.error("bad input from the binding: %s", exc)
@@ -626,7 +674,7 @@ async def run_debug(
             raise CoordinatorError(f"replay stopped: {exc}") from None
         # Whatever the binding sends now is what-if output: read and discard it.
         with contextlib.suppress(ConnectionError, OSError):
-            while await binding.reader.read(_READ_SIZE):
+            while await binding.recv():
                 pass
     finally:
         binding.close()
