@@ -31,13 +31,11 @@ reference ambrosia.md, *Start-up* and *The two local sockets*):
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import logging
 import os
 import secrets
 import signal
-import socket
 from collections.abc import Callable
 from pathlib import Path
 
@@ -46,14 +44,13 @@ import attrs
 from .. import wire
 from ..wire import (
     CHECKPOINT_SEQ,
-    CONTROL_SEQ,
     Checkpoint,
-    Message,
     TakeBecomingPrimaryCheckpoint,
     TakeCheckpoint,
     UpgradeService,
     UpgradeTakeCheckpoint,
 )
+from .binding_link import BindingLink, connect_binding
 from .ic_core import CheckpointArrived, CheckpointRequested, IcState, InitialArrived, Intake
 from .registry import Registry
 from .storage import CorruptLogError, InstanceFiles, LogWriter
@@ -64,8 +61,6 @@ log = logging.getLogger("ambrosia_py.coordinator")
 
 DEFAULT_LOG_TRIGGER_MB = 1000  # the released coordinator's default
 DEFAULT_MAX_RECORD_BYTES = 16 * 1024 * 1024
-_READ_SIZE = 256 * 1024
-_IOV_MAX = 1024  # buffers per sendmsg call
 _EMPTY_TAIL = wire.encode_disk_tail()  # no watermarks, no trim watermarks
 
 
@@ -86,129 +81,6 @@ class CoordinatorConfig:
     upgrade_version: int | None = None
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
     host: str = "127.0.0.1"
-
-
-class _Listener:
-    """One listening port that hands out its first connection and refuses the rest.
-
-    Raw sockets rather than asyncio streams: the coordinator moves every byte it logs
-    through these connections, and the stream classes copy each read and write.
-    """
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self._sockets: list[socket.socket] = []
-        self._tasks: list[asyncio.Task[None]] = []
-        self._first: asyncio.Future[socket.socket] = asyncio.get_running_loop().create_future()
-
-    async def listen(self, host: str, port: int) -> None:
-        # Bindings connect to "localhost", which may resolve to ::1 first: listen on both
-        # loopback addresses where the machine has IPv6 (reference ambrosia.md).
-        hosts = [host]
-        if host == "127.0.0.1" and socket.has_ipv6:
-            hosts.append("::1")
-        for h in hosts:
-            family = socket.AF_INET6 if ":" in h else socket.AF_INET
-            sock = socket.socket(family, socket.SOCK_STREAM)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                sock.bind((h, port))
-            except OSError:
-                sock.close()
-                if h == host:
-                    raise
-                continue  # no IPv6 loopback here, or its port is taken: IPv4 only
-            sock.listen(8)
-            sock.setblocking(False)
-            self._sockets.append(sock)
-            self._tasks.append(asyncio.create_task(self._accept_loop(sock)))
-
-    async def _accept_loop(self, sock: socket.socket) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            conn, peer = await loop.sock_accept(sock)
-            if not self._first.done():
-                self._first.set_result(conn)
-                continue
-            log.warning(
-                "refusing a second binding connection from %s on the %s port", peer, self.name
-            )
-            conn.close()
-
-    async def accept(self) -> socket.socket:
-        return await self._first
-
-    def close(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for sock in self._sockets:
-            sock.close()
-
-
-def _sendmsg_all(sock: socket.socket, parts: list[wire.Payload]) -> None:
-    """Send every buffer, blocking, without joining them (the sender thread's job)."""
-    views = [memoryview(p).cast("B") for p in parts if len(p)]
-    while views:
-        sent = sock.sendmsg(views[:_IOV_MAX])
-        while sent:
-            if sent >= len(views[0]):
-                sent -= len(views[0])
-                views.pop(0)
-            else:
-                views[0] = views[0][sent:]
-                sent = 0
-
-
-class _Binding:
-    """The binding's two connections.
-
-    What the binding sends is read on the event loop (``sock_recv`` returns fresh bytes,
-    which the intake keeps without copying). Records go out from one sender thread with
-    a blocking ``sendmsg`` of their buffers: no copy into a transport buffer, order kept
-    by the single thread, and sending overlaps the next append.
-    """
-
-    def __init__(self, receive: socket.socket, send: socket.socket) -> None:
-        self._receive = receive  # what the binding sends us (non-blocking, event loop)
-        self._send = send  # where we send records (blocking, sender thread)
-        self._send.setblocking(True)
-        self._sender = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="send")
-        self._last: asyncio.Future[None] | None = None
-        self.gone = False
-
-    async def recv(self) -> bytes:
-        """The next bytes from the binding; ``b""`` when it has gone."""
-        return await asyncio.get_running_loop().sock_recv(self._receive, _READ_SIZE)
-
-    async def send(self, parts: list[wire.Payload]) -> None:
-        self.write(parts)
-        await self.drain()
-
-    def write(self, parts: list[wire.Payload]) -> None:
-        """Queue bytes for the binding without waiting for them to leave."""
-        if self.gone:
-            return
-        loop = asyncio.get_running_loop()
-        self._last = loop.run_in_executor(self._sender, _sendmsg_all, self._send, parts)
-
-    async def drain(self) -> None:
-        """Wait until everything queued has been handed to the kernel (flow control)."""
-        if self.gone or self._last is None:
-            return
-        try:
-            await self._last
-        except OSError:
-            self.gone = True
-
-    async def control(self, committer_id: int, msg: Message) -> None:
-        await self.send(wire.encode_record_parts(committer_id, CONTROL_SEQ, [msg]))
-
-    def close(self) -> None:
-        for sock in (self._receive, self._send):
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-            sock.close()
-        self._sender.shutdown(wait=False)
 
 
 def _resolve(config: CoordinatorConfig, registry: Registry) -> tuple[int, int, int]:
@@ -233,21 +105,6 @@ def _resolve(config: CoordinatorConfig, registry: Registry) -> tuple[int, int, i
     )
 
 
-async def _connect_binding(
-    config: CoordinatorConfig, receive_port: int, send_port: int, ready: Callable[[str], None]
-) -> tuple[_Binding, list[_Listener]]:
-    receive = _Listener("receive")
-    await receive.listen(config.host, receive_port)
-    ready(f"receive_port={receive_port} send_port={send_port}")
-    first = await receive.accept()
-    first.setblocking(False)
-    send = _Listener("send")
-    await send.listen(config.host, send_port)
-    second = await send.accept()
-    log.info("binding attached")
-    return _Binding(first, second), [receive, send]
-
-
 def _replayable_outputs(raw: wire.RawRecord) -> int:
     """How many of a logged record's messages are replayable outputs of the binding."""
     return sum(
@@ -267,7 +124,7 @@ class _Replayed:
 
 async def _replay(
     files: InstanceFiles,
-    binding: _Binding,
+    binding: BindingLink,
     state: IcState,
     first_log: int,
     *,
@@ -316,7 +173,7 @@ class _Coordinator:
         self.registry = registry
         self.files = files
         self.intake = Intake(config.instance)
-        self.binding: _Binding | None = None
+        self.binding: BindingLink | None = None
         self.committer_id = 0
         self.next_seq = 0
         self.logged_outputs = 0  # replayable outputs of the binding made durable so far
@@ -563,8 +420,8 @@ class _Coordinator:
     async def run(self, ready: Callable[[str], None]) -> int:
         version = self.files.version
         _, receive_port, send_port = _resolve(self.config, self.registry)
-        self.binding, listeners = await _connect_binding(
-            self.config,
+        self.binding, listeners = await connect_binding(
+            self.config.host,
             receive_port,
             send_port,
             lambda ports: ready(
@@ -656,8 +513,8 @@ async def run_debug(
     state = IcState.decode(
         files.read_checkpoint(checkpoint), str(files.checkpoint_path(checkpoint))
     )
-    binding, listeners = await _connect_binding(
-        config,
+    binding, listeners = await connect_binding(
+        config.host,
         receive_port,
         send_port,
         lambda ports: ready(f"ready debug instance={config.instance} version={version} {ports}"),
