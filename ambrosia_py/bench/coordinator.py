@@ -5,13 +5,15 @@ a raw binding, does the first-start handshake, then streams self-call forks (fro
 sender thread) while reading back the records the coordinator forwards — each one
 written and ``fdatasync``ed before it was forwarded. Beside it, the same run measures
 the disk: small ``fdatasync``ed writes per second, and sequential write bandwidth with
-an ``fdatasync`` every 4 MiB.
+an ``fdatasync`` every 4 MiB, probed before and after each 64 KiB run (see
+:func:`compare_with_raw`).
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -32,11 +34,18 @@ from ..wire import (
     encode_message,
 )
 
-__all__ = ["coordinator", "measure_coordinator", "measure_disk"]
+__all__ = [
+    "compare_with_raw",
+    "coordinator",
+    "measure_bandwidth",
+    "measure_coordinator",
+    "measure_disk",
+    "measure_fsync_rate",
+]
 
 
-def measure_disk(directory: Path, seconds: float = 1.0) -> tuple[float, float]:
-    """(fdatasync'ed 4 KiB writes per second, MB/s writing 4 MiB then fdatasync)."""
+def measure_fsync_rate(directory: Path, seconds: float = 1.0) -> float:
+    """``fdatasync``ed 4 KiB appends per second: the ceiling on records per second."""
     path = directory / "disk-probe"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
@@ -47,7 +56,17 @@ def measure_disk(directory: Path, seconds: float = 1.0) -> tuple[float, float]:
             os.write(fd, block)
             os.fdatasync(fd)
             n += 1
-        syncs = n / (time.perf_counter() - start)
+        return n / (time.perf_counter() - start)
+    finally:
+        os.close(fd)
+        path.unlink()
+
+
+def measure_bandwidth(directory: Path, seconds: float = 1.0) -> float:
+    """Raw sequential write bandwidth in MB/s: 4 MiB appends, each ``fdatasync``ed."""
+    path = directory / "disk-probe"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
         chunk = os.urandom(4 * 1024 * 1024)
         written = 0
         start = time.perf_counter()
@@ -55,11 +74,35 @@ def measure_disk(directory: Path, seconds: float = 1.0) -> tuple[float, float]:
             os.write(fd, chunk)
             os.fdatasync(fd)
             written += len(chunk)
-        bandwidth = written / (time.perf_counter() - start) / 1e6
+        return written / (time.perf_counter() - start) / 1e6
     finally:
         os.close(fd)
         path.unlink()
-    return syncs, bandwidth
+
+
+def measure_disk(directory: Path, seconds: float = 1.0) -> tuple[float, float]:
+    """(fdatasync'ed 4 KiB writes per second, MB/s writing 4 MiB then fdatasync)."""
+    return measure_fsync_rate(directory, seconds), measure_bandwidth(directory, seconds)
+
+
+def compare_with_raw(
+    arg_size: int, count: int, data_dir: Path, rounds: int = 3
+) -> tuple[list[dict[str, float]], list[float], list[float]]:
+    """Coordinator runs interleaved with raw bandwidth probes: raw, run, raw, run, ... raw.
+
+    The disk of a virtual machine swings by a factor of two or more from one second to
+    the next, so one raw figure taken before the runs says little about the runs. Each
+    run is compared with the mean of the probes just before and just after it. Returns
+    (the runs' figures, the raw probes, the per-run ratios of coordinator to raw MB/s).
+    """
+    data_dir.mkdir(parents=True, exist_ok=True)
+    raws = [measure_bandwidth(data_dir)]
+    runs = []
+    for i in range(rounds):
+        runs.append(measure_coordinator(arg_size, count, data_dir / f"round-{i}"))
+        raws.append(measure_bandwidth(data_dir))
+    ratios = [r["mb_per_s"] / ((raws[i] + raws[i + 1]) / 2) for i, r in enumerate(runs)]
+    return runs, raws, ratios
 
 
 def _connect(port: int, deadline: float) -> socket.socket:
@@ -150,24 +193,19 @@ def measure_coordinator(arg_size: int, count: int, data_dir: Path) -> dict[str, 
 
 @click.command()
 @click.option("--messages", default=200_000, show_default=True, help="Small messages per run.")
-def coordinator(messages: int) -> None:
+@click.option(
+    "--rounds", default=3, show_default=True, help="64 KiB runs, each between two raw probes."
+)
+def coordinator(messages: int, rounds: int) -> None:
     """Durable self-call throughput through a real coordinator, beside raw disk figures."""
     console = Console(width=160)
     with tempfile.TemporaryDirectory(prefix="ambrosia-bench-") as tmp:
-        syncs, bandwidth = measure_disk(Path(tmp))
+        syncs = measure_fsync_rate(Path(tmp))
         table = Table(title="coordinator: self-call forks, durable (write + fdatasync per record)")
-        for col in (
-            "args",
-            "messages",
-            "msg/s",
-            "MB/s",
-            "records/s",
-            "msg/record",
-            "% of raw MB/s",
-        ):
+        for col in ("args", "messages", "msg/s", "MB/s", "records/s", "msg/record"):
             table.add_column(col, justify="right")
-        for size, n in ((16, messages), (1024, messages // 4), (64 * 1024, 12000)):
-            r = measure_coordinator(size, n, Path(tmp) / f"run-{size}")
+
+        def row(size: int, n: int, r: dict[str, float]) -> None:
             table.add_row(
                 f"{size} B",
                 f"{n:,}",
@@ -175,10 +213,23 @@ def coordinator(messages: int) -> None:
                 f"{r['mb_per_s']:,.1f}",
                 f"{r['records_per_s']:,.0f}",
                 f"{r['messages_per_record']:,.0f}",
-                f"{100 * r['mb_per_s'] / bandwidth:.0f}%",
             )
+
+        for size, n in ((16, messages), (1024, messages // 4)):
+            row(size, n, measure_coordinator(size, n, Path(tmp) / f"run-{size}"))
+        big = 64 * 1024
+        runs, raws, ratios = compare_with_raw(big, 12000, Path(tmp) / "big", rounds)
+        for r in runs:
+            row(big, 12000, r)
         console.print(table)
+        console.print(f"this machine's disk: {syncs:,.0f} fdatasync'ed 4 KiB writes/s")
         console.print(
-            f"this machine's disk: {syncs:,.0f} fdatasync'ed 4 KiB writes/s; "
-            f"{bandwidth:,.0f} MB/s sequential (4 MiB writes, each fdatasync'ed)"
+            "raw sequential writes (4 MiB, each fdatasync'ed), probed around the 64 KiB runs: "
+            + ", ".join(f"{b:,.0f}" for b in raws)
+            + " MB/s"
+        )
+        console.print(
+            "64 KiB runs as a share of the raw bandwidth around them: "
+            + ", ".join(f"{100 * x:.0f}%" for x in ratios)
+            + f"; median {100 * statistics.median(ratios):.0f}%"
         )

@@ -16,10 +16,10 @@ reference ambrosia.md, *Start-up* and *The two local sockets*):
   before it stops recovery), then log M = last + 1, TakeBecomingPrimaryCheckpoint (or
   UpgradeTakeCheckpoint) and the binding's checkpoint written as checkpoint M.
 * Normal processing, group commit: a reader task sorts the binding's bytes into pending
-  input; a committer task packs everything pending into one record, appends it and
-  ``fdatasync``s it in a worker thread — input keeps arriving meanwhile and forms the next
-  record — and only then forwards the same bytes to the binding. The binding only ever
-  sees durable input.
+  input; a committer task packs everything pending into one record and writes it in a
+  worker thread — input keeps arriving meanwhile and forms the next record — while a
+  second stage (:mod:`commit`) ``fdatasync``s what was written and only then forwards the
+  same bytes to the binding. The binding only ever sees durable input.
 * Checkpoints: when the binding sends TakeCheckpoint or the log passes its size trigger,
   the committer moves to log N+1 and sends TakeCheckpoint (a seq -1 record) between the
   last record of log N and the first of log N+1, so the binding's answer is the state at
@@ -51,6 +51,7 @@ from ..wire import (
     UpgradeTakeCheckpoint,
 )
 from .binding_link import BindingLink, connect_binding
+from .commit import CommitPipeline
 from .ic_core import CheckpointArrived, CheckpointRequested, IcState, InitialArrived, Intake
 from .registry import Registry
 from .storage import CorruptLogError, InstanceFiles, LogWriter
@@ -248,16 +249,28 @@ class _Coordinator:
         self._log_start[n] = _LogStart(self.next_seq, self.logged_outputs)
         self.writer = self.files.open_log(n)
 
+    def _next_record(
+        self, body: list[wire.Payload], outputs: int
+    ) -> tuple[bytes, list[wire.Payload]]:
+        """Number the next record: its wire header and its disk form."""
+        wire_header, disk_header = wire.record_headers(self.committer_id, self.next_seq, body)
+        self.next_seq += 1
+        self.logged_outputs += outputs
+        # No coordinator-to-coordinator links yet, so the watermark sections are empty.
+        return wire_header, [disk_header, *body, _EMPTY_TAIL]
+
     async def _write(self, body: list[wire.Payload], outputs: int) -> bytes:
         """Make one record durable (write + fdatasync in a worker); return its wire header."""
         assert self.writer is not None
-        seq = self.next_seq
-        wire_header, disk_header = wire.record_headers(self.committer_id, seq, body)
-        # No coordinator-to-coordinator links yet, so the watermark sections are empty.
-        await asyncio.to_thread(self.writer.append, [disk_header, *body, _EMPTY_TAIL])
-        self.next_seq = seq + 1
-        self.logged_outputs += outputs
+        wire_header, disk_parts = self._next_record(body, outputs)
+        await asyncio.to_thread(self.writer.append, disk_parts)
         return wire_header
+
+    async def _forward(self, record: list[wire.Payload]) -> None:
+        """Hand a durable record to the binding once the one before it has left."""
+        assert self.binding is not None
+        await self.binding.drain()
+        self.binding.write(record)
 
     async def _log_pending(self, limit: int | None = None) -> list[list[wire.Payload]]:
         """Make pending input durable, up to message number ``limit``; return the records."""
@@ -392,23 +405,30 @@ class _Coordinator:
 
     async def commit_loop(self) -> None:
         """Group commit: one record per round, durable before it is forwarded."""
-        assert self.binding is not None
+        pipeline = CommitPipeline(self._forward, max_unsynced=2 * self.config.max_record_bytes)
+        try:
+            await self._commit_rounds(pipeline)
+            await pipeline.flush()
+        finally:
+            await pipeline.close()
+
+    async def _commit_rounds(self, pipeline: CommitPipeline) -> None:
         while True:
             if self._arrived is not None and self._awaiting_checkpoint is not None:
                 arrived, self._arrived = self._arrived, None
+                await pipeline.flush()  # input before the checkpoint must be durable
                 await self._commit_checkpoint(self._awaiting_checkpoint, arrived)
                 self._awaiting_checkpoint = None
             if self._roll_requested and self._awaiting_checkpoint is None:
+                await pipeline.flush()  # the old log is complete before the new one starts
                 await self._roll()
             if self.intake.pending:
-                body, outputs = self.intake.take(self.config.max_record_bytes)
-                header = await self._write(body, outputs)
-                # The previous record must have left before this one is queued (flow
-                # control), but this one need not have left before the next write
-                # starts: forwarding overlaps the next append.
-                await self.binding.drain()
-                self.binding.write([header, *body])
                 assert self.writer is not None
+                body, outputs = self.intake.take(self.config.max_record_bytes)
+                wire_header, disk_parts = self._next_record(body, outputs)
+                # Written now, synced by the pipeline's second stage while the next record
+                # is written, forwarded only once durable.
+                await pipeline.append(self.writer, disk_parts, [wire_header, *body])
                 if self.writer.size >= self.trigger_bytes:
                     self._roll_requested = True
                 continue

@@ -197,20 +197,41 @@ class LogWriter:
 
     def append(self, parts: Sequence[bytes | bytearray | memoryview]) -> None:
         """Write ``parts`` at the end of the file and ``fdatasync`` it."""
+        self.write(parts)
+        self.sync()
+
+    def write(self, parts: Sequence[bytes | bytearray | memoryview]) -> None:
+        """Write ``parts`` at the end of the file, not yet durable (see :meth:`sync`)."""
         with self._lock:
-            if self._fd is None:
-                raise StorageError(f"log {self.path} is closed")
-            if self._broken is not None:
-                raise StorageError(
-                    f"log {self.path} failed earlier ({self._broken}); no further appends"
-                )
+            fd = self._usable()
             try:
-                written = _write_all(self._fd, parts)
-                os.fdatasync(self._fd)
+                written = _write_all(fd, parts)
             except OSError as exc:
                 self._broken = exc.strerror or str(exc)
                 raise StorageError(f"cannot append to log {self.path}: {self._broken}") from exc
             self.size += written
+
+    def sync(self) -> None:
+        """``fdatasync``: everything written before this call is durable when it returns.
+
+        Runs without the write lock, so the next record can be written meanwhile (the
+        commit pipeline); a record written during the call waits for the next sync.
+        """
+        fd = self._usable()
+        try:
+            os.fdatasync(fd)
+        except OSError as exc:
+            self._broken = exc.strerror or str(exc)
+            raise StorageError(f"cannot sync log {self.path}: {self._broken}") from exc
+
+    def _usable(self) -> int:
+        if self._fd is None:
+            raise StorageError(f"log {self.path} is closed")
+        if self._broken is not None:
+            raise StorageError(
+                f"log {self.path} failed earlier ({self._broken}); no further appends"
+            )
+        return self._fd
 
     def close(self) -> None:
         """Close the file (idempotent)."""

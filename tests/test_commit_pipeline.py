@@ -1,0 +1,113 @@
+"""The two-stage group commit: a record is forwarded only after a sync that began after it
+was written, in order, and a failed sync stops everything after it."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+import pytest
+
+from ambrosia_py.coordinator.commit import CommitPipeline
+from ambrosia_py.coordinator.storage import LogWriter, StorageError
+
+
+class _RecordingWriter(LogWriter):
+    """A real log file that notes when each write ended and each sync began and ended."""
+
+    def __init__(self, path: Path, events: list[tuple[str, int]], fail_sync: int = -1) -> None:
+        super().__init__(path)
+        self.events = events
+        self.fail_sync = fail_sync
+        self._syncs = 0
+        self._records = 0
+        self._mutex = threading.Lock()
+
+    def write(self, parts: object) -> None:  # type: ignore[override]
+        super().write(parts)  # type: ignore[arg-type]
+        with self._mutex:
+            self.events.append(("written", self._records))
+            self._records += 1
+
+    def sync(self) -> None:
+        with self._mutex:
+            n = self._syncs
+            self._syncs += 1
+            # Everything written so far is covered by this sync.
+            self.events.append(("sync-start", self._records))
+        if n == self.fail_sync:
+            raise StorageError("injected sync failure")
+        super().sync()
+        with self._mutex:
+            self.events.append(("sync-end", n))
+
+
+async def _run(tmp_path: Path, count: int, fail_sync: int = -1) -> tuple[list, list[int]]:
+    events: list[tuple[str, int]] = []
+    forwarded: list[int] = []
+    writer = _RecordingWriter(tmp_path / "serverlog1", events, fail_sync)
+
+    async def forward(record: list) -> None:
+        forwarded.append(int(bytes(record[0])))
+        events.append(("forwarded", forwarded[-1]))
+        await asyncio.sleep(0)
+
+    pipeline = CommitPipeline(forward, max_unsynced=64)
+    try:
+        for i in range(count):
+            await pipeline.append(writer, [b"x" * 10], [str(i).encode()])
+        await pipeline.flush()
+    finally:
+        await pipeline.close()
+        writer.close()
+    return events, forwarded
+
+
+def test_every_record_is_forwarded_in_order_after_a_sync_that_covers_it(tmp_path: Path) -> None:
+    events, forwarded = asyncio.run(_run(tmp_path, 200))
+    assert forwarded == list(range(200))
+    assert (tmp_path / "serverlog1").stat().st_size == 200 * 10
+    covered = 0  # records covered by a sync that has ended
+    pending_cover = {}  # sync number -> records written when it started
+    syncs_started = 0
+    for kind, n in events:
+        if kind == "sync-start":
+            pending_cover[syncs_started] = n
+            syncs_started += 1
+        elif kind == "sync-end":
+            covered = max(covered, pending_cover[n])
+        elif kind == "forwarded":
+            assert n < covered, f"record {n} forwarded before a sync covering it ended"
+    # The stages overlapped: fewer syncs than records (several records per sync).
+    assert syncs_started < 200
+
+
+def test_a_failed_sync_stops_forwarding_and_is_raised(tmp_path: Path) -> None:
+    with pytest.raises(StorageError, match="injected sync failure"):
+        asyncio.run(_run(tmp_path, 50, fail_sync=2))
+
+
+def test_a_failed_sync_forwards_nothing_it_covered(tmp_path: Path) -> None:
+    events: list[tuple[str, int]] = []
+    forwarded: list[int] = []
+
+    async def main() -> None:
+        writer = _RecordingWriter(tmp_path / "serverlog1", events, fail_sync=0)
+
+        async def forward(record: list) -> None:
+            forwarded.append(int(bytes(record[0])))
+
+        pipeline = CommitPipeline(forward, max_unsynced=1 << 20)
+        try:
+            await pipeline.append(writer, [b"abc"], [b"0"])
+            with pytest.raises(StorageError):
+                await pipeline.flush()
+            with pytest.raises(StorageError):
+                await pipeline.append(writer, [b"abc"], [b"1"])
+        finally:
+            await pipeline.close()
+            writer.close()
+
+    asyncio.run(main())
+    assert forwarded == []
