@@ -90,8 +90,9 @@ async def serve(
     d = dispatcher or Dispatcher(service, instance, upgrade_to=upgrade_to, options=options)
 
     def send(msgs: list[Message]) -> None:
-        for m in msgs:
-            writer.writelines(wire.encode_message_parts(m))
+        # One transport write for everything a record produced, not one per message.
+        if msgs:
+            writer.writelines([p for m in msgs for p in wire.encode_message_parts(m)])
 
     d.live_send = lambda m: send([m])
     records = RecordReader()

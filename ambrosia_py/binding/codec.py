@@ -39,15 +39,19 @@ def encode_args(
         return json.dumps(dict(bound.arguments), separators=(",", ":")).encode()
     # A wrong call fails at the caller, not remotely. Whether a call binds depends only on
     # its shape, so each shape is checked once per signature.
+    # Keyed by identity: hashing a Signature costs more than pickling small arguments.
+    # The entry keeps its signature alive, so the id cannot be reused by another one.
     shape = (len(args), tuple(kwargs))
-    shapes = _valid_shapes.setdefault(signature, set())
-    if shape not in shapes:
+    entry = _valid_shapes.get(id(signature))
+    if entry is None:
+        entry = _valid_shapes[id(signature)] = (signature, set())
+    if shape not in entry[1]:
         signature.bind(*args, **kwargs)
-        shapes.add(shape)
+        entry[1].add(shape)
     return pickle.dumps((args, kwargs), protocol=_PROTOCOL)
 
 
-_valid_shapes: dict[inspect.Signature, set[tuple[int, tuple[str, ...]]]] = {}
+_valid_shapes: dict[int, tuple[inspect.Signature, set[tuple[int, tuple[str, ...]]]]] = {}
 
 
 def decode_args(
