@@ -2,14 +2,18 @@
 
 Values are generated so that they survive an encode/decode round trip: incoming RPC
 forms go to the binding, outgoing ones to the coordinator; fork and impulse calls carry
-no sender or call sequence number; a NO_VALUE return value carries no value.
+no sender or call sequence number; a NO_VALUE return value carries no value. At the end,
+byte-level helpers the wire tests share (cutting buffers, building raw records).
 """
 
 from __future__ import annotations
 
+import struct
+
 from hypothesis import strategies as st
 
 from ambrosia_py.wire import (
+    HEADER_SIZE,
     AttachTo,
     BecomingPrimary,
     Checkpoint,
@@ -37,6 +41,7 @@ from ambrosia_py.wire import (
     UpgradeService,
     UpgradeTakeCheckpoint,
     Watermark,
+    check_bytes,
 )
 
 INT_MIN = -(2**31)
@@ -273,3 +278,19 @@ def chunks(data: bytes, cuts: list[int]) -> list[bytes]:
         out.append(data[prev:cut])
         prev = cut
     return out
+
+
+def raw_record(
+    seq: int,
+    body: bytes,
+    *,
+    committer: int = 1,
+    length: int | None = None,
+    check: int | None = None,
+) -> bytes:
+    """A wire record with correct length and check bytes unless told otherwise."""
+    if length is None:
+        length = HEADER_SIZE + len(body)
+    if check is None:
+        check = 0 if seq == -2 else check_bytes(body)
+    return struct.pack("<iiQq", committer, length, check, seq) + body

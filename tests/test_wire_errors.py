@@ -1,18 +1,14 @@
 """Malformed input raises the documented error, naming what was wrong and where.
 
-The fuzz tests at the end feed random and mutated input to every parser: the only
-exceptions allowed out are :class:`ProtocolError` subclasses.
+One deterministic test per error; the fuzz tests, which feed random and mutated input
+to every parser, are in ``test_wire_fuzz.py``.
 """
 
 from __future__ import annotations
 
-import contextlib
-import struct
 from collections.abc import Callable
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from ambrosia_py.wire import (
     HEADER_SIZE,
@@ -53,9 +49,8 @@ from ambrosia_py.wire import (
     encode_zigzag_long,
     parse_header,
 )
-from tests import strategies as s
+from tests.strategies import raw_record as record
 
-FAST = settings(max_examples=200, deadline=None)
 FORK = IncomingRpc(3, RpcType.FORK, b"{}")
 IMPULSE = IncomingRpc(4, RpcType.IMPULSE, b"\x01")
 
@@ -63,22 +58,6 @@ IMPULSE = IncomingRpc(4, RpcType.IMPULSE, b"\x01")
 def frame(type_byte: int, data: bytes) -> bytes:
     """A framed message with any type byte and data."""
     return encode_zigzag_int(1 + len(data)) + bytes([type_byte]) + data
-
-
-def record(
-    seq: int,
-    body: bytes,
-    *,
-    committer: int = 1,
-    length: int | None = None,
-    check: int | None = None,
-) -> bytes:
-    """A wire record with correct length and check bytes unless told otherwise."""
-    if length is None:
-        length = HEADER_SIZE + len(body)
-    if check is None:
-        check = 0 if seq == -2 else check_bytes(body)
-    return struct.pack("<iiQq", committer, length, check, seq) + body
 
 
 def read_all(data: bytes, **kwargs: object) -> list[LogRecord]:
@@ -177,16 +156,6 @@ def test_end_past_the_buffer_is_truncated() -> None:
     # A frame claiming one byte more than the buffer holds, with an end past the buffer.
     err = raised(lambda: decode_message(raw[:-1], 0, end=len(raw) + 5), TruncatedError)
     assert "runs 1 bytes past the available data" in str(err)
-
-
-@FAST
-@given(st.binary(max_size=40), st.integers(0, 50), st.integers(0, 50))
-def test_fuzz_any_bounds(data: bytes, pos: int, end: int) -> None:
-    for direction in Direction:
-        with contextlib.suppress(ProtocolError):
-            decode_message(data, pos, direction, end=end)
-        with contextlib.suppress(ProtocolError):
-            decode_messages(data, pos, end, direction)
 
 
 # --- varints ----------------------------------------------------------------------------
@@ -613,128 +582,3 @@ def test_message_reader_keeps_raising_after_an_error() -> None:
     reader.feed(frame(3, b"\x00") + encode_message(TakeCheckpoint()))
     raised(reader.next_message, TruncatedError)
     raised(reader.next_message, TruncatedError)
-
-
-# --- fuzz -------------------------------------------------------------------------------
-
-
-def _drain_records(chunks: list[bytes], *, on_disk: bool = False, verify: bool = True) -> None:
-    reader = RecordReader(on_disk=on_disk, verify=verify)
-    try:
-        for chunk in chunks:
-            reader.records(chunk)
-    except ProtocolError as exc:
-        # Once failed, it stays failed.
-        with pytest.raises(type(exc)):
-            reader.next_record()
-        return
-    with contextlib.suppress(TruncatedError):
-        reader.close()
-
-
-def _drain_messages(chunks: list[bytes], direction: Direction) -> None:
-    reader = MessageReader(direction=direction)
-    try:
-        for chunk in chunks:
-            reader.messages(chunk)
-    except ProtocolError as exc:
-        with pytest.raises(type(exc)):
-            reader.next_message()
-        return
-    with contextlib.suppress(TruncatedError):
-        reader.close()
-
-
-def _decode_all(data: bytes) -> None:
-    for direction in Direction:
-        with contextlib.suppress(ProtocolError):
-            decode_message(data, 0, direction)
-        with contextlib.suppress(ProtocolError):
-            decode_messages(data, 0, len(data), direction)
-    with contextlib.suppress(ProtocolError):
-        decode_disk_tail(data)
-
-
-@FAST
-@given(st.binary(max_size=200))
-def test_fuzz_random_bytes(data: bytes) -> None:
-    _decode_all(data)
-    for on_disk in (False, True):
-        _drain_records([data], on_disk=on_disk)
-        _drain_records([data], on_disk=on_disk, verify=False)
-    for direction in Direction:
-        _drain_messages([data], direction)
-
-
-@FAST
-@given(st.binary(max_size=120), st.integers(-3, 10), s.committer_ids)
-def test_fuzz_random_bodies_behind_valid_headers(body: bytes, seq: int, committer: int) -> None:
-    # Valid header and check bytes, so the body reaches the message decoder.
-    _drain_records([record(seq, body, committer=committer)])
-    _drain_records([encode_disk_record(committer, seq, body) + body[:10]], on_disk=True)
-    _decode_all(body)
-
-
-@st.composite
-def mutations(draw: st.DrawFn, data: bytes) -> bytes:
-    """``data`` with bytes flipped, inserted or removed, or cut short."""
-    out = bytearray(data)
-    for _ in range(draw(st.integers(1, 4))):
-        op = draw(st.sampled_from(["flip", "insert", "delete", "truncate"]))
-        pos = draw(st.integers(0, len(out)))
-        if op == "flip" and pos < len(out):
-            out[pos] ^= draw(st.integers(1, 255))
-        elif op == "insert":
-            out[pos:pos] = draw(st.binary(min_size=1, max_size=4))
-        elif op == "delete":
-            del out[pos : pos + draw(st.integers(1, 4))]
-        else:
-            del out[pos:]
-    return bytes(out)
-
-
-@FAST
-@given(s.record_streams(), st.data())
-def test_fuzz_mutated_record_streams(
-    stream: tuple[int, list[tuple[int, list[Message]]]], data: st.DataObject
-) -> None:
-    committer, records = stream
-    raw = b"".join(encode_record(committer, seq, msgs) for seq, msgs in records)
-    bad = data.draw(mutations(raw))
-    cuts = data.draw(s.split_points(len(bad)))
-    _drain_records(s.chunks(bad, cuts))
-    _drain_records([bad], verify=False)
-
-
-@FAST
-@given(s.logged_bodies(), st.data())
-def test_fuzz_mutated_bodies_with_valid_check_bytes(
-    msgs: list[Message], data: st.DataObject
-) -> None:
-    body = encode_record(1, 0, msgs)[HEADER_SIZE:]
-    bad = data.draw(mutations(body))
-    _drain_records([record(0, bad)])
-    _decode_all(bad)
-
-
-@FAST
-@given(st.lists(s.logged_bodies(), min_size=1, max_size=3), st.data())
-def test_fuzz_mutated_disk_logs(bodies: list[list[Message]], data: st.DataObject) -> None:
-    log = b"".join(
-        encode_disk_record(1, i, encode_record(1, i, msgs)[HEADER_SIZE:], [Watermark("peer", i, i)])
-        for i, msgs in enumerate(bodies)
-    )
-    bad = data.draw(mutations(log))
-    _drain_records([bad], on_disk=True)
-    _drain_records([bad[i : i + 1] for i in range(len(bad))], on_disk=True, verify=False)
-
-
-@FAST
-@given(st.lists(s.messages(Direction.TO_COORDINATOR), min_size=1, max_size=5), st.data())
-def test_fuzz_mutated_message_streams(msgs: list[Message], data: st.DataObject) -> None:
-    raw = b"".join(encode_message(m) for m in msgs)
-    bad = data.draw(mutations(raw))
-    cuts = data.draw(s.split_points(len(bad)))
-    _drain_messages(s.chunks(bad, cuts), Direction.TO_COORDINATOR)
-    _drain_messages([bad], Direction.TO_BINDING)
-    _decode_all(bad)

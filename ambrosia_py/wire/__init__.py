@@ -4,6 +4,7 @@ Varints, message types, log records in wire and on-disk form, and incremental re
 Nothing here touches a socket, a file or a clock.
 """
 
+from .decoding import decode_message, decode_messages
 from .errors import (
     BatchCountError,
     CheckBytesError,
@@ -46,8 +47,6 @@ from .messages import (
     TrimTo,
     UpgradeService,
     UpgradeTakeCheckpoint,
-    decode_message,
-    decode_messages,
     encode_message,
     encode_message_parts,
     frame_parts,

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 
 import attrs
 
+from .decoding import decode_message, decode_messages
 from .errors import (
     CheckpointSizeError,
     CommitterError,
@@ -33,8 +34,6 @@ from .messages import (
     Direction,
     Message,
     MessageType,
-    decode_message,
-    decode_messages,
 )
 from .records import (
     CHECKPOINT_SEQ,
