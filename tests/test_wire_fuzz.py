@@ -28,6 +28,7 @@ from ambrosia_py.wire import (
     encode_disk_record,
     encode_message,
     encode_record,
+    encode_zigzag_int,
 )
 from tests import strategies as s
 
@@ -164,3 +165,27 @@ def test_fuzz_mutated_message_streams(msgs: list[Message], data: st.DataObject) 
     _drain_messages(s.chunks(bad, cuts), Direction.TO_COORDINATOR)
     _drain_messages([bad], Direction.TO_BINDING)
     _decode_all(bad)
+
+
+@FAST
+@given(
+    st.lists(st.integers(0, 255), min_size=1, max_size=7),
+    st.sampled_from([0, 1, 2, 3]),
+    st.binary(max_size=40),
+)
+def test_fast_path_and_general_decoder_agree_on_any_method_id_bytes(
+    method_bytes: list[int], rpc_type: int, args: bytes
+) -> None:
+    """A call frame whose method id bytes are anything (overlong, over 32 bits, cut short):
+    the batch decoder's fast path must accept exactly what the general decoder accepts."""
+    data = bytes([0, 0, *method_bytes, rpc_type]) + args
+    frame = encode_zigzag_int(len(data)) + data
+    try:
+        expected: list[Message] | type[ProtocolError] = [decode_message(frame)[0]]
+    except ProtocolError as exc:
+        expected = type(exc)
+    try:
+        got: list[Message] | type[ProtocolError] = decode_messages(frame, 0, len(frame))
+    except ProtocolError as exc:
+        got = type(exc)
+    assert got == expected

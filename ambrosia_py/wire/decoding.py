@@ -82,7 +82,7 @@ def _decode_rpc(mv: memoryview, pos: int, end: int, outgoing: bool) -> Message:
         raw_type = mv[pos]
         if raw_type > 2:
             raise MalformedMessageError(f"unknown RPC type {raw_type}", offset=pos)
-        rpc_type = RpcType(raw_type)
+        rpc_type = _RPC_TYPES[raw_type]
         pos += 1
         sender = ""
         call_seq = 0
@@ -267,12 +267,30 @@ def decode_messages(
                 stop = pos + hdr + (raw_size >> 1)
                 p = pos + hdr
                 if stop <= end and mv[p] == 0 and mv[p + 1] == 0:
-                    m = mv[p + 2]
-                    r = mv[p + 3]
-                    if m < 0x80 and (r == 1 or r == 2):
-                        append(IncomingRpc((m >> 1) ^ -(m & 1), _RPC_TYPES[r], mv[p + 4 : stop]))
-                        pos = stop
-                        continue
+                    # The method id: one byte, or up to five (ids hashed from method names
+                    # are 31-bit); anything longer or odd takes the general path.
+                    q = p + 2
+                    m = mv[q]
+                    q += 1
+                    shift = 7
+                    if m >= 0x80:
+                        m &= 0x7F
+                        while q < stop and shift < 35:
+                            b = mv[q]
+                            q += 1
+                            m |= (b & 0x7F) << shift
+                            shift += 7
+                            if b < 0x80:
+                                break
+                        else:
+                            shift = 99
+                    if shift <= 35 and m <= 0xFFFFFFFF and q < stop:
+                        r = mv[q]
+                        if r == 1 or r == 2:
+                            method = (m >> 1) ^ -(m & 1)
+                            append(IncomingRpc(method, _RPC_TYPES[r], mv[q + 1 : stop]))
+                            pos = stop
+                            continue
         msg, pos = decode_message(mv, pos, direction, end=end)
         append(msg)
     return out

@@ -349,6 +349,30 @@ def _call_head(method_id: int, rpc_type: RpcType, sender: str, call_seq: int) ->
     return head
 
 
+# The bytes before an outgoing call's arguments depend, but for an async/await call's
+# sequence number, on (destination, method, type, sender) only: a binding sends the same
+# few heads over and over, and a method id is a five-byte varint to compute each time.
+_HEADS: dict[tuple[str, int, RpcType, str], bytes] = {}
+_HEADS_MAX = 4096
+
+
+def _outgoing_head(msg: OutgoingRpc) -> bytes:
+    key = (msg.destination, msg.method_id, msg.rpc_type, msg.sender)
+    head = _HEADS.get(key)
+    if head is None:
+        if len(_HEADS) >= _HEADS_MAX:
+            _HEADS.clear()
+        head = _name(msg.destination) + _call_head(msg.method_id, msg.rpc_type, msg.sender, 0)
+        if msg.rpc_type == RpcType.ASYNC_AWAIT:
+            head = head[:-1]  # the call sequence number (here 0, one byte) is added per call
+        _HEADS[key] = head
+    if msg.rpc_type == RpcType.ASYNC_AWAIT:
+        return head + encode_zigzag_long(msg.call_seq)
+    if msg.call_seq:
+        raise ValueError(f"a {msg.rpc_type.name} call carries no sender or call sequence number")
+    return head
+
+
 def _return_parts(
     return_type: ReturnType, sender: str, call_seq: int, value: Payload
 ) -> list[Buffer]:
@@ -376,10 +400,7 @@ def _data_parts(msg: Message) -> list[Buffer]:
     if isinstance(msg, IncomingRpc):
         return [_call_head(msg.method_id, msg.rpc_type, msg.sender, msg.call_seq), msg.args]
     if isinstance(msg, OutgoingRpc):
-        head = _name(msg.destination) + _call_head(
-            msg.method_id, msg.rpc_type, msg.sender, msg.call_seq
-        )
-        return [head, msg.args]
+        return [_outgoing_head(msg), msg.args]
     if isinstance(msg, IncomingReturnValue):
         return _return_parts(msg.return_type, msg.sender, msg.call_seq, msg.value)
     if isinstance(msg, OutgoingReturnValue):
