@@ -108,3 +108,66 @@ def test_every_wire_error_is_a_protocol_error() -> None:
     assert len(errors) == 12
     for error in errors:
         assert issubclass(error, wire.ProtocolError)
+
+
+# --- ambrosia_py.flow ---------------------------------------------------------------------
+
+import ambrosia_py.flow as flow  # noqa: E402
+
+FLOW_API = [
+    "COMPATIBLE_VERSION_MASK",
+    "CONNECT_PACKET_LENGTH",
+    "CONNECT_PREFIX_LENGTH",
+    "ChecksumError",
+    "ConnectPacket",
+    "ConnectPacketError",
+    "ConnectionClosed",
+    "ConnectionState",
+    "Event",
+    "FLAG_IPV6",
+    "FRAME_HEADER_LENGTH",
+    "FlowConnection",
+    "FlowError",
+    "FlowStateError",
+    "Frame",
+    "FrameLengthError",
+    "FrameReader",
+    "FrameReceived",
+    "LEGACY_CONNECT_PACKET_LENGTH",
+    "MIN_FRAME_LENGTH",
+    "MIN_FULL_CONNECT_PACKET_VERSION",
+    "OBJECT_SERIALIZER_FLAG",
+    "PACKET_LIMIT",
+    "PROTOCOL_VERSION",
+    "PeerConnected",
+    "TOKEN_STREAM_FLAG",
+    "Token",
+    "TruncatedError",
+    "VERSION_FLAGS_MASK",
+    "WELL_KNOWN_FIRST",
+    "WIRE_PROTOCOL_VERSION",
+    "WellKnown",
+    "compatible",
+    "connect_packet_size",
+    "encode_frame",
+    "encode_frame_bytes",
+    "frame_checksum",
+]
+
+
+def test_flow_all_is_pinned() -> None:
+    assert sorted(flow.__all__) == FLOW_API
+    assert len(set(flow.__all__)) == len(flow.__all__), "duplicate names in __all__"
+
+
+def test_flow_star_import_yields_exactly_all() -> None:
+    namespace: dict[str, object] = {}
+    exec("from ambrosia_py.flow import *", namespace)
+    assert sorted(k for k in namespace if k != "__builtins__") == FLOW_API
+
+
+def test_every_flow_error_is_a_flow_error() -> None:
+    errors = [getattr(flow, n) for n in FLOW_API if n.endswith("Error")]
+    assert len(errors) == 6
+    for error in errors:
+        assert issubclass(error, flow.FlowError)
