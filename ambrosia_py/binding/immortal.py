@@ -205,6 +205,23 @@ class Immortal:
         return [(name, hints[name], getattr(options, name, None)) for name in hints]
 
     @classmethod
+    def make_options(cls, **values: Any) -> Any:
+        """An ``Options`` instance: the declared defaults, overridden by ``values``."""
+        options_cls = getattr(cls, "Options", None)
+        if options_cls is None:
+            if values:
+                raise TypeError(f"{cls.__name__} declares no options, got {sorted(values)}")
+            return None
+        fields = {name for name, _, _ in cls.option_fields()}
+        unknown = set(values) - fields
+        if unknown:
+            raise TypeError(f"{cls.__name__} has no option {sorted(unknown)}")
+        options = options_cls()
+        for name in fields:
+            setattr(options, name, values.get(name, getattr(options_cls, name, None)))
+        return options
+
+    @classmethod
     def upgrade_state(cls, state: dict[str, Any], from_version: int) -> dict[str, Any]:
         """Convert the state of an older version of this class; default: unchanged."""
         return state

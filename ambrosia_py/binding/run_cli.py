@@ -124,13 +124,7 @@ def _service_arg(args: list[str], takes_value: set[str]) -> str | None:
 
 
 def _options(service: type[Immortal], values: dict[str, Any]) -> Any:
-    cls = getattr(service, "Options", None)
-    if cls is None:
-        return None
-    options = cls()
-    for name, _, _ in service.option_fields():
-        setattr(options, name, values[name])
-    return options
+    return service.make_options(**{name: values[name] for name, _, _ in service.option_fields()})
 
 
 async def _run(

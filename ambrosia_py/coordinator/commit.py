@@ -25,6 +25,8 @@ from .storage import LogWriter
 __all__ = ["CommitPipeline"]
 
 Forward = Callable[[list[wire.Payload]], Awaitable[None]]
+# a written record: its file, its wire form, its size, what to run once it is durable
+_Written = tuple[LogWriter, list[wire.Payload], int, Callable[[], None] | None]
 
 
 class CommitPipeline:
@@ -38,7 +40,7 @@ class CommitPipeline:
     def __init__(self, forward: Forward, *, max_unsynced: int) -> None:
         self._forward = forward
         self._max_unsynced = max_unsynced
-        self._written: list[tuple[LogWriter, list[wire.Payload], int]] = []
+        self._written: list[_Written] = []
         self._unsynced_bytes = 0
         self._appended = 0  # records appended so far
         self._done = 0  # records durable and forwarded so far
@@ -47,9 +49,16 @@ class CommitPipeline:
         self._task = asyncio.create_task(self._sync_loop())
 
     async def append(
-        self, writer: LogWriter, disk_parts: list[wire.Payload], wire_record: list[wire.Payload]
+        self,
+        writer: LogWriter,
+        disk_parts: list[wire.Payload],
+        wire_record: list[wire.Payload],
+        on_durable: Callable[[], None] | None = None,
     ) -> None:
-        """Write one record (its disk form) and queue its wire form for forwarding."""
+        """Write one record (its disk form) and queue its wire form for forwarding.
+
+        ``on_durable`` runs once the record is durable and forwarded.
+        """
         size = sum(len(p) for p in disk_parts)
         async with self._changed:
             await self._changed.wait_for(
@@ -59,7 +68,7 @@ class CommitPipeline:
         # Only this coroutine writes, so the file sees records in order.
         await asyncio.to_thread(writer.write, disk_parts)
         async with self._changed:
-            self._written.append((writer, wire_record, size))
+            self._written.append((writer, wire_record, size, on_durable))
             self._unsynced_bytes += size
             self._appended += 1
             self._changed.notify_all()
@@ -88,14 +97,16 @@ class CommitPipeline:
                     batch, self._written = self._written, []
                 # Everything in the batch was fully written before this sync starts.
                 synced: set[int] = set()
-                for writer, _, _ in batch:
+                for writer, _, _, _ in batch:
                     if id(writer) not in synced:
                         await asyncio.to_thread(writer.sync)
                         synced.add(id(writer))
-                for _, record, _ in batch:
+                for _, record, _, done in batch:
                     await self._forward(record)
+                    if done is not None:
+                        done()
                 async with self._changed:
-                    self._unsynced_bytes -= sum(size for _, _, size in batch)
+                    self._unsynced_bytes -= sum(size for _, _, size, _ in batch)
                     self._done += len(batch)
                     self._changed.notify_all()
         except asyncio.CancelledError:

@@ -12,7 +12,6 @@ It also owns the byte format of the coordinator's checkpoint files (:class:`IcSt
 from __future__ import annotations
 
 import struct
-from collections import defaultdict
 
 import attrs
 
@@ -31,6 +30,7 @@ from ..wire import (
     RpcBatch,
     TakeCheckpoint,
 )
+from .links import Inbox, LinkError, Outbox
 
 __all__ = [
     "CheckpointArrived",
@@ -40,6 +40,7 @@ __all__ = [
     "Intake",
     "IntakeEvent",
     "StateFormatError",
+    "OutboxState",
     "is_replayable",
     "to_incoming",
 ]
@@ -47,10 +48,16 @@ __all__ = [
 # --- the coordinator's checkpoint file -----------------------------------------------------
 
 _STATE_MAGIC = b"AMBRIC"
-_STATE_VERSION = 1
+_STATE_VERSION = 2
 # magic, format version u16, committer id i32, next seq i64, logged outputs i64,
-# binding outputs i64, blob length u64
-_STATE_HEADER = struct.Struct("<6sHiqqqQ")
+# binding outputs i64, blob length u64 (format 1, which had no links)
+_STATE_HEADER_V1 = struct.Struct("<6sHiqqqQ")
+# format 2 adds the link section's length before the blob length
+_STATE_HEADER = struct.Struct("<6sHiqqqQQ")
+_U32 = struct.Struct("<I")
+_I64 = struct.Struct("<q")
+
+OutboxState = tuple[int, list[tuple[int, bytes]]]  # next seq, unconfirmed (seq, frame)
 
 
 class StateFormatError(ValueError):
@@ -65,8 +72,16 @@ class IcState:
     state at the start of log N). ``logged_outputs`` counts the binding's replayable
     outputs logged before log N; ``binding_outputs`` counts the replayable outputs the
     binding had sent when it sent this checkpoint (see :class:`Intake` for why both).
-    Layout, little-endian: ``b"AMBRIC" | u16 format version | i32 committer id | i64 next
-    seq | i64 logged outputs | i64 binding outputs | u64 blob length | blob``.
+    ``inbox`` is, per sender instance, the seq of the first message not logged before log
+    N; ``outboxes`` per destination the next seq and the messages not yet confirmed by it
+    when the binding sent this checkpoint (see :mod:`links`).
+
+    Layout, little-endian: ``b"AMBRIC" | u16 format version (2) | i32 committer id | i64
+    next seq | i64 logged outputs | i64 binding outputs | u64 link section length | u64
+    blob length | link section | blob``. The link section: ``u32 n`` then n times ``name |
+    i64 seq`` (inbox); ``u32 m`` then m times ``name | i64 next seq | u32 k`` and k times
+    ``i64 seq | u32 length | frame`` (outboxes); a name is ``u32 length | UTF-8``. Format
+    1 (no link section) is still read.
     """
 
     committer_id: int
@@ -74,8 +89,11 @@ class IcState:
     logged_outputs: int
     binding_outputs: int
     blob: wire.Payload = attrs.field(repr=lambda b: f"<{len(b)} bytes>")
+    inbox: dict[str, int] = attrs.field(factory=dict)
+    outboxes: dict[str, OutboxState] = attrs.field(factory=dict)
 
     def encode_parts(self) -> list[wire.Payload]:
+        links = self._encode_links()
         header = _STATE_HEADER.pack(
             _STATE_MAGIC,
             _STATE_VERSION,
@@ -83,24 +101,98 @@ class IcState:
             self.next_seq,
             self.logged_outputs,
             self.binding_outputs,
+            len(links),
             len(self.blob),
         )
-        return [header, self.blob]
+        return [header, links, self.blob]
+
+    def _encode_links(self) -> bytes:
+        out = bytearray(_U32.pack(len(self.inbox)))
+        for name, seq in sorted(self.inbox.items()):
+            out += _name(name) + _I64.pack(seq)
+        out += _U32.pack(len(self.outboxes))
+        for name, (next_seq, frames) in sorted(self.outboxes.items()):
+            out += _name(name) + _I64.pack(next_seq) + _U32.pack(len(frames))
+            for seq, frame in frames:
+                out += _I64.pack(seq) + _U32.pack(len(frame)) + frame
+        return bytes(out)
 
     @classmethod
     def decode(cls, data: bytes, where: str) -> IcState:
-        if len(data) < _STATE_HEADER.size:
+        if len(data) < 8:
             raise StateFormatError(f"{where}: {len(data)} bytes, shorter than a state header")
-        magic, version, committer, next_seq, logged, sent, length = _STATE_HEADER.unpack_from(data)
+        magic, version = struct.unpack_from("<6sH", data)
         if magic != _STATE_MAGIC:
             raise StateFormatError(f"{where}: not a coordinator checkpoint (magic {magic!r})")
-        if version != _STATE_VERSION:
+        if version == 1:
+            header, links_len = _STATE_HEADER_V1, 0
+            if len(data) < header.size:
+                raise StateFormatError(f"{where}: {len(data)} bytes, shorter than its header")
+            _, _, committer, next_seq, logged, sent, length = header.unpack_from(data)
+        elif version == _STATE_VERSION:
+            header = _STATE_HEADER
+            if len(data) < header.size:
+                raise StateFormatError(f"{where}: {len(data)} bytes, shorter than its header")
+            _, _, committer, next_seq, logged, sent, links_len, length = header.unpack_from(data)
+        else:
             raise StateFormatError(f"{where}: unknown checkpoint format version {version}")
-        if len(data) != _STATE_HEADER.size + length:
+        if len(data) != header.size + links_len + length:
             raise StateFormatError(
-                f"{where}: blob of {length} bytes stated, {len(data) - _STATE_HEADER.size} present"
+                f"{where}: {links_len} + {length} bytes of links and blob stated, "
+                f"{len(data) - header.size} present"
             )
-        return cls(committer, next_seq, logged, sent, memoryview(data)[_STATE_HEADER.size :])
+        mv = memoryview(data)
+        inbox, outboxes = _decode_links(mv[header.size : header.size + links_len], where)
+        blob = mv[header.size + links_len :]
+        return cls(committer, next_seq, logged, sent, blob, inbox, outboxes)
+
+
+def _name(name: str) -> bytes:
+    raw = name.encode()
+    return _U32.pack(len(raw)) + raw
+
+
+def _decode_links(mv: memoryview, where: str) -> tuple[dict[str, int], dict[str, OutboxState]]:
+    pos = 0
+
+    def unpack(st: struct.Struct, what: str) -> int:
+        nonlocal pos
+        if pos + st.size > len(mv):
+            raise StateFormatError(f"{where}: link section truncated in {what} at {pos}")
+        (value,) = st.unpack_from(mv, pos)
+        pos += st.size
+        return int(value)
+
+    def raw(n: int, what: str) -> bytes:
+        nonlocal pos
+        if n < 0 or pos + n > len(mv):
+            raise StateFormatError(f"{where}: link section truncated in {what} at {pos}")
+        out = bytes(mv[pos : pos + n])
+        pos += n
+        return out
+
+    def name(what: str) -> str:
+        try:
+            return raw(unpack(_U32, what), what).decode()
+        except UnicodeDecodeError:
+            raise StateFormatError(f"{where}: {what} name is not UTF-8 at {pos}") from None
+
+    inbox = {}
+    for _ in range(unpack(_U32, "inbox count")):
+        sender = name("inbox")
+        inbox[sender] = unpack(_I64, "inbox seq")
+    outboxes: dict[str, OutboxState] = {}
+    for _ in range(unpack(_U32, "outbox count")):
+        dest = name("outbox")
+        next_seq = unpack(_I64, "outbox next seq")
+        frames = []
+        for _ in range(unpack(_U32, "outbox message count")):
+            seq = unpack(_I64, "outbox message seq")
+            frames.append((seq, raw(unpack(_U32, "outbox message length"), "outbox message")))
+        outboxes[dest] = (next_seq, frames)
+    if pos != len(mv):
+        raise StateFormatError(f"{where}: {len(mv) - pos} bytes after the link section")
+    return inbox, outboxes
 
 
 # --- routing -------------------------------------------------------------------------------
@@ -148,6 +240,7 @@ class CheckpointArrived:
     blob: wire.Payload = attrs.field(repr=lambda b: f"<{len(b)} bytes>")
     binding_outputs: int = 0
     enqueued: int = 0
+    outboxes: dict[str, OutboxState] = attrs.field(factory=dict)
 
 
 @attrs.frozen
@@ -173,26 +266,32 @@ class Intake:
 
     Exactly-once self-calls: a binding regenerates its outputs when it replays the log
     after a crash (replay is deterministic), and some of them were logged before the
-    crash. Every *replayable* message the binding sends (a call or return value, not an
-    impulse, which comes from outside and is never regenerated) gets an index: the count
-    of such messages before it, which the checkpoint carries (``binding_outputs``).
+    crash. Every *replayable* message the binding sends to itself (a call or return value,
+    not an impulse, which comes from outside and is never regenerated) gets an index: the
+    count of such messages before it, which the checkpoint carries (``binding_outputs``).
     Messages are logged in index order, so "already logged" is one number,
     :attr:`skip_below`; a regenerated message whose index is below it is dropped.
 
+    Output for other instances goes to one :class:`links.Outbox` per destination, where
+    the same numbering per destination lets the receiver drop what it already has.
+    Input from other instances' links arrives through :meth:`link_input`, numbered per
+    sender by :attr:`inbox`.
+
     ``feed`` returns the control events in order; input for this instance accumulates in
     :attr:`pending` (framed incoming messages as buffers, ready to be packed into a record
-    without copying), output
-    for other instances in :attr:`outboxes` until links to other coordinators exist.
+    without copying).
     """
 
     def __init__(self, instance: str) -> None:
         self.instance = instance
         self._reader = MessageReader()
-        # One buffer list per message, and whether it is replayable.
-        self.pending: list[tuple[list[wire.Payload], bool]] = []
+        # Per message: its buffers, whether it is a replayable output of the binding, and
+        # for input from a link its sender and the sender's seq after it.
+        self.pending: list[tuple[list[wire.Payload], bool, str | None, int]] = []
         self.pending_bytes = 0
         self.attached: set[str] = set()
-        self.outboxes: dict[str, list[bytes]] = defaultdict(list)
+        self.outboxes: dict[str, Outbox] = {}
+        self.inbox = Inbox()
         self.new_destinations: list[str] = []  # destinations seen for the first time
         self.received_outputs = 0  # index of the next replayable message from the binding
         self.skip_below = 0  # replayable messages with a lower index are already logged
@@ -220,30 +319,83 @@ class Intake:
         """The binding's stream ended: raise if it ended inside a message."""
         self._reader.close()
 
+    def restore_outboxes(self, outboxes: dict[str, OutboxState]) -> None:
+        """Recovery: the output a checkpoint kept; replay regenerates what follows."""
+        for dest, (next_seq, frames) in outboxes.items():
+            self.outboxes[dest] = Outbox(next_seq, frames)
+            self.new_destinations.append(dest)
+
+    def outbox_snapshot(self) -> dict[str, OutboxState]:
+        return {dest: (box.next_seq, box.buffered) for dest, box in self.outboxes.items()}
+
+    def link_input(self, sender: str, payload: bytes | memoryview) -> int:
+        """Queue the messages of one link frame from ``sender``; return how many.
+
+        The whole frame is checked before anything is queued: a peer that sends anything
+        but complete incoming calls and return values is refused (``LinkError``), and
+        nothing of that frame reaches the log.
+        """
+        reader = MessageReader(direction=wire.Direction.TO_BINDING)  # the incoming form
+        reader.feed(payload)
+        frames: list[Frame] = []
+        try:
+            while (frame := reader.next_frame()) is not None:
+                if frame.type != MessageType.RPC:
+                    raise LinkError(
+                        f"a link carries calls and return values, not {frame.type.name}",
+                        offset=frame.offset,
+                    )
+                msg = reader.decode(frame)
+                if not isinstance(msg, IncomingReturnValue | IncomingRpc):
+                    raise LinkError("a link carries incoming calls only", offset=frame.offset)
+                if isinstance(msg, IncomingRpc) and msg.rpc_type == wire.RpcType.IMPULSE:
+                    raise LinkError("an impulse on a link", offset=frame.offset)
+                frames.append(frame)
+            reader.close()
+        except LinkError:
+            raise
+        except wire.ProtocolError as exc:
+            raise LinkError(f"bad message on a link: {exc}", offset=exc.offset) from None
+        for frame in frames:
+            seq = self.inbox.accept(sender, 1)
+            self._queue([bytes(frame.raw)], False, sender, seq)
+        return len(frames)
+
     def take(
         self, max_bytes: int, max_messages: int | None = None
-    ) -> tuple[list[wire.Payload], int]:
+    ) -> tuple[list[wire.Payload], int, dict[str, int]]:
         """Remove pending input, at most ``max_bytes`` (at least one message), as buffers.
 
         Returns the buffers (small ones joined, large payloads left as views: see
-        ``wire.coalesce_parts``) and how many replayable messages they hold.
+        ``wire.coalesce_parts``), how many replayable outputs of the binding they hold,
+        and per link sender the seq after its last message in them (the watermarks).
         """
         taken = 0
         n = 0
         outputs = 0
-        for parts, replayable in self.pending:
+        marks: dict[str, int] = {}
+        for parts, replayable, sender, seq in self.pending:
             size = sum(len(p) for p in parts)
             if n and (taken + size > max_bytes or n == max_messages):
                 break
             taken += size
             outputs += replayable
+            if sender is not None:
+                marks[sender] = seq
             n += 1
-        out = [p for parts, _ in self.pending[:n] for p in parts]
+        out = [p for parts, _, _, _ in self.pending[:n] for p in parts]
         del self.pending[:n]
         self.dequeued += n
         self.pending_bytes -= taken
         self.queued_outputs -= outputs
-        return wire.coalesce_parts(out), outputs
+        return wire.coalesce_parts(out), outputs, marks
+
+    def _queue(
+        self, parts: list[wire.Payload], replayable: bool, sender: str | None = None, seq: int = 0
+    ) -> None:
+        self.pending.append((parts, replayable, sender, seq))
+        self.enqueued += 1
+        self.pending_bytes += sum(len(p) for p in parts)
 
     def _input(self, parts: list[wire.Payload], replayable: bool) -> None:
         if replayable:
@@ -253,18 +405,24 @@ class Intake:
                 self.dropped += 1
                 return
             self.queued_outputs += 1
-        self.pending.append((parts, replayable))
-        self.enqueued += 1
-        self.pending_bytes += sum(len(p) for p in parts)
+        self._queue(parts, replayable)
 
-    def _route(self, destination: str, incoming: bytes, outgoing: bytes) -> None:
-        if destination in ("", self.instance):
-            _, pos = wire.decode_zigzag_int(incoming, 0)
-            self._input([incoming], is_replayable(memoryview(incoming)[pos + 1 :]))
-            return
-        if destination not in self.outboxes:
+    def _output(self, destination: str, parts: list[wire.Payload], offset: int) -> None:
+        body = memoryview(parts[1]) if len(parts) > 1 else memoryview(parts[0])
+        if len(parts) == 1:
+            _, pos = wire.decode_zigzag_int(body, 0)
+            body = body[pos + 1 :]
+        if not is_replayable(body):
+            raise wire.MalformedMessageError(
+                f"an impulse for instance {destination!r}: impulses are input from the "
+                "outside world to the instance itself and are never sent to another",
+                offset=offset,
+            )
+        box = self.outboxes.get(destination)
+        if box is None:
+            box = self.outboxes[destination] = Outbox()
             self.new_destinations.append(destination)
-        self.outboxes[destination].append(outgoing)
+        box.add(b"".join(bytes(p) for p in parts))
 
     def _frame(self, frame: Frame) -> IntakeEvent | None:
         t = frame.type
@@ -273,12 +431,12 @@ class Intake:
             if destination in ("", self.instance):
                 self._input([prefix, body], is_replayable(body))
             else:
-                self._route(destination, b"", bytes(frame.raw))
+                self._output(destination, [prefix, body], frame.offset)
             return None
         msg = self._reader.decode(frame)
         if isinstance(msg, RpcBatch):
             for inner in msg.messages:
-                self._route_message(inner)
+                self._route_message(inner, frame.offset)
             return None
         if isinstance(msg, AttachTo):
             self.attached.add(msg.destination)
@@ -286,14 +444,16 @@ class Intake:
         if isinstance(msg, TakeCheckpoint):
             return CheckpointRequested()
         if isinstance(msg, Checkpoint):
-            return CheckpointArrived(msg.blob, self.received_outputs, self.enqueued)
+            return CheckpointArrived(
+                msg.blob, self.received_outputs, self.enqueued, self.outbox_snapshot()
+            )
         if isinstance(msg, InitialMessage):
             return InitialArrived(bytes(frame.raw))
         raise wire.MalformedMessageError(
             f"a binding does not send {t.name} (type {int(t)})", offset=frame.offset
         )
 
-    def _route_message(self, msg: wire.Message) -> None:
+    def _route_message(self, msg: wire.Message, offset: int) -> None:
         if isinstance(msg, OutgoingRpc):
             incoming: wire.Message = IncomingRpc(
                 msg.method_id, msg.rpc_type, msg.args, msg.sender, msg.call_seq
@@ -302,4 +462,9 @@ class Intake:
             incoming = IncomingReturnValue(msg.return_type, msg.sender, msg.call_seq, msg.value)
         else:  # pragma: no cover - the batch decoder only yields RPC messages
             raise wire.MalformedMessageError(f"batch holds a {type(msg).__name__}")
-        self._route(msg.destination, wire.encode_message(incoming), wire.encode_message(msg))
+        frame = wire.encode_message(incoming)
+        if msg.destination in ("", self.instance):
+            _, pos = wire.decode_zigzag_int(frame, 0)
+            self._input([frame], is_replayable(memoryview(frame)[pos + 1 :]))
+        else:
+            self._output(msg.destination, [frame], offset)

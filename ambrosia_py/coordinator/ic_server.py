@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import secrets
@@ -53,6 +54,8 @@ from ..wire import (
 from .binding_link import BindingLink, connect_binding
 from .commit import CommitPipeline
 from .ic_core import CheckpointArrived, CheckpointRequested, IcState, InitialArrived, Intake
+from .links import Inbox
+from .peer_links import PeerLinks
 from .registry import Registry
 from .storage import CorruptLogError, InstanceFiles, LogWriter
 
@@ -106,8 +109,8 @@ def _resolve(config: CoordinatorConfig, registry: Registry) -> tuple[int, int, i
     )
 
 
-def _replayable_outputs(raw: wire.RawRecord) -> int:
-    """How many of a logged record's messages are replayable outputs of the binding."""
+def _replayable(raw: wire.RawRecord) -> int:
+    """How many of a logged record's messages are replayable (not impulses)."""
     return sum(
         1
         for m in wire.decode_messages(raw.body, 0, len(raw.body))
@@ -116,11 +119,19 @@ def _replayable_outputs(raw: wire.RawRecord) -> int:
     )
 
 
+def _link_marks(raw: wire.RawRecord) -> dict[str, int]:
+    """Per link sender, the seq after its last message in this record (the watermarks)."""
+    if raw.tail is None:
+        return {}
+    return {w.name: w.last_seq + 1 for w in raw.tail.watermarks}
+
+
 @attrs.frozen
 class _Replayed:
     next_seq: int
     last_log: int
-    outputs: int  # replayable outputs in the replayed records
+    outputs: int  # replayable outputs of the binding in the replayed records
+    inbox: dict[str, int]  # per link sender, the seq after its last logged message
 
 
 async def _replay(
@@ -135,13 +146,19 @@ async def _replay(
     logs = [n for n in files.log_numbers() if n >= first_log]
     next_seq = state.next_seq
     replayed = outputs = 0
+    inbox = dict(state.inbox)
     for n in logs:
         scan = files.scan_log(
             n, committer_id=state.committer_id, next_seq=next_seq, last=n == logs[-1], repair=repair
         )
         for raw in scan:
             await binding.send([wire.disk_to_wire(raw.header, raw.body)])
-            outputs += _replayable_outputs(raw)
+            # Messages from other instances' links are replayable too, but they are not
+            # the binding's outputs: the watermarks say how many of them the record holds.
+            marks = _link_marks(raw)
+            from_links = sum(seq - inbox.get(name, 0) for name, seq in marks.items())
+            inbox.update(marks)
+            outputs += _replayable(raw) - from_links
             replayed += 1
         if scan.next_seq is not None:
             next_seq = scan.next_seq
@@ -157,7 +174,7 @@ async def _replay(
                 d.reason,
             )
     log.info("replayed %d records from logs %s; next seq %d", replayed, logs, next_seq)
-    return _Replayed(next_seq, logs[-1] if logs else first_log, outputs)
+    return _Replayed(next_seq, logs[-1] if logs else first_log, outputs, inbox)
 
 
 @attrs.frozen
@@ -166,6 +183,7 @@ class _LogStart:
 
     next_seq: int
     logged_outputs: int
+    inbox: dict[str, int]
 
 
 class _Coordinator:
@@ -190,6 +208,7 @@ class _Coordinator:
         self._initial: asyncio.Future[bytes] | None = None
         self._failure: BaseException | None = None
         self._log_start: dict[int, _LogStart] = {}
+        self.links: PeerLinks | None = None
 
     # -- reading the binding -------------------------------------------------------------
 
@@ -199,13 +218,8 @@ class _Coordinator:
             while data := await self.binding.recv():
                 for event in self.intake.feed(data):
                     self._on_event(event)
-                for dest in self.intake.new_destinations:
-                    log.warning(
-                        "output for instance %r is kept in memory: links to other "
-                        "coordinators are not available yet",
-                        dest,
-                    )
-                self.intake.new_destinations.clear()
+                if self.links is not None:
+                    self.links.output_ready()
                 self._wake.set()
                 # sock_recv returns at once while data is waiting: yield, so the committer
                 # can start the next record while input keeps arriving (group commit).
@@ -246,25 +260,45 @@ class _Coordinator:
         if self.writer is not None:
             self.writer.close()
         self.log_number = n
-        self._log_start[n] = _LogStart(self.next_seq, self.logged_outputs)
+        self._log_start[n] = _LogStart(
+            self.next_seq, self.logged_outputs, dict(self.intake.inbox.durable)
+        )
         self.writer = self.files.open_log(n)
 
     def _next_record(
-        self, body: list[wire.Payload], outputs: int
+        self, body: list[wire.Payload], outputs: int, marks: dict[str, int]
     ) -> tuple[bytes, list[wire.Payload]]:
-        """Number the next record: its wire header and its disk form."""
+        """Number the next record: its wire header and its disk form.
+
+        The disk form's watermarks name, per link sender in the record, its last message
+        (reference ambrosia.md, *Files on disk*); recovery rebuilds the inbox from them.
+        """
         wire_header, disk_header = wire.record_headers(self.committer_id, self.next_seq, body)
         self.next_seq += 1
         self.logged_outputs += outputs
-        # No coordinator-to-coordinator links yet, so the watermark sections are empty.
-        return wire_header, [disk_header, *body, _EMPTY_TAIL]
+        tail = (
+            wire.encode_disk_tail(wire.Watermark(n, s - 1, s - 1) for n, s in marks.items())
+            if marks
+            else _EMPTY_TAIL
+        )
+        return wire_header, [disk_header, *body, tail]
 
-    async def _write(self, body: list[wire.Payload], outputs: int) -> bytes:
+    async def _write(
+        self, body: list[wire.Payload], outputs: int, marks: dict[str, int] | None = None
+    ) -> bytes:
         """Make one record durable (write + fdatasync in a worker); return its wire header."""
         assert self.writer is not None
-        wire_header, disk_parts = self._next_record(body, outputs)
+        wire_header, disk_parts = self._next_record(body, outputs, marks or {})
         await asyncio.to_thread(self.writer.append, disk_parts)
+        if marks:
+            self._made_durable(marks)
         return wire_header
+
+    def _made_durable(self, marks: dict[str, int]) -> None:
+        if self.links is not None:
+            self.links.durable(marks)
+        else:
+            self.intake.inbox.made_durable(marks)
 
     async def _forward(self, record: list[wire.Payload]) -> None:
         """Hand a durable record to the binding once the one before it has left."""
@@ -277,8 +311,8 @@ class _Coordinator:
         records = []
         while self.intake.pending and (limit is None or self.intake.dequeued < limit):
             room = None if limit is None else limit - self.intake.dequeued
-            body, outputs = self.intake.take(self.config.max_record_bytes, room)
-            records.append([await self._write(body, outputs), *body])
+            body, outputs, marks = self.intake.take(self.config.max_record_bytes, room)
+            records.append([await self._write(body, outputs, marks), *body])
         return records
 
     async def _commit_checkpoint(self, n: int, arrived: CheckpointArrived) -> None:
@@ -294,6 +328,8 @@ class _Coordinator:
             start.logged_outputs,
             arrived.binding_outputs,
             arrived.blob,
+            start.inbox,
+            arrived.outboxes,
         )
         await asyncio.to_thread(self.files.write_checkpoint, n, state.encode_parts())
         await asyncio.to_thread(
@@ -346,6 +382,8 @@ class _Coordinator:
         self.next_seq = replayed.next_seq
         self.logged_outputs = state.logged_outputs + replayed.outputs
         self.intake.skip_below = self.logged_outputs
+        self.intake.inbox = Inbox(replayed.inbox)
+        self.intake.restore_outboxes(state.outboxes)
         self._startup_checkpoint = asyncio.get_running_loop().create_future()
         self._reader_task = asyncio.create_task(self.read_binding())
         upgrade = self.config.upgrade_version
@@ -424,11 +462,16 @@ class _Coordinator:
                 await self._roll()
             if self.intake.pending:
                 assert self.writer is not None
-                body, outputs = self.intake.take(self.config.max_record_bytes)
-                wire_header, disk_parts = self._next_record(body, outputs)
+                body, outputs, marks = self.intake.take(self.config.max_record_bytes)
+                wire_header, disk_parts = self._next_record(body, outputs, marks)
                 # Written now, synced by the pipeline's second stage while the next record
                 # is written, forwarded only once durable.
-                await pipeline.append(self.writer, disk_parts, [wire_header, *body])
+                await pipeline.append(
+                    self.writer,
+                    disk_parts,
+                    [wire_header, *body],
+                    functools.partial(self._made_durable, marks) if marks else None,
+                )
                 if self.writer.size >= self.trigger_bytes:
                     self._roll_requested = True
                 continue
@@ -437,9 +480,31 @@ class _Coordinator:
             self._wake.clear()
             await self._wake.wait()
 
+    async def _open_links(self) -> None:
+        """Accept links from other coordinators and dial those this instance sends to.
+
+        Only after recovery: the inbox (where each sender must resume) and the outboxes
+        (what replay regenerated) are known only then.
+        """
+        registry = self.registry
+
+        async def lookup(name: str) -> tuple[str, int] | None:
+            return await asyncio.to_thread(registry.link_address, name)
+
+        self.links = PeerLinks(self.config.instance, self.intake, lookup, self._wake.set)
+        port = await self.links.listen(self.config.host)
+        await asyncio.to_thread(
+            registry.set_link_address, self.config.instance, self.config.host, port
+        )
+        log.info("accepting links from other coordinators on %s:%d", self.config.host, port)
+        self.links.output_ready()
+
     async def run(self, ready: Callable[[str], None]) -> int:
         version = self.files.version
         _, receive_port, send_port = _resolve(self.config, self.registry)
+        # Whatever address an earlier incarnation published is dead; publish anew once
+        # recovered (senders look it up again and wait meanwhile).
+        self.registry.clear_link_address(self.config.instance)
         self.binding, listeners = await connect_binding(
             self.config.host,
             receive_port,
@@ -455,8 +520,11 @@ class _Coordinator:
                 await self.first_start()
             else:
                 await self.recover(info.last_checkpoint)
+            await self._open_links()
             await self.commit_loop()
         finally:
+            if self.links is not None:
+                await self.links.close()
             if self.writer is not None:
                 self.writer.close()
             self.binding.close()

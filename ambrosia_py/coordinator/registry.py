@@ -55,6 +55,11 @@ CREATE TABLE IF NOT EXISTS versions (
     last_log INTEGER,
     PRIMARY KEY (name, version)
 );
+CREATE TABLE IF NOT EXISTS links (
+    name TEXT PRIMARY KEY REFERENCES instances(name),
+    host TEXT NOT NULL,
+    port INTEGER NOT NULL
+);
 """
 
 _SELECT = """
@@ -314,6 +319,32 @@ class Registry:
         with self._write() as db:
             self._require(db, name)
             db.execute("UPDATE instances SET committer_id = ? WHERE name = ?", (committer_id, name))
+
+    def set_link_address(self, name: str, host: str, port: int) -> None:
+        """Where the instance's coordinator accepts links from other coordinators now."""
+        _check_port(port, "link port")
+        with self._write() as db:
+            self._require(db, name)
+            db.execute(
+                "INSERT INTO links (name, host, port) VALUES (?, ?, ?) "
+                "ON CONFLICT (name) DO UPDATE SET host = excluded.host, port = excluded.port",
+                (name, host, port),
+            )
+
+    def clear_link_address(self, name: str) -> None:
+        """The instance's coordinator accepts no links (yet): senders wait."""
+        with self._write() as db:
+            db.execute("DELETE FROM links WHERE name = ?", (name,))
+
+    def link_address(self, name: str) -> tuple[str, int] | None:
+        """The last link address the instance's coordinator published, or ``None``."""
+        with self._lock:
+            row = (
+                self._conn()
+                .execute("SELECT host, port FROM links WHERE name = ?", (name,))
+                .fetchone()
+            )
+        return None if row is None else (str(row[0]), int(row[1]))
 
 
 class _Transaction:

@@ -49,34 +49,44 @@ class RunningImmortal:
     """One incarnation of an immortal: its coordinator process and its binding thread."""
 
     def __init__(
-        self, service: type[Immortal], data_dir: Path, instance: str, timeout: float
+        self,
+        service: type[Immortal],
+        data_dir: Path,
+        instance: str,
+        timeout: float,
+        options: dict[str, Any] | None = None,
     ) -> None:
+        options = options or {}
         self.service = service
         self.instance = instance
         self.timeout = timeout
-        self.ic = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "ambrosia_py.cli",
-                "coordinator",
-                "--instance",
-                instance,
-                "--data-dir",
-                str(data_dir),
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        # The coordinator's log goes to a file (a pipe nobody reads would fill up and
+        # stall it); failures quote its end.
+        data_dir.mkdir(parents=True, exist_ok=True)
+        self.ic_log = data_dir / f"{instance}.coordinator.log"
+        with self.ic_log.open("ab") as log_file:
+            self.ic = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "ambrosia_py.cli",
+                    "coordinator",
+                    "--instance",
+                    instance,
+                    "--data-dir",
+                    str(data_dir),
+                ],
+                stdout=subprocess.PIPE,
+                stderr=log_file,
+                text=True,
+            )
         assert self.ic.stdout is not None
         line = self.ic.stdout.readline()
         if not line.startswith("ready"):
             self.ic.wait(timeout)
-            err = self.ic.stderr.read() if self.ic.stderr else ""
-            raise RuntimeError(f"coordinator did not start: {line!r} {err}")
+            raise RuntimeError(f"coordinator did not start: {line!r}\n{self._log_tail()}")
         fields = dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
-        self.dispatcher = Dispatcher(service, instance)
+        self.dispatcher = Dispatcher(service, instance, options=service.make_options(**options))
         self.loop = asyncio.new_event_loop()
         self.error: BaseException | None = None
         self._thread = threading.Thread(
@@ -135,9 +145,20 @@ class RunningImmortal:
             state = self.state if self.dispatcher.mode is Mode.PRIMARY else {}
             if self.dispatcher.mode is Mode.PRIMARY and predicate(state):
                 return state
+            if not self._thread.is_alive():
+                raise RuntimeError(
+                    f"the binding of {self.instance!r} stopped ({self.error!r})\n"
+                    + self._log_tail()
+                ) from self.error
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{self.instance}: condition not met; state {state!r}")
+                raise TimeoutError(
+                    f"{self.instance}: condition not met; state {state!r}\n{self._log_tail()}"
+                )
             time.sleep(0.005)  # polling a condition, bounded by the deadline
+
+    def _log_tail(self, lines: int = 20) -> str:
+        text = self.ic_log.read_text(errors="replace").splitlines()[-lines:]
+        return "coordinator log (last lines):\n" + "\n".join(text)
 
     def kill(self) -> None:
         """SIGKILL the coordinator; the binding goes down with it."""
@@ -173,10 +194,15 @@ class ImmortalRunner:
         self.timeout = timeout
         self._running: list[RunningImmortal] = []
 
-    def start(self, service: type[Immortal], instance: str | None = None) -> RunningImmortal:
-        """Start (or, if it has history, recover) ``instance`` running ``service``."""
+    def start(
+        self, service: type[Immortal], instance: str | None = None, **options: Any
+    ) -> RunningImmortal:
+        """Start (or, if it has history, recover) ``instance`` running ``service``.
+
+        ``options`` set the service's options (its nested ``Options`` class) by name.
+        """
         running = RunningImmortal(
-            service, self.data_dir, instance or service.__name__.lower(), self.timeout
+            service, self.data_dir, instance or service.__name__.lower(), self.timeout, options
         )
         self._running.append(running)
         return running

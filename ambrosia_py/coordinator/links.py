@@ -1,0 +1,169 @@
+"""Exactly-once links between coordinators, sans-IO (reference ambrosia.md, *Between
+coordinators*).
+
+One link carries the calls and return values one instance sends another. The sending
+coordinator numbers what its binding addresses to each destination (0, 1, 2, ... per
+destination; replay regenerates the same messages with the same numbers, since the binding
+is deterministic) and keeps each in an :class:`Outbox` until the destination says it has
+it durably. The receiving coordinator logs what arrives like any other input, and records
+per sender the next number it expects (:class:`Inbox`, and watermarks in every log record
+and checkpoint). The conversation on one connection, dialer = sender:
+
+* sender → receiver: :class:`Hello` (who is calling whom), then batches of messages in
+  the receiver's incoming form, numbered implicitly from where the receiver asked.
+* receiver → sender: ``ReplayFrom(n, n)`` once (the first number it does not have
+  durably or queued), then ``Commit(n, n)`` after each record that made messages durable:
+  the sender drops everything below ``n``.
+
+Every message on a link is replayable: impulses come from the outside world into an
+instance's own log and are never sent to another instance, so the two numbers of the
+reference's ReplayFrom and Commit (all messages, replayable messages) are equal here.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+
+import attrs
+
+from .. import wire
+from ..flow import Token
+
+__all__ = [
+    "LINK_MAGIC",
+    "LINK_TOKEN",
+    "Hello",
+    "Inbox",
+    "LinkError",
+    "Outbox",
+]
+
+LINK_MAGIC = b"AMBLINK1"
+# The flow endpoint a coordinator serves links on: well-known (first = all ones), at an
+# index above FoundationDB's own well-known endpoints.
+LINK_TOKEN = Token(0xFFFF_FFFF_FFFF_FFFF, 0x414D_4252)  # "AMBR"
+
+
+class LinkError(wire.ProtocolError):
+    """A peer coordinator broke the link protocol; the connection is closed."""
+
+
+@attrs.frozen
+class Hello:
+    """The first frame of a link: ``magic | zigzag len | sender | zigzag len | destination``."""
+
+    sender: str
+    destination: str
+
+    def encode(self) -> bytes:
+        out = bytearray(LINK_MAGIC)
+        for name in (self.sender, self.destination):
+            raw = name.encode()
+            out += wire.encode_zigzag_int(len(raw)) + raw
+        return bytes(out)
+
+    @classmethod
+    def decode(cls, data: bytes | memoryview) -> Hello:
+        mv = memoryview(data)
+        if bytes(mv[: len(LINK_MAGIC)]) != LINK_MAGIC:
+            raise LinkError("link hello does not start with the link magic", offset=0)
+        pos = len(LINK_MAGIC)
+        names = []
+        for what in ("sender", "destination"):
+            n, pos = wire.decode_zigzag_int(mv, pos)
+            if n <= 0 or pos + n > len(mv):
+                raise LinkError(f"link hello: {what} name length {n}", offset=pos)
+            try:
+                names.append(str(mv[pos : pos + n], "utf-8"))
+            except UnicodeDecodeError:
+                raise LinkError(f"link hello: {what} name is not UTF-8", offset=pos) from None
+            pos += n
+        if pos != len(mv):
+            raise LinkError(f"link hello: {len(mv) - pos} trailing bytes", offset=pos)
+        return cls(names[0], names[1])
+
+
+class Outbox:
+    """What this instance sent one destination and the destination may not have yet.
+
+    ``next_seq`` numbers the next message; the buffer holds ``(seq, framed incoming
+    message)`` from the lowest seq the destination has not confirmed. While connected,
+    ``cursor`` is the next seq to send on the connection.
+    """
+
+    def __init__(self, next_seq: int = 0, buffered: Iterable[tuple[int, bytes]] = ()) -> None:
+        self.next_seq = next_seq
+        self._buffer: deque[tuple[int, bytes]] = deque(buffered)
+        self.cursor: int | None = None
+
+    def add(self, frame: bytes) -> int:
+        """Queue one message (incoming form, framed); return its seq."""
+        seq = self.next_seq
+        self.next_seq += 1
+        self._buffer.append((seq, frame))
+        return seq
+
+    @property
+    def buffered(self) -> list[tuple[int, bytes]]:
+        """The unconfirmed messages, oldest first (what a checkpoint keeps)."""
+        return list(self._buffer)
+
+    def connected(self, replay_from: int) -> None:
+        """The destination asked for everything from ``replay_from`` on."""
+        first = self._buffer[0][0] if self._buffer else self.next_seq
+        if replay_from < first:
+            raise LinkError(
+                f"peer asks to replay from seq {replay_from}, but everything below {first} "
+                "was confirmed durable by it earlier and is gone: its log lost committed input"
+            )
+        self.commit(replay_from)
+        self.cursor = replay_from
+
+    def disconnected(self) -> None:
+        self.cursor = None
+
+    def commit(self, seq: int) -> None:
+        """The destination has everything below ``seq`` durably: forget it."""
+        while self._buffer and self._buffer[0][0] < seq:
+            self._buffer.popleft()
+
+    def take(self, max_bytes: int) -> list[bytes]:
+        """Messages to send next on the connection (at least one if any), advancing it."""
+        if self.cursor is None:
+            return []
+        out: list[bytes] = []
+        size = 0
+        for seq, frame in self._buffer:
+            if seq < self.cursor:
+                continue  # sent on this connection already (or regenerated below it)
+            if out and size + len(frame) > max_bytes:
+                break
+            out.append(frame)
+            size += len(frame)
+            self.cursor = seq + 1
+        return out
+
+
+class Inbox:
+    """Per sender, the seq of the next message to log (durable or queued) and the durable
+    one, which ``Commit`` reports."""
+
+    def __init__(self, durable: dict[str, int] | None = None) -> None:
+        self.durable: dict[str, int] = dict(durable or {})
+        self.queued: dict[str, int] = dict(self.durable)
+
+    def expect(self, sender: str) -> int:
+        """Where a (re)connecting sender must resume: everything below is logged or queued."""
+        return self.queued.get(sender, 0)
+
+    def accept(self, sender: str, count: int) -> int:
+        """``count`` messages arrived from ``sender``; return the seq after them."""
+        seq = self.queued.get(sender, 0) + count
+        self.queued[sender] = seq
+        return seq
+
+    def made_durable(self, marks: dict[str, int]) -> None:
+        for sender, seq in marks.items():
+            if seq > self.durable.get(sender, 0):
+                self.durable[sender] = seq

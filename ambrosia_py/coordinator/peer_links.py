@@ -1,0 +1,257 @@
+"""The coordinator's TCP links to other coordinators: the asyncio side of :mod:`links`.
+
+Each link is one TCP connection, dialed by the sender, framed with the flow transport
+(:mod:`ambrosia_py.flow`: ConnectPacket, then checksummed frames to :data:`LINK_TOKEN`).
+A coordinator publishes where it accepts links in the registry; a sender looks its
+destination up there and dials, retrying with backoff from 50 ms to 500 ms (as flow
+does) while the destination is down. Whatever goes wrong on a connection — a bad
+checksum, a frame out of protocol, a peer that says it is someone else — closes it
+and nothing from the bad frame is logged; the sender's output stays buffered and is
+sent again on the next connection from where the receiver asks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import socket
+from collections.abc import Awaitable, Callable
+
+from .. import wire
+from ..flow import (
+    ConnectionClosed,
+    ConnectPacket,
+    FlowConnection,
+    FlowError,
+    FrameReceived,
+    PeerConnected,
+)
+from .ic_core import Intake
+from .links import LINK_TOKEN, Hello, LinkError, Outbox
+
+__all__ = ["PeerLinks"]
+
+log = logging.getLogger("ambrosia_py.coordinator")
+
+READ_SIZE = 256 * 1024
+MAX_FRAME_MESSAGES_BYTES = 4 * 1024 * 1024  # output per link frame
+BACKOFF_MIN_S = 0.05
+BACKOFF_MAX_S = 0.5
+
+Lookup = Callable[[str], Awaitable[tuple[str, int] | None]]
+
+
+def _local_packet(port: int) -> ConnectPacket:
+    return ConnectPacket.current(
+        canonical_port=port,
+        connection_id=secrets.randbits(64),
+        canonical_ipv4=0x7F000001,
+    )
+
+
+class _Conn:
+    """One TCP connection with its flow state: read events, send frames."""
+
+    def __init__(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, flow: FlowConnection
+    ):
+        self.reader = reader
+        self.writer = writer
+        self.flow = flow
+        self._events: list[object] = []
+
+    async def next_event(self) -> object:
+        while not self._events:
+            data = await self.reader.read(READ_SIZE)
+            self._events.extend(self.flow.receive_data(data))
+            if not data and not self._events:
+                return ConnectionClosed(clean=False)
+        return self._events.pop(0)
+
+    async def next_frame(self) -> bytes:
+        event = await self.next_event()
+        if isinstance(event, FrameReceived):
+            if event.token != LINK_TOKEN:
+                raise LinkError(f"a frame for token {event.token}, not the link endpoint")
+            return bytes(event.message)
+        if isinstance(event, ConnectionClosed):
+            raise ConnectionError("the peer closed the link")
+        raise LinkError(f"unexpected {type(event).__name__} on a link")
+
+    async def handshake(self) -> None:
+        """Exchange ConnectPackets: the dialer's goes first, the acceptor answers with its
+        own once it has read the dialer's and decided to keep the connection."""
+        if self.flow.dialer:
+            self.writer.write(self.flow.connect_packet_bytes())
+        event = await self.next_event()
+        if not isinstance(event, PeerConnected):
+            raise LinkError(f"expected the peer's ConnectPacket, got {type(event).__name__}")
+        if not event.compatible:
+            raise LinkError(
+                f"incompatible peer protocol version {event.packet.protocol_version:#x}"
+            )
+        if not self.flow.dialer:
+            self.writer.write(self.flow.connect_packet_bytes())
+
+    async def send(self, message: bytes) -> None:
+        self.writer.writelines(self.flow.send(LINK_TOKEN, message))
+        await self.writer.drain()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class PeerLinks:
+    """Links to and from the other coordinators of one instance's coordinator."""
+
+    def __init__(
+        self,
+        instance: str,
+        intake: Intake,
+        lookup: Lookup,
+        wake: Callable[[], None],
+    ) -> None:
+        self.instance = instance
+        self.intake = intake
+        self._lookup = lookup
+        self._wake = wake
+        self._server: asyncio.Server | None = None
+        self._port = 0
+        self._outbound: dict[str, asyncio.Task[None]] = {}
+        self._output_ready: dict[str, asyncio.Event] = {}
+        self._inbound: dict[str, _Conn] = {}  # per sender, its current connection
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def listen(self, host: str) -> int:
+        """Accept links on ``host`` (a free port); return the port."""
+        self._server = await asyncio.start_server(self._accepted, host, 0)
+        self._port = self._server.sockets[0].getsockname()[1]
+        return self._port
+
+    # --- sending --------------------------------------------------------------------------
+
+    def output_ready(self) -> None:
+        """New output may be waiting: start links to new destinations, wake the others."""
+        for dest in self.intake.new_destinations:
+            if dest not in self._outbound:
+                self._output_ready[dest] = asyncio.Event()
+                self._outbound[dest] = asyncio.create_task(self._send_loop(dest))
+        self.intake.new_destinations.clear()
+        for event in self._output_ready.values():
+            event.set()
+
+    async def _send_loop(self, dest: str) -> None:
+        box = self.intake.outboxes[dest]
+        delay = BACKOFF_MIN_S
+        while True:
+            addr = await self._lookup(dest)
+            if addr is not None:
+                try:
+                    await self._serve_outbound(dest, box, addr)
+                    delay = BACKOFF_MIN_S
+                except (OSError, ConnectionError, FlowError, wire.ProtocolError) as exc:
+                    log.info("link to %r at %s:%d: %s", dest, addr[0], addr[1], exc)
+                finally:
+                    box.disconnected()
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, BACKOFF_MAX_S)
+
+    async def _serve_outbound(self, dest: str, box: Outbox, addr: tuple[str, int]) -> None:
+        reader, writer = await asyncio.open_connection(addr[0], addr[1])
+        writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        conn = _Conn(reader, writer, FlowConnection(_local_packet(self._port), dialer=True))
+        try:
+            await conn.handshake()
+            await conn.send(Hello(self.instance, dest).encode())
+            msg, _ = wire.decode_message(await conn.next_frame(), 0, wire.Direction.TO_BINDING)
+            if not isinstance(msg, wire.ReplayFrom):
+                raise LinkError(f"expected ReplayFrom from {dest!r}, got {type(msg).__name__}")
+            box.connected(msg.seq)
+            log.info("link to %r open; sending from seq %d", dest, msg.seq)
+            commits = asyncio.create_task(self._read_commits(dest, box, conn))
+            try:
+                ready = self._output_ready[dest]
+                while not commits.done():
+                    frames = box.take(MAX_FRAME_MESSAGES_BYTES)
+                    if frames:
+                        await conn.send(b"".join(frames))
+                        continue
+                    ready.clear()
+                    waiter = asyncio.create_task(ready.wait())
+                    await asyncio.wait({waiter, commits}, return_when=asyncio.FIRST_COMPLETED)
+                    waiter.cancel()
+                await commits  # raises what ended the link
+            finally:
+                commits.cancel()
+                with contextlib.suppress(BaseException):
+                    await commits
+        finally:
+            conn.close()
+
+    async def _read_commits(self, dest: str, box: Outbox, conn: _Conn) -> None:
+        while True:
+            msg, _ = wire.decode_message(await conn.next_frame(), 0, wire.Direction.TO_BINDING)
+            if not isinstance(msg, wire.Commit):
+                raise LinkError(f"expected Commit from {dest!r}, got {type(msg).__name__}")
+            box.commit(msg.seq)
+
+    # --- receiving ------------------------------------------------------------------------
+
+    async def _accepted(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        conn = _Conn(reader, writer, FlowConnection(_local_packet(self._port), dialer=False))
+        sender = None
+        try:
+            await conn.handshake()
+            hello = Hello.decode(await conn.next_frame())
+            if hello.destination != self.instance:
+                raise LinkError(
+                    f"{hello.sender!r} dialed {hello.destination!r}, but this is {self.instance!r}"
+                )
+            sender = hello.sender
+            old = self._inbound.pop(sender, None)
+            if old is not None:
+                old.close()  # a sender has one link; the newer connection wins
+            self._inbound[sender] = conn
+            start = self.intake.inbox.expect(sender)
+            await conn.send(wire.encode_message(wire.ReplayFrom(start, start)))
+            log.info("link from %r open; asked for seq %d on", sender, start)
+            while True:
+                payload = await conn.next_frame()
+                if self._inbound.get(sender) is not conn:
+                    return  # replaced by a newer connection
+                self.intake.link_input(sender, payload)
+                self._wake()
+        except (OSError, ConnectionError, FlowError, wire.ProtocolError) as exc:
+            log.info("link from %r closed: %s", sender or "an unknown peer", exc)
+        finally:
+            if sender is not None and self._inbound.get(sender) is conn:
+                del self._inbound[sender]
+            conn.close()
+
+    def durable(self, marks: dict[str, int]) -> None:
+        """Records holding these senders' messages are durable: tell the senders."""
+        self.intake.inbox.made_durable(marks)
+        for sender in marks:
+            conn = self._inbound.get(sender)
+            if conn is None:
+                continue
+            seq = self.intake.inbox.durable[sender]
+            task = asyncio.create_task(self._commit(conn, seq))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _commit(self, conn: _Conn, seq: int) -> None:
+        with contextlib.suppress(OSError, ConnectionError):
+            await conn.send(wire.encode_message(wire.Commit(seq, seq)))
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for conn in list(self._inbound.values()):
+            conn.close()
+        tasks = [*self._outbound.values(), *self._tasks]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,218 @@
+"""A coordinator's link endpoint, driven by a raw peer that speaks bytes built here from the
+layouts (flow: reference flow-transport.md; link: coordinator/links.py): ReplayFrom where
+the sender must resume — also after a crash, from the log's watermarks and from a
+checkpoint — Commit once input is durable, and bad peers disconnected with nothing logged.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import time
+from pathlib import Path
+
+import xxhash
+
+from ambrosia_py.coordinator.registry import Registry
+from tests.fake_binding import (
+    FakeBinding,
+    checkpoint,
+    coordinator,
+    frame,
+    incoming_fork,
+    incoming_impulse,
+    unzz,
+    zz,
+)
+
+DEADLINE = 30
+LINK_TOKEN = struct.pack("<QQ", 0xFFFF_FFFF_FFFF_FFFF, 0x414D_4252)
+TAKE_CHECKPOINT, COMMIT, REPLAY_FROM = 2, 3, 4
+
+
+def connect_packet(port: int = 1) -> bytes:
+    version = 0x1000000000000000 | 0x0FDB00B073000000  # object-serializer flag set
+    return struct.pack("<IQHQIH16s", 40, version, port, 7, 0x7F000001, 0, bytes(16))
+
+
+def flow_frame(message: bytes, token: bytes = LINK_TOKEN) -> bytes:
+    checksum = xxhash.xxh3_64_intdigest(token + message)
+    return struct.pack("<IQ", 16 + len(message), checksum) + token + message
+
+
+def hello(sender: str, destination: str) -> bytes:
+    return (
+        b"AMBLINK1"
+        + zz(len(sender))
+        + sender.encode()
+        + zz(len(destination))
+        + destination.encode()
+    )
+
+
+class Peer:
+    """A raw link peer: one TCP connection to a coordinator's link endpoint."""
+
+    def __init__(self, data_dir: Path, instance: str) -> None:
+        deadline = time.monotonic() + DEADLINE
+        with Registry(data_dir) as registry:
+            while (addr := registry.link_address(instance)) is None:
+                assert time.monotonic() < deadline, "the coordinator never published a link"
+                time.sleep(0.01)  # polling the registry, with a deadline
+        self.sock = socket.create_connection(addr, timeout=DEADLINE)
+        self._buf = b""
+
+    def read(self, n: int) -> bytes:
+        while len(self._buf) < n:
+            chunk = self.sock.recv(1 << 16)
+            if not chunk:
+                raise EOFError("the coordinator closed the link")
+            self._buf += chunk
+        out, self._buf = self._buf[:n], self._buf[n:]
+        return out
+
+    def open(self, sender: str = "client", destination: str = "server") -> None:
+        self.sock.sendall(connect_packet())
+        packet = self.read(44)
+        assert struct.unpack_from("<I", packet)[0] == 40
+        assert struct.unpack_from("<I", packet, 22)[0] == 0x7F000001  # 01 00 00 7f
+        assert struct.unpack_from("<Q", packet, 4)[0] >> 60 == 1  # the object-serializer flag
+        self.sock.sendall(flow_frame(hello(sender, destination)))
+
+    def frame(self) -> bytes:
+        length, checksum = struct.unpack("<IQ", self.read(12))
+        rest = self.read(length)
+        assert xxhash.xxh3_64_intdigest(rest) == checksum
+        assert rest[:16] == LINK_TOKEN
+        return rest[16:]
+
+    def control(self) -> tuple[int, int, int]:
+        """The next ReplayFrom or Commit: (type, seq, replayable seq)."""
+        msg = self.frame()
+        size, pos = unzz(msg, 0)
+        assert len(msg) == pos + size
+        seq, p = unzz(msg, pos + 1)
+        replayable, _ = unzz(msg, p)
+        return msg[pos], seq, replayable
+
+    def closed_by_peer(self) -> bool:
+        try:
+            while self.sock.recv(1 << 16):
+                pass
+        except ConnectionResetError:
+            pass
+        return True
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def first_start(binding: FakeBinding) -> None:
+    assert binding.record().seq == -1
+    binding.send(frame(9, b"init") + checkpoint(b"cp1"))
+    assert binding.record().seq == 0
+
+
+def recover(binding: FakeBinding, records: int) -> list[bytes]:
+    rec = binding.record()
+    assert rec.seq == -2
+    bodies = [binding.record().body for _ in range(records)]
+    rec = binding.record()
+    assert rec.seq == -1
+    binding.send(checkpoint(b"recovered"))
+    return bodies
+
+
+def test_replay_from_commit_and_resume_after_reconnect_crash_and_checkpoint(
+    tmp_path: Path,
+) -> None:
+    calls = [incoming_fork(5, bytes([i])) for i in range(6)]
+    with coordinator(tmp_path, "server") as (ic, binding):
+        first_start(binding)
+        peer = Peer(tmp_path, "server")
+        peer.open()
+        assert peer.control() == (REPLAY_FROM, 0, 0)
+        peer.sock.sendall(flow_frame(calls[0] + calls[1]))
+        rec = binding.record()  # logged durably, then forwarded
+        assert (rec.seq, rec.body) == (1, calls[0] + calls[1])
+        assert peer.control() == (COMMIT, 2, 2)
+        # A new connection from the same sender resumes where the log is.
+        peer.close()
+        peer = Peer(tmp_path, "server")
+        peer.open()
+        assert peer.control() == (REPLAY_FROM, 2, 2)
+        peer.sock.sendall(flow_frame(calls[2]))
+        assert binding.record().body == calls[2]
+        assert peer.control() == (COMMIT, 3, 3)
+        peer.close()
+        ic.kill()
+    # After a SIGKILL the watermarks in the log say where the sender resumes.
+    with coordinator(tmp_path, "server") as (ic, binding):
+        assert recover(binding, 3)[1:] == [calls[0] + calls[1], calls[2]]
+        peer = Peer(tmp_path, "server")
+        peer.open()
+        assert peer.control() == (REPLAY_FROM, 3, 3)
+        peer.sock.sendall(flow_frame(calls[3]))
+        assert binding.record().body == calls[3]
+        assert peer.control() == (COMMIT, 4, 4)
+        # A checkpoint: the next recovery starts from it, not from the watermarks of
+        # records before it.
+        binding.send(frame(TAKE_CHECKPOINT))
+        assert binding.record().seq == -1
+        binding.send(checkpoint(b"cp-after-4"))
+        peer.sock.sendall(flow_frame(calls[4]))
+        assert binding.record().body == calls[4]
+        assert peer.control() == (COMMIT, 5, 5)
+        peer.close()
+        ic.kill()
+    with coordinator(tmp_path, "server") as (ic, binding):
+        assert recover(binding, 1) == [calls[4]]
+        peer = Peer(tmp_path, "server")
+        peer.open()
+        assert peer.control() == (REPLAY_FROM, 5, 5)
+        peer.close()
+        binding.close()
+        assert ic.proc.wait(timeout=DEADLINE) == 0
+
+
+def test_bad_peers_are_disconnected_and_nothing_of_theirs_is_logged(tmp_path: Path) -> None:
+    good = incoming_fork(5, b"ok")
+    with coordinator(tmp_path, "server") as (ic, binding):
+        first_start(binding)
+        bad_inputs = [
+            # a ConnectPacket longer than any known
+            struct.pack("<IQH", 99, 0x1FDB00B073000000, 1) + bytes(96),
+            # a frame whose checksum is wrong
+            connect_packet() + flow_frame(hello("client", "server"))[:-1] + b"X",
+            # a hello for another instance
+            connect_packet() + flow_frame(hello("client", "elsewhere")),
+            # calls before any hello
+            connect_packet() + flow_frame(good),
+        ]
+        for data in bad_inputs:
+            peer = Peer(tmp_path, "server")
+            peer.sock.sendall(data)
+            assert peer.closed_by_peer()
+            peer.close()
+        # After a good hello: a frame that is not calls, an impulse, a cut message.
+        for payload in (frame(TAKE_CHECKPOINT), incoming_impulse(5, b"i"), good[:-1]):
+            peer = Peer(tmp_path, "server")
+            peer.open()
+            assert peer.control() == (REPLAY_FROM, 0, 0)
+            peer.sock.sendall(flow_frame(good + payload))  # the good call goes down too
+            assert peer.closed_by_peer()
+            peer.close()
+        # The coordinator is unharmed and logged nothing of the above.
+        peer = Peer(tmp_path, "server")
+        peer.open()
+        assert peer.control() == (REPLAY_FROM, 0, 0)
+        peer.sock.sendall(flow_frame(good))
+        rec = binding.record()
+        assert (rec.seq, rec.body) == (1, good)
+        assert peer.control() == (COMMIT, 1, 1)
+        peer.close()
+        binding.close()
+        assert ic.proc.wait(timeout=DEADLINE) == 0
+        log = ic.stderr()
+    assert "link from 'an unknown peer' closed" in log
+    assert "'client' dialed 'elsewhere', but this is 'server'" in log

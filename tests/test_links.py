@@ -1,0 +1,164 @@
+"""The link state between coordinators, sans-IO: numbering, replay from, commit, trimming,
+the hello frame, and the link section of the coordinator's checkpoint."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ambrosia_py import wire
+from ambrosia_py.coordinator.ic_core import IcState, Intake, StateFormatError
+from ambrosia_py.coordinator.links import Hello, Inbox, LinkError, Outbox
+from ambrosia_py.wire import IncomingRpc, OutgoingRpc, RpcType, encode_message
+
+
+def test_hello_bytes_and_round_trip() -> None:
+    assert Hello("ab", "c").encode() == b"AMBLINK1" + bytes.fromhex("04 6162 02 63")
+    assert Hello.decode(Hello("client", "server").encode()) == Hello("client", "server")
+
+
+@pytest.mark.parametrize(
+    ("data", "reason"),
+    [
+        (b"AMBLINK2\x02a\x02b", "magic"),
+        (b"AMBLINK1\x00\x02b", "sender name length 0"),
+        (b"AMBLINK1\x02a\x04b", "destination name length 2"),
+        (b"AMBLINK1\x02\xff\x02b", "sender name is not UTF-8"),
+        (b"AMBLINK1\x02a\x02bc", "1 trailing bytes"),
+    ],
+)
+def test_a_bad_hello_is_refused_with_the_reason(data: bytes, reason: str) -> None:
+    with pytest.raises(LinkError, match=reason):
+        Hello.decode(data)
+
+
+def test_outbox_sends_from_where_the_receiver_asks_and_forgets_what_it_committed() -> None:
+    box = Outbox()
+    for i in range(5):
+        assert box.add(f"m{i}".encode()) == i
+    assert box.take(100) == []  # not connected
+    box.connected(2)  # the receiver has 0 and 1 durably
+    assert [seq for seq, _ in box.buffered] == [2, 3, 4]
+    assert box.take(4) == [b"m2", b"m3"]  # at least one, then up to the byte budget
+    assert box.take(100) == [b"m4"]
+    assert box.take(100) == []
+    box.commit(4)
+    assert box.buffered == [(4, b"m4")]
+    box.disconnected()
+    box.connected(4)  # a new connection resends what is not committed
+    assert box.take(100) == [b"m4"]
+
+
+def test_outbox_refuses_a_replay_from_below_what_the_receiver_committed() -> None:
+    box = Outbox()
+    for _i in range(3):
+        box.add(b"x")
+    box.connected(0)
+    box.commit(2)
+    box.disconnected()
+    with pytest.raises(LinkError, match="replay from seq 1"):
+        box.connected(1)
+
+
+def test_outbox_skips_regenerated_output_the_receiver_already_has() -> None:
+    # Recovery: the checkpoint kept seq 3; replay regenerates 4.. while the receiver
+    # already has everything below 6.
+    box = Outbox(4, [(3, b"m3")])
+    box.connected(6)
+    for i in range(4, 8):
+        box.add(f"m{i}".encode())
+    assert box.take(100) == [b"m6", b"m7"]
+
+
+@given(st.lists(st.integers(0, 3), max_size=40))
+def test_every_message_is_sent_once_per_connection_in_order(ops: list[int]) -> None:
+    """Across adds, sends, commits and reconnections, what a receiver that logs every
+    message it gets and asks from its durable point sees is 0, 1, 2, ... exactly."""
+    box = Outbox()
+    received: list[int] = []
+    durable = 0
+    box.connected(0)
+    for op in ops:
+        if op == 0:
+            box.add(str(box.next_seq).encode())
+        elif op == 1:
+            received += [int(f) for f in box.take(3)]
+        elif op == 2:
+            durable = len(received)
+            box.commit(durable)
+        else:  # the link drops; the receiver lost what was not durable
+            del received[durable:]
+            box.disconnected()
+            box.connected(durable)
+    received += [int(f) for f in box.take(1 << 20)]
+    assert received == list(range(box.next_seq))
+
+
+def test_inbox_resumes_from_what_is_queued_and_commits_what_is_durable() -> None:
+    inbox = Inbox({"a": 3})
+    assert inbox.expect("a") == 3 and inbox.expect("b") == 0
+    assert inbox.accept("a", 2) == 5
+    assert inbox.expect("a") == 5
+    inbox.made_durable({"a": 4})
+    assert inbox.durable == {"a": 4}
+    inbox.made_durable({"a": 2})  # never backwards
+    assert inbox.durable == {"a": 4}
+
+
+def _incoming_call(n: int) -> bytes:
+    return encode_message(IncomingRpc(7, RpcType.FORK, bytes([n])))
+
+
+def test_link_input_is_queued_with_watermarks() -> None:
+    intake = Intake("server")
+    assert intake.link_input("client", _incoming_call(1) + _incoming_call(2)) == 2
+    assert intake.link_input("other", _incoming_call(3)) == 1
+    body, outputs, marks = intake.take(1 << 20)
+    assert b"".join(bytes(p) for p in body) == _incoming_call(1) + _incoming_call(
+        2
+    ) + _incoming_call(3)
+    assert outputs == 0  # input from links is not the binding's own output
+    assert marks == {"client": 2, "other": 1}
+
+
+@pytest.mark.parametrize(
+    ("payload", "reason"),
+    [
+        (encode_message(wire.TakeCheckpoint()), "not TAKE_CHECKPOINT"),
+        (encode_message(IncomingRpc(7, RpcType.IMPULSE, b"")), "impulse"),
+        (_incoming_call(1)[:-1], "bad message on a link"),
+        (encode_message(OutgoingRpc("x", 7, RpcType.FORK, b"")), "bad message|incoming"),
+    ],
+)
+def test_bad_link_input_is_refused_whole(payload: bytes, reason: str) -> None:
+    intake = Intake("server")
+    with pytest.raises(LinkError, match=reason):
+        intake.link_input("client", _incoming_call(1) + payload)
+    assert intake.pending == []  # nothing of the bad frame is queued
+    assert intake.inbox.expect("client") == 0
+
+
+def test_output_for_another_instance_goes_to_its_outbox_in_incoming_form() -> None:
+    intake = Intake("client")
+    intake.feed(encode_message(OutgoingRpc("server", 7, RpcType.FORK, b"\x01")))
+    assert intake.pending == []
+    assert intake.new_destinations == ["server"]
+    assert intake.outboxes["server"].buffered == [(0, _incoming_call(1))]
+
+
+def test_an_impulse_for_another_instance_is_refused() -> None:
+    intake = Intake("client")
+    with pytest.raises(wire.MalformedMessageError, match="impulse for instance 'server'"):
+        intake.feed(encode_message(OutgoingRpc("server", 7, RpcType.IMPULSE, b"")))
+
+
+def test_checkpoint_state_keeps_the_link_section() -> None:
+    state = IcState(5, 10, 3, 4, b"blob", {"client": 7}, {"server": (9, [(7, b"m7"), (8, b"m8")])})
+    data = b"".join(bytes(p) for p in state.encode_parts())
+    back = IcState.decode(data, "serverchkpt2")
+    assert back.inbox == {"client": 7}
+    assert back.outboxes == {"server": (9, [(7, b"m7"), (8, b"m8")])}
+    assert bytes(back.blob) == b"blob"
+    with pytest.raises(StateFormatError, match="serverchkpt2"):
+        IcState.decode(data[:-5], "serverchkpt2")
