@@ -36,13 +36,31 @@ def load_service(spec: str) -> type[Immortal]:
         path = Path(target)
         if not path.is_file():
             raise click.BadParameter(f"no such file: {target}", param_hint="SERVICE")
-        module_name = f"ambrosia_service_{path.stem}"
-        mod_spec = importlib.util.spec_from_file_location(module_name, path)
-        if mod_spec is None or mod_spec.loader is None:
-            raise click.BadParameter(f"cannot load {target}", param_hint="SERVICE")
-        module = importlib.util.module_from_spec(mod_spec)
-        sys.modules[module_name] = module
-        mod_spec.loader.exec_module(module)
+        # As ``python FILE`` would: the file's folder first on the path, the file a module
+        # named after it. Another process (a caller unpickling this service's exception,
+        # a replay) then finds its classes under the same name.
+        module_name = path.stem
+        if not module_name.isidentifier():
+            raise click.BadParameter(
+                f"{target}: {module_name!r} is not a module name", param_hint="SERVICE"
+            )
+        existing = sys.modules.get(module_name)
+        if existing is not None:
+            if Path(getattr(existing, "__file__", None) or "").resolve() != path.resolve():
+                raise click.BadParameter(
+                    f"{target}: a module {module_name!r} is already loaded from "
+                    f"{getattr(existing, '__file__', 'elsewhere')}; rename the file",
+                    param_hint="SERVICE",
+                )
+            module = existing
+        else:
+            sys.path.insert(0, str(path.resolve().parent))
+            mod_spec = importlib.util.spec_from_file_location(module_name, path)
+            if mod_spec is None or mod_spec.loader is None:
+                raise click.BadParameter(f"cannot load {target}", param_hint="SERVICE")
+            module = importlib.util.module_from_spec(mod_spec)
+            sys.modules[module_name] = module
+            mod_spec.loader.exec_module(module)
     else:
         try:
             module = importlib.import_module(target)

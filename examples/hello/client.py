@@ -4,7 +4,8 @@
     ambrosia-py run examples/hello/client.py --instance client --count 100
 
 Both instances share a data directory (and so its registry), where each coordinator
-publishes the address its links from other coordinators arrive at. On first start the
+publishes the address its links from other coordinators arrive at. The options count
+only on the client's first start: they go into the one call it forks itself then. On first start the
 client forks itself one call, ``greet_all``, which awaits ``server.hello(name)`` for each
 name in turn and keeps the replies. Kill either process (or its coordinator) with SIGKILL
 at any point and run the same command again: the client carries on where it was, and
@@ -13,14 +14,13 @@ the server greets every name exactly once.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+from server import HelloServer, Refused  # this folder is on the path under `run`
 
 from ambrosia_py import Immortal, rpc
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from server import HelloServer, Refused
+def _report(replies: int, refusals: int) -> None:
+    print(f"done: {replies} replies, {refusals} refusals", flush=True)
 
 
 class HelloClient(Immortal):
@@ -46,3 +46,4 @@ class HelloClient(Immortal):
             except Refused as exc:
                 self.refusals.append(str(exc))
         self.done = True
+        self.effect(_report, len(self.replies), len(self.refusals))
