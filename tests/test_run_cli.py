@@ -42,6 +42,14 @@ def test_a_file_with_no_immortal_is_a_clear_error(tmp_path: Path) -> None:
     assert code == 2 and "defines 0 Immortal subclasses" in out
 
 
+def test_a_file_named_like_a_loaded_module_is_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "json.py"  # the standard library's json is loaded already
+    path.write_text("from ambrosia_py import Immortal\n\nclass J(Immortal):\n    pass\n")
+    code, out = invoke(str(path))
+    assert code == 2
+    assert "a module 'json' is already loaded from" in out and "rename the file" in out
+
+
 def test_an_unreachable_port_is_a_clear_error() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -29,6 +29,9 @@ from .immortal import Immortal
 __all__ = ["load_service", "replay", "run"]
 
 
+_loaded_files: dict[str, Path] = {}  # module name -> the service file loaded under it
+
+
 def load_service(spec: str) -> type[Immortal]:
     """The Immortal subclass named by ``spec`` (see the module docstring)."""
     target, _, class_name = spec.partition(":")
@@ -45,15 +48,16 @@ def load_service(spec: str) -> type[Immortal]:
                 f"{target}: {module_name!r} is not a module name", param_hint="SERVICE"
             )
         existing = sys.modules.get(module_name)
-        if existing is not None:
-            if Path(getattr(existing, "__file__", None) or "").resolve() != path.resolve():
-                raise click.BadParameter(
-                    f"{target}: a module {module_name!r} is already loaded from "
-                    f"{getattr(existing, '__file__', 'elsewhere')}; rename the file",
-                    param_hint="SERVICE",
-                )
+        if existing is not None and module_name not in _loaded_files:
+            raise click.BadParameter(
+                f"{target}: a module {module_name!r} is already loaded from "
+                f"{getattr(existing, '__file__', 'elsewhere')}; rename the file",
+                param_hint="SERVICE",
+            )
+        if existing is not None and _loaded_files[module_name] == path.resolve():
             module = existing
         else:
+            _loaded_files[module_name] = path.resolve()
             sys.path.insert(0, str(path.resolve().parent))
             mod_spec = importlib.util.spec_from_file_location(module_name, path)
             if mod_spec is None or mod_spec.loader is None:
