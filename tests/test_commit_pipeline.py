@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -43,7 +44,9 @@ class _RecordingWriter(LogWriter):
             self.events.append(("sync-end", n))
 
 
-async def _run(tmp_path: Path, count: int, fail_sync: int = -1) -> tuple[list, list[int]]:
+async def _run(
+    tmp_path: Path, count: int, fail_sync: int = -1, alone: Callable[[int], bool] = lambda i: False
+) -> tuple[list, list[int]]:
     events: list[tuple[str, int]] = []
     forwarded: list[int] = []
     writer = _RecordingWriter(tmp_path / "serverlog1", events, fail_sync)
@@ -56,7 +59,7 @@ async def _run(tmp_path: Path, count: int, fail_sync: int = -1) -> tuple[list, l
     pipeline = CommitPipeline(forward, max_unsynced=64)
     try:
         for i in range(count):
-            await pipeline.append(writer, [b"x" * 10], [str(i).encode()])
+            await pipeline.append(writer, [b"x" * 10], [str(i).encode()], alone=alone(i))
         await pipeline.flush()
     finally:
         await pipeline.close()
@@ -64,8 +67,15 @@ async def _run(tmp_path: Path, count: int, fail_sync: int = -1) -> tuple[list, l
     return events, forwarded
 
 
-def test_every_record_is_forwarded_in_order_after_a_sync_that_covers_it(tmp_path: Path) -> None:
-    events, forwarded = asyncio.run(_run(tmp_path, 200))
+@pytest.mark.parametrize(
+    "alone",
+    [lambda i: False, lambda i: i % 3 == 0],
+    ids=["always-more-input", "sometimes-alone"],
+)
+def test_every_record_is_forwarded_in_order_after_a_sync_that_covers_it(
+    tmp_path: Path, alone: Callable[[int], bool]
+) -> None:
+    events, forwarded = asyncio.run(_run(tmp_path, 200, alone=alone))
     assert forwarded == list(range(200))
     assert (tmp_path / "serverlog1").stat().st_size == 200 * 10
     covered = 0  # records covered by a sync that has ended
@@ -111,3 +121,11 @@ def test_a_failed_sync_forwards_nothing_it_covered(tmp_path: Path) -> None:
 
     asyncio.run(main())
     assert forwarded == []
+
+
+def test_a_record_alone_is_written_and_synced_in_one_go(tmp_path: Path) -> None:
+    events, forwarded = asyncio.run(_run(tmp_path, 5, alone=lambda i: True))
+    assert forwarded == [0, 1, 2, 3, 4]
+    # Nothing was in flight each time: write, sync, forward, one record after the other.
+    kinds = [kind for kind, _ in events]
+    assert kinds == ["written", "sync-start", "sync-end", "forwarded"] * 5

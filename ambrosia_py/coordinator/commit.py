@@ -54,11 +54,31 @@ class CommitPipeline:
         disk_parts: list[wire.Payload],
         wire_record: list[wire.Payload],
         on_durable: Callable[[], None] | None = None,
+        *,
+        alone: bool = False,
     ) -> None:
         """Write one record (its disk form) and queue its wire form for forwarding.
 
-        ``on_durable`` runs once the record is durable and forwarded.
+        ``on_durable`` runs once the record is durable and forwarded. With ``alone`` (no
+        more input is waiting) and nothing in flight, there is nothing to overlap: the
+        record is written and synced in one worker call and forwarded at once, which saves
+        a round trip through the sync stage on the latency path.
         """
+        if alone and self._done == self._appended and self._error is None:
+            self._appended += 1
+            try:
+                await asyncio.to_thread(writer.append, disk_parts)
+                await self._forward(wire_record)
+                if on_durable is not None:
+                    on_durable()
+            except BaseException as exc:
+                self._error = exc
+                raise
+            finally:
+                async with self._changed:
+                    self._done += 1
+                    self._changed.notify_all()
+            return
         size = sum(len(p) for p in disk_parts)
         async with self._changed:
             await self._changed.wait_for(

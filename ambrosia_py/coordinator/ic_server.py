@@ -471,6 +471,7 @@ class _Coordinator:
                     disk_parts,
                     [wire_header, *body],
                     functools.partial(self._made_durable, marks) if marks else None,
+                    alone=not self.intake.pending,
                 )
                 if self.writer.size >= self.trigger_bytes:
                     self._roll_requested = True

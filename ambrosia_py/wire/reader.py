@@ -72,7 +72,10 @@ class _Buffer:
     ``bytes`` chunk fed while nothing is buffered is kept by reference, and records are
     handed out as views of it; a large record assembled from several chunks is handed
     out as a view of the assembly buffer, which is then replaced (only the bytes after the
-    record are copied). Small records are copied out, which keeps memory compact.
+    record are copied). Small records are copied out, which keeps memory compact. A small
+    remainder cut by a chunk boundary is joined to the next chunk as ``bytes`` (one copy of
+    the chunk) rather than assembled in a ``bytearray``: small messages are then sliced
+    from ``bytes``, the cheapest way to take them out.
     """
 
     __slots__ = ("consumed", "data", "pos")
@@ -90,6 +93,13 @@ class _Buffer:
             self.consumed += len(self.data)
             self.pos = 0
             self.data = chunk if isinstance(chunk, bytes) else bytes(chunk)
+            return
+        if isinstance(self.data, bytes) and len(self.data) - self.pos < _HAND_OVER:
+            # A small remainder (a message cut by the chunk boundary): join it to the new
+            # chunk as ``bytes``, whose slices are the cheapest copies to take from.
+            self.data = self.data[self.pos :] + bytes(chunk)
+            self.consumed += self.pos
+            self.pos = 0
             return
         if isinstance(self.data, bytes):
             with memoryview(self.data) as mv:
@@ -350,6 +360,9 @@ class Frame:
         return pos + 1
 
 
+_MESSAGE_TYPES = {int(t): t for t in MessageType}  # a lookup, not an enum call per message
+
+
 class MessageReader:
     """Reads the bare messages a binding sends its coordinator (no record headers)."""
 
@@ -417,12 +430,11 @@ class MessageReader:
             if buf.available < header_len + size:
                 return None
             t = buf.data[pos]
-            try:
-                mtype = MessageType(t)
-            except ValueError:
+            mtype = _MESSAGE_TYPES.get(t)
+            if mtype is None:
                 raise UnknownMessageTypeError(
                     f"unknown message type {t}", offset=start + header_len
-                ) from None
+                )
             raw = buf.take(header_len + size)
             if mtype != MessageType.CHECKPOINT:
                 return Frame(mtype, raw, start)
