@@ -7,7 +7,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from ambrosia_py.bench.coordinator import measure_coordinator, measure_disk
-from ambrosia_py.bench.rpc import measure_forks, measure_round_trips
+from ambrosia_py.bench.rpc import measure_forks, measure_remote, measure_round_trips
 from ambrosia_py.bench.wire import MESSAGES_PER_RECORD, measure
 from ambrosia_py.cli import main
 from ambrosia_py.testing import ImmortalRunner
@@ -46,5 +46,18 @@ def test_bench_rpc_runs_forks_and_round_trips_through_a_real_ic(tmp_path: Path) 
         assert measure_forks(runner, 16, 300) > 0
         rtts = measure_round_trips(runner, 20)
         assert len(rtts) == 19 and all(t > 0 for t in rtts)
+    finally:
+        runner.close()
+
+
+def test_bench_rpc_to_another_instance_goes_through_two_coordinators(tmp_path: Path) -> None:
+    runner = ImmortalRunner(tmp_path)
+    try:
+        forks, rtts = measure_remote(runner, 300, 20)
+        assert forks > 0
+        assert len(rtts) == 19 and all(t > 0 for t in rtts)
+        # The calls crossed a link: the caller's coordinator dialed the peer's.
+        log = (tmp_path / "remote-caller.coordinator.log").read_text()
+        assert "link to 'remote-peer' open" in log
     finally:
         runner.close()

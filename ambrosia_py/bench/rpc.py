@@ -4,7 +4,8 @@ Fork throughput: one impulse makes a handler fork ``k`` self-calls with argument
 given size; the figure is ``k`` over the time until all ``k`` have run (each was logged
 and fsynced by the coordinator before it ran). Round-trip latency: a handler awaits
 self-calls one after the other; each reply is timestamped by an effect (handlers may
-not read the clock), and the gaps between replies are the round trips.
+not read the clock), and the gaps between replies are the round trips. The same two
+figures to another instance go through two coordinators and the links between them.
 """
 
 from __future__ import annotations
@@ -22,7 +23,15 @@ from rich.table import Table
 from ..binding.immortal import Immortal, rpc
 from ..testing.runner import ImmortalRunner
 
-__all__ = ["RpcBench", "measure_forks", "measure_round_trips", "rpc_bench"]
+__all__ = [
+    "RpcBench",
+    "RpcCaller",
+    "RpcPeer",
+    "measure_forks",
+    "measure_remote",
+    "measure_round_trips",
+    "rpc_bench",
+]
 
 _stamps: list[float] = []
 
@@ -56,6 +65,63 @@ class RpcBench(Immortal):
             await self.me.echo()
             self.effect(_stamp)
             self.rounds += 1
+
+
+class RpcPeer(Immortal):
+    """The far end of the cross-instance figures: its own coordinator, a TCP link away."""
+
+    def __init__(self) -> None:
+        self.received = 0
+
+    @rpc
+    def sink(self, data: bytes) -> None:
+        self.received += 1
+
+    @rpc
+    def echo(self) -> int:
+        return 1
+
+
+class RpcCaller(Immortal):
+    class Options:
+        peer: str = "peer"
+
+    def __init__(self) -> None:
+        self.rounds = 0
+
+    @rpc
+    def burst(self, k: int, size: int) -> None:
+        peer = self.proxy(self.options.peer, RpcPeer)
+        data = b"x" * size
+        for _ in range(k):
+            peer.sink.fork(data)
+
+    @rpc
+    async def ping(self, k: int) -> None:
+        peer = self.proxy(self.options.peer, RpcPeer)
+        for _ in range(k):
+            await peer.echo()
+            self.effect(_stamp)
+            self.rounds += 1
+
+
+def measure_remote(runner: ImmortalRunner, k_forks: int, k_pings: int) -> tuple[float, list[float]]:
+    """Forks per second to another instance (16 B), and awaited round trips to it."""
+    peer = runner.start(RpcPeer, "remote-peer")
+    caller = runner.start(RpcCaller, "remote-caller", peer="remote-peer")
+    try:
+        start = time.perf_counter()
+        caller.impulse.burst(k_forks, 16)
+        peer.wait_until(lambda s: s["received"] >= k_forks, timeout=600)
+        forks = k_forks / (time.perf_counter() - start)
+        _stamps.clear()
+        _stamps.append(time.perf_counter())
+        caller.impulse.ping(k_pings)
+        caller.wait_until(lambda s: s["rounds"] >= k_pings, timeout=600)
+        return forks, [b - a for a, b in itertools.pairwise(_stamps[1:])]
+    finally:
+        caller.stop()
+        peer.stop()
 
 
 def measure_forks(runner: ImmortalRunner, size: int, k: int) -> float:
@@ -104,6 +170,14 @@ def rpc_bench(calls: int, round_trips: int) -> None:
             console.print(
                 f"async/await self-call round trip ({len(rtts):,} calls, two durable records "
                 f"each): p50 {p50:.2f} ms, p99 {p99:.2f} ms"
+            )
+            forks, remote = measure_remote(runner, calls, round_trips)
+            remote.sort()
+            console.print(
+                f"to another instance (two coordinators, a TCP link each way): {forks:,.0f} "
+                f"durable forks/s (16 B); async/await round trip p50 "
+                f"{statistics.median(remote) * 1e3:.2f} ms, "
+                f"p99 {remote[int(len(remote) * 0.99) - 1] * 1e3:.2f} ms"
             )
         finally:
             runner.close()

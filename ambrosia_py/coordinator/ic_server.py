@@ -209,8 +209,19 @@ class _Coordinator:
         self._failure: BaseException | None = None
         self._log_start: dict[int, _LogStart] = {}
         self.links: PeerLinks | None = None
+        self._committing = False
+        self._room = asyncio.Event()
+        self._max_pending = 4 * config.max_record_bytes
 
     # -- reading the binding -------------------------------------------------------------
+
+    async def room_for_input(self) -> None:
+        """Back-pressure for links: while the commit loop runs, a link reader waits when
+        this much input is pending, and TCP slows the sending coordinator down (its
+        output stays buffered there)."""
+        while self._committing and self.intake.pending_bytes > self._max_pending:
+            self._room.clear()
+            await self._room.wait()
 
     async def read_binding(self) -> None:
         assert self.binding is not None
@@ -224,6 +235,8 @@ class _Coordinator:
                 # sock_recv returns at once while data is waiting: yield, so the committer
                 # can start the next record while input keeps arriving (group commit).
                 await asyncio.sleep(0)
+                # No back-pressure here: the binding may be blocked writing to us while we
+                # wait to forward records to it; only reading on keeps both moving.
             self.intake.close()
         except wire.ProtocolError as exc:
             log.error("bad input from the binding: %s", exc)
@@ -444,10 +457,13 @@ class _Coordinator:
     async def commit_loop(self) -> None:
         """Group commit: one record per round, durable before it is forwarded."""
         pipeline = CommitPipeline(self._forward, max_unsynced=2 * self.config.max_record_bytes)
+        self._committing = True
         try:
             await self._commit_rounds(pipeline)
             await pipeline.flush()
         finally:
+            self._committing = False
+            self._room.set()
             await pipeline.close()
 
     async def _commit_rounds(self, pipeline: CommitPipeline) -> None:
@@ -463,6 +479,7 @@ class _Coordinator:
             if self.intake.pending:
                 assert self.writer is not None
                 body, outputs, marks = self.intake.take(self.config.max_record_bytes)
+                self._room.set()
                 wire_header, disk_parts = self._next_record(body, outputs, marks)
                 # Written now, synced by the pipeline's second stage while the next record
                 # is written, forwarded only once durable.
@@ -492,7 +509,9 @@ class _Coordinator:
         async def lookup(name: str) -> tuple[str, int] | None:
             return await asyncio.to_thread(registry.link_address, name)
 
-        self.links = PeerLinks(self.config.instance, self.intake, lookup, self._wake.set)
+        self.links = PeerLinks(
+            self.config.instance, self.intake, lookup, self._wake.set, self.room_for_input
+        )
         port = await self.links.listen(self.config.host)
         await asyncio.to_thread(
             registry.set_link_address, self.config.instance, self.config.host, port

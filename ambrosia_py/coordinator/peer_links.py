@@ -112,11 +112,13 @@ class PeerLinks:
         intake: Intake,
         lookup: Lookup,
         wake: Callable[[], None],
+        room: Callable[[], Awaitable[None]],
     ) -> None:
         self.instance = instance
         self.intake = intake
         self._lookup = lookup
         self._wake = wake
+        self._room = room  # waits while too much input is pending
         self._server: asyncio.Server | None = None
         self._port = 0
         self._outbound: dict[str, asyncio.Task[None]] = {}
@@ -145,16 +147,23 @@ class PeerLinks:
     async def _send_loop(self, dest: str) -> None:
         box = self.intake.outboxes[dest]
         delay = BACKOFF_MIN_S
+        failures = 0  # in a row; the first of a run is logged, then every 100th
         while True:
             addr = await self._lookup(dest)
+            problem = f"instance {dest!r} has no coordinator accepting links"
             if addr is not None:
                 try:
                     await self._serve_outbound(dest, box, addr)
+                    problem = f"link to {dest!r} at {addr[0]}:{addr[1]} closed"
+                    failures = 0
                     delay = BACKOFF_MIN_S
                 except (OSError, ConnectionError, FlowError, wire.ProtocolError) as exc:
-                    log.info("link to %r at %s:%d: %s", dest, addr[0], addr[1], exc)
+                    problem = f"link to {dest!r} at {addr[0]}:{addr[1]}: {exc}"
                 finally:
                     box.disconnected()
+            if failures % 100 == 0:
+                log.info("%s; retrying (output kept: %d messages)", problem, len(box.buffered))
+            failures += 1
             await asyncio.sleep(delay)
             delay = min(delay * 2, BACKOFF_MAX_S)
 
@@ -223,6 +232,7 @@ class PeerLinks:
                     return  # replaced by a newer connection
                 self.intake.link_input(sender, payload)
                 self._wake()
+                await self._room()
         except (OSError, ConnectionError, FlowError, wire.ProtocolError) as exc:
             log.info("link from %r closed: %s", sender or "an unknown peer", exc)
         finally:
