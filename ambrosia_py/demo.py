@@ -3,7 +3,9 @@
 It runs ``examples/counter.py`` under ``ambrosia-py run`` in a fresh data directory,
 sends it calls over TCP, kills the service with SIGKILL in the middle of the stream,
 runs the same command again, and shows that every acknowledged call was counted exactly
-once; then it verifies the recorded log and lists the instance.
+once; then it verifies the recorded log and lists the instance. Last, ``examples/hello``:
+a client awaiting a server on another instance, the server SIGKILLed mid-stream and run
+again, every call run exactly once.
 """
 
 from __future__ import annotations
@@ -27,9 +29,13 @@ _DEADLINE = 60.0
 
 
 class _Service:
-    """``ambrosia-py run`` as a child process; learns the counter's port from its log."""
+    """``ambrosia-py run`` as a child process, its output collected.
 
-    def __init__(self, example: Path, data_dir: Path) -> None:
+    It counts as started once a line containing ``ready`` appears; for the counter that is
+    the line naming its port.
+    """
+
+    def __init__(self, example: Path, data_dir: Path, *args: str, ready: str) -> None:
         self.proc = subprocess.Popen(
             [
                 sys.executable,
@@ -39,26 +45,32 @@ class _Service:
                 str(example),
                 "--data-dir",
                 str(data_dir),
+                *args,
             ],
-            stderr=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
+            stdout=subprocess.PIPE,
             text=True,
         )
         self.port = 0
         self.log: list[str] = []
-        ready = threading.Event()
+        started = threading.Event()
+        self.finished = threading.Event()
 
         def drain() -> None:
-            assert self.proc.stderr is not None
-            for line in self.proc.stderr:
+            assert self.proc.stdout is not None
+            for line in self.proc.stdout:
                 self.log.append(line)
-                if "counter listening on" in line:
-                    self.port = int(line.rsplit(":", 1)[1])
-                    ready.set()
-            ready.set()
+                if ready in line:
+                    if "listening on" in line:
+                        self.port = int(line.rsplit(":", 1)[1])
+                    started.set()
+                if line.startswith("done:"):
+                    self.finished.set()
+            started.set()
+            self.finished.set()
 
         threading.Thread(target=drain, daemon=True).start()
-        if not ready.wait(_DEADLINE) or not self.port:
+        if not started.wait(_DEADLINE) or self.proc.poll() is not None:
             self.proc.kill()
             raise click.ClickException("the service did not start:\n" + "".join(self.log))
 
@@ -97,7 +109,7 @@ def demo(example: Path, calls: int) -> None:
     with tempfile.TemporaryDirectory(prefix="ambrosia-demo-") as tmp:
         data_dir = Path(tmp)
         console.rule("1. start the counter (coordinator + service)")
-        svc = _Service(example, data_dir)
+        svc = _Service(example, data_dir, ready="counter listening on")
         console.print(f"counter is listening on 127.0.0.1:{svc.port}")
         acked = 0
         start = time.perf_counter()
@@ -117,7 +129,7 @@ def demo(example: Path, calls: int) -> None:
         svc.kill()
         console.print(f"killed pid {svc.proc.pid}; its coordinator saw it go and stopped")
         console.rule("3. run the same command again: recovery")
-        svc = _Service(example, data_dir)
+        svc = _Service(example, data_dir, ready="counter listening on")
         with socket.create_connection(("127.0.0.1", svc.port), timeout=_DEADLINE) as conn:
             f = conn.makefile("rw")
             count = int(_ask(f, "get").split()[1])
@@ -138,5 +150,36 @@ def demo(example: Path, calls: int) -> None:
             )
             console.print(f"$ ambrosia-py {args[0]} {args[1]} ...", style="bold")
             console.print(out.stdout.rstrip(), markup=False, highlight=False)
-        if count != acked:
+        ok = _hello(console, example.parent / "hello", data_dir) and count == acked
+        if not ok:
             raise SystemExit(1)
+
+
+def _hello(console: Console, folder: Path, data_dir: Path, count: int = 1001) -> bool:
+    """Two instances linked over TCP; the server is SIGKILLed while the client awaits it."""
+    console.rule("5. two immortals: examples/hello, client awaiting the server")
+    server = _Service(folder / "server.py", data_dir, "--instance", "server", ready="ready")
+    client = _Service(
+        folder / "client.py",
+        data_dir,
+        "--instance",
+        "client",
+        "--count",
+        str(count),
+        ready="ready",
+    )
+    time.sleep(1.0)  # let some calls cross the link; the demo kills in mid-stream
+    server.kill()
+    console.print(f"SIGKILLed the server (pid {server.proc.pid}) with calls in flight")
+    server = _Service(folder / "server.py", data_dir, "--instance", "server", ready="ready")
+    console.print("ran the server's command again: it recovered, the link reconnected")
+    client.finished.wait(_DEADLINE)
+    client.stop()
+    server.stop()
+    done = [line.strip() for line in client.log if line.startswith("done:")]
+    expected = f"greeting #{count}"
+    good = bool(done) and expected in done[0]
+    verdict = "[green]exactly once[/green]" if good else "[red]MISMATCH[/red]"
+    console.print(f"client: {done[0] if done else 'did not finish'}", markup=False)
+    console.print(f"{count} awaited calls, each run once by the server (#{count} last): {verdict}")
+    return good

@@ -19,8 +19,8 @@ from server import HelloServer, Refused  # this folder is on the path under `run
 from ambrosia_py import Immortal, rpc
 
 
-def _report(replies: int, refusals: int) -> None:
-    print(f"done: {replies} replies, {refusals} refusals", flush=True)
+def _report(replies: int, refusals: int, last: str) -> None:
+    print(f"done: {replies} replies, {refusals} refusals; last reply: {last}", flush=True)
 
 
 class HelloClient(Immortal):
@@ -46,4 +46,4 @@ class HelloClient(Immortal):
             except Refused as exc:
                 self.refusals.append(str(exc))
         self.done = True
-        self.effect(_report, len(self.replies), len(self.refusals))
+        self.effect(_report, len(self.replies), len(self.refusals), self.replies[-1])
