@@ -107,6 +107,14 @@ class Peer:
         self.sock.close()
 
 
+def wait_for_checkpoint(data_dir: Path, instance: str, n: int) -> None:
+    deadline = time.monotonic() + DEADLINE
+    with Registry(data_dir) as registry:
+        while (info := registry.get(instance)) is None or info.last_checkpoint != n:
+            assert time.monotonic() < deadline, f"checkpoint {n} never committed: {info}"
+            time.sleep(0.01)  # polling the registry, with a deadline
+
+
 def first_start(binding: FakeBinding) -> None:
     assert binding.record().seq == -1
     binding.send(frame(9, b"init") + checkpoint(b"cp1"))
@@ -164,6 +172,7 @@ def test_replay_from_commit_and_resume_after_reconnect_crash_and_checkpoint(
         assert binding.record().body == calls[4]
         assert peer.control() == (COMMIT, 5, 5)
         peer.close()
+        wait_for_checkpoint(tmp_path, "server", 3)  # committed after the input before it
         ic.kill()
     with coordinator(tmp_path, "server") as (ic, binding):
         assert recover(binding, 1) == [calls[4]]
@@ -216,3 +225,88 @@ def test_bad_peers_are_disconnected_and_nothing_of_theirs_is_logged(tmp_path: Pa
         log = ic.stderr()
     assert "link from 'an unknown peer' closed" in log
     assert "'client' dialed 'elsewhere', but this is 'server'" in log
+
+
+# --- the sending side: a raw receiver stands in for the destination's coordinator --------
+
+
+def fork_to(destination: str, method: int, args: bytes) -> bytes:
+    """An outgoing fork from the binding to another instance."""
+    dest = destination.encode()
+    return frame(0, zz(len(dest)) + dest + b"\x00" + zz(method) + b"\x01" + args)
+
+
+class Receiver:
+    """A listening socket published in the registry as ``instance``'s link address."""
+
+    def __init__(self, data_dir: Path, instance: str) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener.settimeout(DEADLINE)
+        with Registry(data_dir) as registry:
+            registry.register(instance)
+            registry.set_link_address(instance, "127.0.0.1", self.listener.getsockname()[1])
+
+    def accept(self, sender: str, destination: str, replay_from: int) -> Peer:
+        """Take the next connection: ConnectPackets, the sender's hello, our ReplayFrom."""
+        sock, _ = self.listener.accept()
+        sock.settimeout(DEADLINE)
+        peer = Peer.__new__(Peer)
+        peer.sock, peer._buf = sock, b""
+        packet = peer.read(44)  # the dialer's ConnectPacket comes first
+        assert struct.unpack_from("<I", packet)[0] == 40
+        sock.sendall(connect_packet())
+        assert peer.frame() == hello(sender, destination)
+        sock.sendall(flow_frame(frame(REPLAY_FROM, zz(replay_from) + zz(replay_from))))
+        return peer
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def test_the_sender_resends_from_where_the_receiver_asks_and_drops_what_it_has(
+    tmp_path: Path,
+) -> None:
+    receiver = Receiver(tmp_path, "server")
+    calls = [incoming_fork(5, bytes([i])) for i in range(6)]
+    try:
+        with coordinator(tmp_path, "client") as (ic, binding):
+            first_start(binding)
+            binding.send(b"".join(fork_to("server", 5, bytes([i])) for i in range(3)))
+            peer = receiver.accept("client", "server", 0)
+            got = b""
+            while len(got) < len(b"".join(calls[:3])):
+                got += peer.frame()
+            assert got == b"".join(calls[:3])  # in the receiver's incoming form, in order
+            peer.sock.sendall(flow_frame(frame(COMMIT, zz(2) + zz(2))))
+            peer.close()
+            # The receiver lost the third call (not durable there): it asks from 2.
+            peer = receiver.accept("client", "server", 2)
+            assert peer.frame() == calls[2]
+            peer.close()
+            # A receiver asking from below what it committed is refused: the link closes.
+            peer = receiver.accept("client", "server", 1)
+            assert peer.closed_by_peer()
+            peer.close()
+            peer = receiver.accept("client", "server", 3)
+            binding.send(fork_to("server", 5, bytes([3])))
+            assert peer.frame() == calls[3]
+            peer.close()
+            ic.kill()
+            assert "peer asks to replay from seq 1" in ic.stderr()
+        # The sender crashes. Its checkpoint (first start) held no output; replay makes the
+        # binding regenerate all four calls, which the receiver already has but for none.
+        with coordinator(tmp_path, "client") as (ic, binding):
+            rec = binding.record()
+            assert rec.seq == -2
+            assert binding.record().seq == 0
+            assert binding.record().seq == -1
+            regenerated = b"".join(fork_to("server", 5, bytes([i])) for i in range(4))
+            binding.send(regenerated + checkpoint(b"recovered") + fork_to("server", 5, b"\x04"))
+            peer = receiver.accept("client", "server", 4)
+            assert peer.frame() == calls[4]  # only what the receiver does not have
+            peer.sock.sendall(flow_frame(frame(COMMIT, zz(5) + zz(5))))
+            peer.close()
+            binding.close()
+            assert ic.proc.wait(timeout=DEADLINE) == 0
+    finally:
+        receiver.close()

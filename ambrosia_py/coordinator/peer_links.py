@@ -154,12 +154,15 @@ class PeerLinks:
             if addr is not None:
                 try:
                     await self._serve_outbound(dest, box, addr)
-                    problem = f"link to {dest!r} at {addr[0]}:{addr[1]} closed"
-                    failures = 0
-                    delay = BACKOFF_MIN_S
-                except (OSError, ConnectionError, FlowError, wire.ProtocolError) as exc:
+                except (FlowError, wire.ProtocolError) as exc:
+                    # A peer that breaks the protocol is always worth a line.
+                    log.warning("link to %r at %s:%d closed: %s", dest, addr[0], addr[1], exc)
+                except (OSError, ConnectionError) as exc:
                     problem = f"link to {dest!r} at {addr[0]}:{addr[1]}: {exc}"
                 finally:
+                    if box.cursor is not None:  # it was open: a new run of failures starts
+                        failures = 0
+                        delay = BACKOFF_MIN_S
                     box.disconnected()
             if failures % 100 == 0:
                 log.info("%s; retrying (output kept: %d messages)", problem, len(box.buffered))
@@ -233,7 +236,9 @@ class PeerLinks:
                 self.intake.link_input(sender, payload)
                 self._wake()
                 await self._room()
-        except (OSError, ConnectionError, FlowError, wire.ProtocolError) as exc:
+        except (FlowError, wire.ProtocolError) as exc:
+            log.warning("link from %r closed: %s", sender or "an unknown peer", exc)
+        except (OSError, ConnectionError) as exc:
             log.info("link from %r closed: %s", sender or "an unknown peer", exc)
         finally:
             if sender is not None and self._inbound.get(sender) is conn:
