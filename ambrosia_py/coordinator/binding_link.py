@@ -82,18 +82,21 @@ class Listener:
             sock.close()
 
 
-def _sendmsg_all(sock: socket.socket, parts: list[wire.Payload]) -> None:
+def _advance(views: list[memoryview], sent: int) -> None:
+    """Drop ``sent`` bytes from the front of ``views``."""
+    while sent:
+        if sent >= len(views[0]):
+            sent -= len(views[0])
+            views.pop(0)
+        else:
+            views[0] = views[0][sent:]
+            sent = 0
+
+
+def _sendmsg_all(sock: socket.socket, views: list[memoryview]) -> None:
     """Send every buffer, blocking, without joining them (the sender thread's job)."""
-    views = [memoryview(p).cast("B") for p in parts if len(p)]
     while views:
-        sent = sock.sendmsg(views[:_IOV_MAX])
-        while sent:
-            if sent >= len(views[0]):
-                sent -= len(views[0])
-                views.pop(0)
-            else:
-                views[0] = views[0][sent:]
-                sent = 0
+        _advance(views, sock.sendmsg(views[:_IOV_MAX]))
 
 
 class BindingLink:
@@ -122,11 +125,31 @@ class BindingLink:
         await self.drain()
 
     def write(self, parts: list[wire.Payload]) -> None:
-        """Queue bytes for the binding without waiting for them to leave."""
+        """Queue bytes for the binding without waiting for them to leave.
+
+        When nothing is queued, as much as the socket takes at once is sent right here
+        (a non-blocking ``sendmsg``), and only the rest goes to the sender thread: a small
+        record then reaches the binding without a thread hop.
+        """
         if self.gone:
             return
+        views = [memoryview(p).cast("B") for p in parts if len(p)]
+        if self._last is None or self._last.done():
+            if self._last is not None and self._last.exception() is not None:
+                self.gone = True
+                return
+            try:
+                _advance(views, self._send.sendmsg(views[:_IOV_MAX], [], socket.MSG_DONTWAIT))
+            except BlockingIOError:
+                pass
+            except OSError:
+                self.gone = True
+                return
+            if not views:
+                self._last = None
+                return
         loop = asyncio.get_running_loop()
-        self._last = loop.run_in_executor(self._sender, _sendmsg_all, self._send, parts)
+        self._last = loop.run_in_executor(self._sender, _sendmsg_all, self._send, views)
 
     async def drain(self) -> None:
         """Wait until everything queued has been handed to the kernel (flow control)."""
