@@ -120,6 +120,13 @@ class BindingLink:
         """The next bytes from the binding; ``b""`` when it has gone."""
         return await asyncio.get_running_loop().sock_recv(self._receive, READ_SIZE)
 
+    def has_unread(self) -> bool:
+        """Whether the binding has sent bytes not read yet (a peek, never blocks)."""
+        try:
+            return bool(self._receive.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+        except OSError:  # BlockingIOError: nothing there; others: the reader will see
+            return False
+
     async def send(self, parts: list[wire.Payload]) -> None:
         self.write(parts)
         await self.drain()

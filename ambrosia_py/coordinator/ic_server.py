@@ -477,18 +477,22 @@ class _Coordinator:
                 await pipeline.flush()  # the old log is complete before the new one starts
                 await self._roll()
             if self.intake.pending:
-                assert self.writer is not None
+                assert self.writer is not None and self.binding is not None
                 body, outputs, marks = self.intake.take(self.config.max_record_bytes)
                 self._room.set()
                 wire_header, disk_parts = self._next_record(body, outputs, marks)
                 # Written now, synced by the pipeline's second stage while the next record
-                # is written, forwarded only once durable.
+                # is written, forwarded only once durable. A record with nothing behind it,
+                # not even unread bytes on the binding's socket, is a request waiting for
+                # its answer: it takes the latency path. Otherwise more input is on its
+                # way, and blocking the loop on a sync would stop reading and batching it.
+                alone = not self.intake.pending and not self.binding.has_unread()
                 await pipeline.append(
                     self.writer,
                     disk_parts,
                     [wire_header, *body],
                     functools.partial(self._made_durable, marks) if marks else None,
-                    alone=not self.intake.pending,
+                    alone=alone,
                 )
                 if self.writer.size >= self.trigger_bytes:
                     self._roll_requested = True
