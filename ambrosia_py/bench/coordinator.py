@@ -15,7 +15,6 @@ import os
 import socket
 import statistics
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -25,6 +24,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from ..coordinator.ic_cli import coordinator_argv
 from ..wire import (
     Checkpoint,
     InitialMessage,
@@ -118,16 +118,7 @@ def _connect(port: int, deadline: float) -> socket.socket:
 def measure_coordinator(arg_size: int, count: int, data_dir: Path) -> dict[str, float]:
     """Stream ``count`` self-call forks with ``arg_size``-byte arguments through an IC."""
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "ambrosia_py.cli",
-            "coordinator",
-            "--instance",
-            "bench",
-            "--data-dir",
-            str(data_dir),
-        ],
+        coordinator_argv("bench", data_dir),
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,

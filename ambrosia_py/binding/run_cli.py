@@ -22,6 +22,7 @@ from typing import Any
 
 import click
 
+from ..coordinator.ic_cli import coordinator_argv
 from .client import serve
 from .errors import BindingError
 from .immortal import Immortal
@@ -174,16 +175,7 @@ async def _run(
             timeout=timeout,
         )
         return 0
-    args = [
-        sys.executable,
-        "-m",
-        "ambrosia_py.cli",
-        "coordinator",
-        "--instance",
-        instance,
-        "--data-dir",
-        str(data_dir),
-    ]
+    args = coordinator_argv(instance, data_dir)
     if receive_port is not None:
         args += ["--receive-port", str(receive_port)]
     if send_port is not None:

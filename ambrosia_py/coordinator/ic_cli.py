@@ -21,7 +21,22 @@ from .ic_server import (
 from .registry import RegistryError
 from .storage import StorageError
 
-__all__ = ["coordinator", "debug"]
+__all__ = ["coordinator", "coordinator_argv", "debug"]
+
+
+def coordinator_argv(instance: str, data_dir: Path, *options: str) -> list[str]:
+    """The command line that runs ``ambrosia-py coordinator`` in a child process."""
+    return [
+        sys.executable,
+        "-m",
+        "ambrosia_py.cli",
+        "coordinator",
+        "--instance",
+        instance,
+        "--data-dir",
+        str(data_dir),
+        *options,
+    ]
 
 
 def _setup_logging(instance: str) -> None:

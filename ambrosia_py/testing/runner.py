@@ -13,7 +13,6 @@ import asyncio
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -25,6 +24,7 @@ import cloudpickle
 from ..binding.client import serve
 from ..binding.dispatcher import Dispatcher, Mode
 from ..binding.immortal import Immortal
+from ..coordinator.ic_cli import coordinator_argv
 
 __all__ = ["ImmortalRunner", "RunningImmortal"]
 
@@ -66,16 +66,7 @@ class RunningImmortal:
         self.ic_log = data_dir / f"{instance}.coordinator.log"
         with self.ic_log.open("ab") as log_file:
             self.ic = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "ambrosia_py.cli",
-                    "coordinator",
-                    "--instance",
-                    instance,
-                    "--data-dir",
-                    str(data_dir),
-                ],
+                coordinator_argv(instance, data_dir),
                 stdout=subprocess.PIPE,
                 stderr=log_file,
                 text=True,
