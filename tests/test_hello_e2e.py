@@ -8,8 +8,14 @@ server's single run of that call produced.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import random
+import signal
+import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +29,7 @@ from client import HelloClient
 from server import HelloServer
 
 COUNT = 150
+DEADLINE = 60.0
 
 
 def _expected() -> tuple[list[str], list[str]]:
@@ -78,3 +85,81 @@ def test_hello_is_exactly_once_across_sigkills_of_either_side(tmp_path: Path, se
         assert server_state["greeted"] == {f"friend-{i}": 1 for i in range(COUNT) if i % 10 != 9}
     finally:
         runner.close()
+
+
+class _Run:
+    """``ambrosia-py run`` of one hello instance as real processes: service and coordinator."""
+
+    def __init__(self, data_dir: Path, script: str, instance: str, *options: str) -> None:
+        folder = Path(__file__).resolve().parents[1] / "examples" / "hello"
+        self.proc = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "ambrosia_py.cli", "run", str(folder / script)),
+                *("--instance", instance, "--data-dir", str(data_dir), *options),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self.lines: list[str] = []
+        self.ic_pid = 0
+        self.ready = threading.Event()
+        self.done = threading.Event()
+        threading.Thread(target=self._drain, daemon=True).start()
+        assert self.ready.wait(DEADLINE), "".join(self.lines)
+
+    def _drain(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line)
+            if line.startswith("ready "):
+                fields = dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
+                self.ic_pid = int(fields["pid"])
+                self.ready.set()
+            if line.startswith("done:"):
+                self.done.set()
+        self.ready.set()
+
+    def kill(self, pid: int) -> None:
+        os.kill(pid, signal.SIGKILL)
+        # Either way both processes end: a coordinator stops when its binding goes, and a
+        # binding when its coordinator goes.
+        self.proc.wait(timeout=DEADLINE)
+        deadline = time.monotonic() + DEADLINE
+        while time.monotonic() < deadline:
+            try:
+                os.kill(self.ic_pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.01)  # polling for a process to end, with a deadline
+        raise AssertionError(f"coordinator {self.ic_pid} did not stop")
+
+    def stop(self) -> None:
+        for pid in (self.proc.pid, self.ic_pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self.proc.wait(timeout=DEADLINE)
+
+
+def test_hello_under_run_survives_sigkill_of_the_server_service_and_coordinator(
+    tmp_path: Path,
+) -> None:
+    """Real processes throughout: the server's service process is SIGKILLed, then its
+    coordinator; each time the same command runs again; the client finishes with every
+    call run once (the last reply's greeting number is the number of calls)."""
+    count = 1501
+    server = _Run(tmp_path, "server.py", "server")
+    client = _Run(tmp_path, "client.py", "client", "--count", str(count))
+    try:
+        for victim in ("service", "coordinator"):
+            assert not client.done.is_set(), "the client finished before the crash"
+            server.kill(server.proc.pid if victim == "service" else server.ic_pid)
+            server = _Run(tmp_path, "server.py", "server")
+            time.sleep(0.3)  # let calls flow again before the next kill (pacing, not sync)
+        assert client.done.wait(DEADLINE), "".join(client.lines[-20:])
+        (done,) = [line for line in client.lines if line.startswith("done:")]
+        assert done.startswith(f"done: {count - count // 10} replies, {count // 10} refusals")
+        assert done.rstrip().endswith(f"(greeting #{count})")
+    finally:
+        client.stop()
+        server.stop()
