@@ -407,11 +407,11 @@ class Intake:
             self.queued_outputs += 1
         self._queue(parts, replayable)
 
-    def _output(self, destination: str, parts: list[wire.Payload], offset: int) -> None:
-        body = memoryview(parts[1]) if len(parts) > 1 else memoryview(parts[0])
-        if len(parts) == 1:
-            _, pos = wire.decode_zigzag_int(body, 0)
-            body = body[pos + 1 :]
+    def _output(
+        self, destination: str, parts: list[wire.Payload], body: wire.Payload, offset: int
+    ) -> None:
+        """Queue a call or return value (``parts``, framed; ``body`` after its type byte)
+        for another instance."""
         if not is_replayable(body):
             raise wire.MalformedMessageError(
                 f"an impulse for instance {destination!r}: impulses are input from the "
@@ -431,7 +431,7 @@ class Intake:
             if destination in ("", self.instance):
                 self._input([prefix, body], is_replayable(body))
             else:
-                self._output(destination, [prefix, body], frame.offset)
+                self._output(destination, [prefix, body], body, frame.offset)
             return None
         msg = self._reader.decode(frame)
         if isinstance(msg, RpcBatch):
@@ -463,8 +463,9 @@ class Intake:
         else:  # pragma: no cover - the batch decoder only yields RPC messages
             raise wire.MalformedMessageError(f"batch holds a {type(msg).__name__}")
         frame = wire.encode_message(incoming)
+        _, pos = wire.decode_zigzag_int(frame, 0)
+        body = memoryview(frame)[pos + 1 :]
         if msg.destination in ("", self.instance):
-            _, pos = wire.decode_zigzag_int(frame, 0)
-            self._input([frame], is_replayable(memoryview(frame)[pos + 1 :]))
+            self._input([frame], is_replayable(body))
         else:
-            self._output(msg.destination, [frame], offset)
+            self._output(msg.destination, [frame], body, offset)

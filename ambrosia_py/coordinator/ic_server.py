@@ -308,10 +308,9 @@ class _Coordinator:
         return wire_header
 
     def _made_durable(self, marks: dict[str, int]) -> None:
+        self.intake.inbox.made_durable(marks)
         if self.links is not None:
             self.links.durable(marks)
-        else:
-            self.intake.inbox.made_durable(marks)
 
     async def _forward(self, record: list[wire.Payload]) -> None:
         """Hand a durable record to the binding once the one before it has left."""

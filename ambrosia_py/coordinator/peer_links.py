@@ -80,20 +80,28 @@ class _Conn:
             raise ConnectionError("the peer closed the link")
         raise LinkError(f"unexpected {type(event).__name__} on a link")
 
-    async def handshake(self) -> None:
+    async def handshake(self) -> ConnectPacket:
         """Exchange ConnectPackets: the dialer's goes first, the acceptor answers with its
-        own once it has read the dialer's and decided to keep the connection."""
+        own once it has read the dialer's. Returns the peer's packet; raises for a dialed
+        peer that is incompatible (nothing can be sent to it)."""
         if self.flow.dialer:
             self.writer.write(self.flow.connect_packet_bytes())
         event = await self.next_event()
         if not isinstance(event, PeerConnected):
             raise LinkError(f"expected the peer's ConnectPacket, got {type(event).__name__}")
-        if not event.compatible:
+        if not self.flow.dialer:
+            self.writer.write(self.flow.connect_packet_bytes())
+        elif not event.compatible:
             raise LinkError(
                 f"incompatible peer protocol version {event.packet.protocol_version:#x}"
             )
-        if not self.flow.dialer:
-            self.writer.write(self.flow.connect_packet_bytes())
+        return event.packet
+
+    async def ignore_until_closed(self) -> None:
+        """An incompatible peer: keep its connection open, so it does not keep dialing,
+        and act on nothing it sends (reference flow-transport.md, *Compatibility*)."""
+        while data := await self.reader.read(READ_SIZE):
+            self.flow.receive_data(data)
 
     async def send(self, message: bytes) -> None:
         self.writer.writelines(self.flow.send(LINK_TOKEN, message))
@@ -215,7 +223,14 @@ class PeerLinks:
         conn = _Conn(reader, writer, FlowConnection(_local_packet(self._port), dialer=False))
         sender = None
         try:
-            await conn.handshake()
+            packet = await conn.handshake()
+            if not conn.flow.compatible:
+                log.warning(
+                    "an incompatible peer (protocol version %#x) connected; ignoring it",
+                    packet.protocol_version,
+                )
+                await conn.ignore_until_closed()
+                return
             hello = Hello.decode(await conn.next_frame())
             if hello.destination != self.instance:
                 raise LinkError(
@@ -246,8 +261,8 @@ class PeerLinks:
             conn.close()
 
     def durable(self, marks: dict[str, int]) -> None:
-        """Records holding these senders' messages are durable: tell the senders."""
-        self.intake.inbox.made_durable(marks)
+        """Records holding these senders' messages are durable (the inbox says up to
+        where): tell the senders that are connected."""
         for sender in marks:
             conn = self._inbound.get(sender)
             if conn is None:
