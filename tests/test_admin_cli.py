@@ -75,12 +75,15 @@ def test_register_and_instances(tmp_path: Path) -> None:
     assert "version 4" in run("register", "beta", "--data-dir", tmp_path, "--version", "4").output
     with Registry(tmp_path) as reg:
         reg.commit_checkpoint("beta", 4, 2, 2)
+        reg.set_link_address("beta", "127.0.0.1", 24003)
     result = run("instances", "--data-dir", tmp_path)
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     (beta_line,) = [line for line in lines if "beta" in line]
     cells = [c.strip() for c in beta_line.split("│")[1:-1]]
-    assert cells == ["beta", "4", "24001", "24002", "2", "2", "-"]
+    assert cells == ["beta", "4", "24001", "24002", "2", "2", "-", "127.0.0.1:24003"]
+    (alpha_line,) = [line for line in lines if "alpha" in line]
+    assert alpha_line.split("│")[-2].strip() == "-"  # no coordinator accepts links
     assert any("alpha" in line and str(alpha.receive_port) in line for line in lines)
     assert "checkpoint" in result.output and "receive" in result.output
 

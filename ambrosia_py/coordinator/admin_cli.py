@@ -9,6 +9,7 @@ run beside one. ``show`` and ``verify`` never modify a log.
 from __future__ import annotations
 
 import itertools
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -85,13 +86,16 @@ def instances(data_dir: Path) -> None:
         return
     with Registry(data_dir) as reg:
         infos: list[InstanceInfo] = reg.instances()
+        links = {i.name: reg.link_address(i.name) for i in infos}
     if not infos:
         click.echo(f"no instances registered in {data_dir}")
         return
     table = Table(title=f"instances in {data_dir}")
     for header in ("name", "version", "receive", "send", "checkpoint", "log", "committer"):
         table.add_column(header, overflow="fold")
+    table.add_column("links", overflow="fold")
     for i in infos:
+        link = links[i.name]
         table.add_row(
             i.name,
             str(i.current_version),
@@ -100,8 +104,10 @@ def instances(data_dir: Path) -> None:
             _opt(i.last_checkpoint),
             _opt(i.last_log),
             _opt(i.committer_id),
+            "-" if link is None else f"{link[0]}:{link[1]}",
         )
-    Console(soft_wrap=False).print(table)
+    # Piped (not a terminal), the table is not folded to an assumed 80 columns.
+    Console(soft_wrap=False, width=None if sys.stdout.isatty() else 160).print(table)
 
 
 # --- log commands -------------------------------------------------------------------------
