@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from ambrosia_py.testing import ImmortalRunner
+from tests.fake_binding import free_port
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "hello"))
 
@@ -160,6 +161,28 @@ def test_hello_under_run_survives_sigkill_of_the_server_service_and_coordinator(
         (done,) = [line for line in client.lines if line.startswith("done:")]
         assert done.startswith(f"done: {count - count // 10} replies, {count // 10} refusals")
         assert done.rstrip().endswith(f"(greeting #{count})")
+    finally:
+        client.stop()
+        server.stop()
+
+
+def test_hello_across_data_directories_with_link_addresses_given(tmp_path: Path) -> None:
+    """As on two machines: each instance has its own data directory (and registry), so
+    each coordinator is told where the other accepts links (``--link-to``), on a fixed
+    ``--link-port`` that survives a restart."""
+    count = 501
+    server_port, client_port = free_port(), free_port()
+    server_args = ("--link-port", str(server_port), "--link-to", f"client=127.0.0.1:{client_port}")
+    client_args = ("--link-port", str(client_port), "--link-to", f"server=127.0.0.1:{server_port}")
+    server = _Run(tmp_path / "a", "server.py", "server", *server_args)
+    client = _Run(tmp_path / "b", "client.py", "client", "--count", str(count), *client_args)
+    try:
+        server.kill(server.ic_pid)
+        server = _Run(tmp_path / "a", "server.py", "server", *server_args)
+        assert client.done.wait(DEADLINE), "".join(client.lines[-20:])
+        (done,) = [line for line in client.lines if line.startswith("done:")]
+        assert done.rstrip().endswith(f"(greeting #{count})")
+        assert not (tmp_path / "a" / "client_0").exists()  # nothing shared but the links
     finally:
         client.stop()
         server.stop()

@@ -22,7 +22,7 @@ from typing import Any
 
 import click
 
-from ..coordinator.ic_cli import coordinator_argv
+from ..coordinator.ic_cli import coordinator_argv, link_argv, link_options
 from .client import serve
 from .errors import BindingError
 from .immortal import Immortal
@@ -161,6 +161,7 @@ async def _run(
     upgrade_version: int | None,
     options: Any,
     timeout: float,
+    links: list[str],
 ) -> int:
     if separated:
         if receive_port is None or send_port is None:
@@ -175,7 +176,7 @@ async def _run(
             timeout=timeout,
         )
         return 0
-    args = coordinator_argv(instance, data_dir)
+    args = coordinator_argv(instance, data_dir, *links)
     if receive_port is not None:
         args += ["--receive-port", str(receive_port)]
     if send_port is not None:
@@ -239,6 +240,9 @@ async def _run(
     show_default=True,
     help="Seconds to keep trying the coordinator's ports.",
 )
+@link_options[0]
+@link_options[1]
+@link_options[2]
 def run(
     service_spec: str,
     instance: str | None,
@@ -249,6 +253,9 @@ def run(
     upgrade_from: str | None,
     upgrade_version: int | None,
     connect_timeout: float,
+    link_host: str,
+    link_port: int,
+    link_to: tuple[tuple[str, str, int], ...],
     **service_options: Any,
 ) -> None:
     """Run an immortal service with its coordinator; run it again to recover.
@@ -280,6 +287,7 @@ def run(
                 upgrade_version,
                 _options(upgrade_to or service, service_options),
                 connect_timeout,
+                link_argv(link_host, link_port, link_to),
             )
         )
     except ConnectionRefusedError as exc:

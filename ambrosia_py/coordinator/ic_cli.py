@@ -21,7 +21,7 @@ from .ic_server import (
 from .registry import RegistryError
 from .storage import StorageError
 
-__all__ = ["coordinator", "coordinator_argv", "debug"]
+__all__ = ["coordinator", "coordinator_argv", "debug", "link_argv", "link_options"]
 
 
 def coordinator_argv(instance: str, data_dir: Path, *options: str) -> list[str]:
@@ -63,6 +63,52 @@ _data_dir = click.option(
     type=click.Path(file_okay=False, path_type=Path),
     help="Where logs, checkpoints and the registry live.",
 )
+
+
+def _link_to(
+    _ctx: click.Context, _param: click.Parameter, values: tuple[str, ...]
+) -> tuple[tuple[str, str, int], ...]:
+    out = []
+    for value in values:
+        name, eq, address = value.partition("=")
+        host, colon, port = address.rpartition(":")
+        if not (name and eq and host and colon and port.isdigit() and 0 < int(port) < 65536):
+            raise click.BadParameter(f"{value!r} is not NAME=HOST:PORT")
+        out.append((name, host.strip("[]"), int(port)))
+    return tuple(out)
+
+
+link_options = [
+    click.option(
+        "--link-host",
+        default="127.0.0.1",
+        show_default=True,
+        help="Where to accept links from other instances' coordinators (0.0.0.0: everywhere).",
+    ),
+    click.option(
+        "--link-port", type=int, default=0, help="Port for those links (default: any free one)."
+    ),
+    click.option(
+        "--link-to",
+        multiple=True,
+        callback=_link_to,
+        metavar="NAME=HOST:PORT",
+        help="Where instance NAME's coordinator accepts links, for instances the registry of "
+        "this data directory does not know (other machines). Repeatable.",
+    ),
+]
+
+
+def link_argv(
+    link_host: str, link_port: int, link_to: tuple[tuple[str, str, int], ...]
+) -> list[str]:
+    """The link options again, as a command line (``run`` passes them on)."""
+    args = ["--link-host", link_host, "--link-port", str(link_port)]
+    for name, host, port in link_to:
+        args += ["--link-to", f"{name}={host}:{port}"]
+    return args
+
+
 _ports = [
     click.option(
         "--receive-port", type=int, help="Port the binding writes to (default: registry)."
@@ -85,6 +131,9 @@ _ports = [
     help="Roll to a new log file and take a checkpoint when a log passes this size.",
 )
 @click.option("--upgrade-version", type=int, help="Recover, then upgrade to this version.")
+@link_options[0]
+@link_options[1]
+@link_options[2]
 def coordinator(
     instance: str,
     data_dir: Path,
@@ -93,6 +142,9 @@ def coordinator(
     send_port: int | None,
     log_trigger_mb: float,
     upgrade_version: int | None,
+    link_host: str,
+    link_port: int,
+    link_to: tuple[tuple[str, str, int], ...],
 ) -> None:
     """Run one Immortal Coordinator in the foreground until its binding leaves."""
     _setup_logging(instance)
@@ -104,6 +156,9 @@ def coordinator(
         send_port=send_port,
         log_trigger_mb=log_trigger_mb,
         upgrade_version=upgrade_version,
+        link_host=link_host,
+        link_port=link_port,
+        link_to=link_to,
     )
     _run(run_coordinator(config))
 

@@ -85,6 +85,11 @@ class CoordinatorConfig:
     upgrade_version: int | None = None
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
     host: str = "127.0.0.1"
+    # Links to other instances' coordinators: where this one accepts them (port 0: any
+    # free port), and addresses of instances the registry does not know (other machines).
+    link_host: str = "127.0.0.1"
+    link_port: int = 0
+    link_to: tuple[tuple[str, str, int], ...] = ()
 
 
 def _resolve(config: CoordinatorConfig, registry: Registry) -> tuple[int, int, int]:
@@ -508,18 +513,23 @@ class _Coordinator:
         (what replay regenerated) are known only then.
         """
         registry = self.registry
+        given = {name: (host, port) for name, host, port in self.config.link_to}
 
         async def lookup(name: str) -> tuple[str, int] | None:
+            if name in given:
+                return given[name]
             return await asyncio.to_thread(registry.link_address, name)
 
         self.links = PeerLinks(
             self.config.instance, self.intake, lookup, self._wake.set, self.room_for_input
         )
-        port = await self.links.listen(self.config.host)
-        await asyncio.to_thread(
-            registry.set_link_address, self.config.instance, self.config.host, port
-        )
-        log.info("accepting links from other coordinators on %s:%d", self.config.host, port)
+        host = self.config.link_host
+        port = await self.links.listen(host, self.config.link_port)
+        # Published for coordinators sharing this registry, so on this machine: a wildcard
+        # listener is reached at the loopback address.
+        published = "127.0.0.1" if host in ("", "0.0.0.0", "::") else host
+        await asyncio.to_thread(registry.set_link_address, self.config.instance, published, port)
+        log.info("accepting links from other coordinators on %s:%d", host, port)
         self.links.output_ready()
 
     async def run(self, ready: Callable[[str], None]) -> int:

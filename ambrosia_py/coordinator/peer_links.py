@@ -134,9 +134,9 @@ class PeerLinks:
         self._inbound: dict[str, _Conn] = {}  # per sender, its current connection
         self._tasks: set[asyncio.Task[None]] = set()
 
-    async def listen(self, host: str) -> int:
-        """Accept links on ``host`` (a free port); return the port."""
-        self._server = await asyncio.start_server(self._accepted, host, 0)
+    async def listen(self, host: str, port: int = 0) -> int:
+        """Accept links on ``host``:``port`` (0: a free port); return the port."""
+        self._server = await asyncio.start_server(self._accepted, host, port)
         self._port = self._server.sockets[0].getsockname()[1]
         return self._port
 
