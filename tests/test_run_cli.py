@@ -116,3 +116,10 @@ def test_ctrl_c_stops_service_and_coordinator_cleanly(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_malformed_link_address_is_a_clear_error(tmp_path: Path) -> None:
+    for bad in ("server", "server=host", "server=host:port", "=host:1", "server=host:70000"):
+        code, out = invoke(EXAMPLE, "--data-dir", str(tmp_path), "--link-to", bad)
+        assert code == 2
+        assert f"{bad!r} is not NAME=HOST:PORT" in out
