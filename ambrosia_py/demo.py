@@ -104,7 +104,7 @@ def _ask(f: object, line: str) -> str:
 )
 @click.option("--calls", default=200, show_default=True, help="Calls before the crash.")
 def demo(example: Path, calls: int) -> None:
-    """Run the counter, SIGKILL it mid-stream, recover, and check exactly-once."""
+    """The counter and examples/hello, each SIGKILLed mid-stream, recovered, checked."""
     console = Console()
     with tempfile.TemporaryDirectory(prefix="ambrosia-demo-") as tmp:
         data_dir = Path(tmp)
