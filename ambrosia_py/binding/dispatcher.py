@@ -123,6 +123,7 @@ class Dispatcher:
         self._suppress = False  # replaying a checkpoint's tail: outputs were sent already
         self._base: Snapshot | None = None  # the last state taken with nothing in flight
         self._tail: list[Message] = []  # incoming messages handled since ``_base``
+        self._loop_hidden = False  # handle() hid the running event loop for a record
 
     def _attach(self, immortal: Immortal) -> Immortal:
         immortal.__dict__[_PRIVATE + "dispatcher"] = self
@@ -131,10 +132,22 @@ class Dispatcher:
     # -- the record stream ---------------------------------------------------------------
 
     def handle(self, record: LogRecord) -> list[Message]:
-        """Process one record from the coordinator; return the messages to send back."""
+        """Process one record from the coordinator; return the messages to send back.
+
+        The real event loop is hidden for the whole record (handlers run one after the
+        other, synchronously): a handler that reaches for it gets a clear error, and
+        hiding it once per record rather than per message keeps the hot path short.
+        """
         self._out = []
-        for msg in record.messages:
-            self._message(msg, record.seq)
+        loop = asyncio.events._get_running_loop()
+        asyncio.events._set_running_loop(None)
+        self._loop_hidden = True
+        try:
+            for msg in record.messages:
+                self._message(msg, record.seq)
+        finally:
+            self._loop_hidden = False
+            asyncio.events._set_running_loop(loop)
         out, self._out = self._out, []
         return out
 
@@ -193,14 +206,17 @@ class Dispatcher:
 
     # The hot path uses these directly: a context manager per message costs ~40%.
     def _enter(self) -> asyncio.AbstractEventLoop | None:
+        self._in_handler = True
+        if self._loop_hidden:  # by handle(), for the whole record
+            return None
         loop = asyncio.events._get_running_loop()
         asyncio.events._set_running_loop(None)
-        self._in_handler = True
         return loop
 
     def _leave(self, loop: asyncio.AbstractEventLoop | None) -> None:
         self._in_handler = False
-        asyncio.events._set_running_loop(loop)
+        if not self._loop_hidden:
+            asyncio.events._set_running_loop(loop)
 
     def _dispatch(self, msg: IncomingRpc | IncomingReturnValue) -> None:
         if isinstance(msg, IncomingReturnValue):
