@@ -341,3 +341,41 @@ def test_an_incompatible_peer_is_kept_open_and_ignored(tmp_path: Path) -> None:
         binding.close()
         assert ic.proc.wait(timeout=DEADLINE) == 0
         assert "an incompatible peer (protocol version 0x1fdb00b063000000)" in ic.stderr()
+
+
+def test_output_a_checkpoint_holds_is_sent_after_a_crash_though_replay_never_regenerates_it(
+    tmp_path: Path,
+) -> None:
+    """Calls sent before a checkpoint and not yet confirmed by their destination live on
+    in the checkpoint (replay from it will not regenerate them)."""
+    receiver = Receiver(tmp_path, "server")
+    calls = [incoming_fork(5, bytes([i])) for i in range(3)]
+    try:
+        with coordinator(tmp_path, "client") as (ic, binding):
+            first_start(binding)
+            binding.send(b"".join(fork_to("server", 5, bytes([i])) for i in range(3)))
+            peer = receiver.accept("client", "server", 0)
+            got = b""
+            while len(got) < len(b"".join(calls)):
+                got += peer.frame()  # sent, but never confirmed: no Commit
+            peer.close()
+            binding.send(frame(TAKE_CHECKPOINT))
+            assert binding.record().seq == -1
+            binding.send(checkpoint(b"cp2"))
+            wait_for_checkpoint(tmp_path, "client", 2)
+            ic.kill()
+        with coordinator(tmp_path, "client") as (ic, binding):
+            rec = binding.record()
+            assert rec.seq == -2 and rec.blob == b"cp2"
+            assert binding.record().seq == -1  # nothing logged after checkpoint 2
+            binding.send(checkpoint(b"cp3"))  # and the binding regenerates nothing
+            peer = receiver.accept("client", "server", 1)  # the receiver had call 0
+            got = b""
+            while len(got) < len(calls[1] + calls[2]):
+                got += peer.frame()
+            assert got == calls[1] + calls[2]
+            peer.close()
+            binding.close()
+            assert ic.proc.wait(timeout=DEADLINE) == 0
+    finally:
+        receiver.close()
