@@ -40,14 +40,10 @@ def flow_frame(message: bytes, token: bytes = LINK_TOKEN) -> bytes:
     return struct.pack("<IQ", 16 + len(message), checksum) + token + message
 
 
-def hello(sender: str, destination: str) -> bytes:
-    return (
-        b"AMBLINK1"
-        + zz(len(sender))
-        + sender.encode()
-        + zz(len(destination))
-        + destination.encode()
-    )
+def hello(sender: str, destination: str, incarnation: int = 7) -> bytes:
+    """magic | zigzag len | sender | zigzag len | destination | zigzag incarnation"""
+    names = b"".join(zz(len(n)) + n.encode() for n in (sender, destination))
+    return b"AMBLINK1" + names + zz(incarnation)
 
 
 class Peer:
@@ -71,13 +67,15 @@ class Peer:
         out, self._buf = self._buf[:n], self._buf[n:]
         return out
 
-    def open(self, sender: str = "client", destination: str = "server") -> None:
+    def open(
+        self, sender: str = "client", destination: str = "server", incarnation: int = 7
+    ) -> None:
         self.sock.sendall(connect_packet())
         packet = self.read(44)
         assert struct.unpack_from("<I", packet)[0] == 40
         assert struct.unpack_from("<I", packet, 22)[0] == 0x7F000001  # 01 00 00 7f
         assert struct.unpack_from("<Q", packet, 4)[0] >> 60 == 1  # the object-serializer flag
-        self.sock.sendall(flow_frame(hello(sender, destination)))
+        self.sock.sendall(flow_frame(hello(sender, destination, incarnation)))
 
     def frame(self) -> bytes:
         length, checksum = struct.unpack("<IQ", self.read(12))
@@ -255,7 +253,11 @@ class Receiver:
         packet = peer.read(44)  # the dialer's ConnectPacket comes first
         assert struct.unpack_from("<I", packet)[0] == 40
         sock.sendall(connect_packet())
-        assert peer.frame() == hello(sender, destination)
+        message = peer.frame()
+        prefix = hello(sender, destination)[:-1]  # all but our incarnation byte
+        assert message.startswith(prefix)
+        incarnation, end = unzz(message, len(prefix))
+        assert incarnation > 0 and end == len(message)  # the sender's committer id
         sock.sendall(flow_frame(frame(REPLAY_FROM, zz(replay_from) + zz(replay_from))))
         return peer
 
@@ -379,3 +381,37 @@ def test_output_a_checkpoint_holds_is_sent_after_a_crash_though_replay_never_reg
             assert ic.proc.wait(timeout=DEADLINE) == 0
     finally:
         receiver.close()
+
+
+def test_a_sender_that_started_over_is_refused(tmp_path: Path) -> None:
+    """A sender's incarnation (its committer id) is remembered, through a checkpoint and a
+    crash: one that comes back with another has restarted its numbering, and taking its
+    calls for duplicates would lose them."""
+    call = incoming_fork(5, b"x")
+    with coordinator(tmp_path, "server") as (ic, binding):
+        first_start(binding)
+        peer = Peer(tmp_path, "server")
+        peer.open(incarnation=7)
+        assert peer.control() == (REPLAY_FROM, 0, 0)
+        peer.sock.sendall(flow_frame(call))
+        assert binding.record().body == call
+        peer.close()
+        binding.send(frame(TAKE_CHECKPOINT))
+        assert binding.record().seq == -1
+        binding.send(checkpoint(b"cp2"))
+        wait_for_checkpoint(tmp_path, "server", 2)
+        ic.kill()
+    with coordinator(tmp_path, "server") as (ic, binding):
+        assert recover(binding, 0) == []
+        impostor = Peer(tmp_path, "server")
+        impostor.open(incarnation=8)
+        assert impostor.closed_by_peer()  # no ReplayFrom: refused
+        impostor.close()
+        peer = Peer(tmp_path, "server")
+        peer.open(incarnation=7)
+        assert peer.control() == (REPLAY_FROM, 1, 1)
+        peer.close()
+        binding.close()
+        assert ic.proc.wait(timeout=DEADLINE) == 0
+        log = ic.stderr()
+    assert "instance 'client' started over from an empty history (committer id 7, now 8)" in log

@@ -3,6 +3,8 @@ the hello frame, and the link section of the coordinator's checkpoint."""
 
 from __future__ import annotations
 
+import struct
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -14,18 +16,20 @@ from ambrosia_py.wire import IncomingRpc, OutgoingRpc, RpcType, encode_message
 
 
 def test_hello_bytes_and_round_trip() -> None:
-    assert Hello("ab", "c").encode() == b"AMBLINK1" + bytes.fromhex("04 6162 02 63")
-    assert Hello.decode(Hello("client", "server").encode()) == Hello("client", "server")
+    assert Hello("ab", "c", 5).encode() == b"AMBLINK1" + bytes.fromhex("04 6162 02 63 0a")
+    hello = Hello("client", "server", 2**31 - 1)
+    assert Hello.decode(hello.encode()) == hello
 
 
 @pytest.mark.parametrize(
     ("data", "reason"),
     [
-        (b"AMBLINK2\x02a\x02b", "magic"),
-        (b"AMBLINK1\x00\x02b", "sender name length 0"),
+        (b"AMBLINK2\x02a\x02b\x02", "magic"),
+        (b"AMBLINK1\x00\x02b\x02", "sender name length 0"),
         (b"AMBLINK1\x02a\x04b", "destination name length 2"),
-        (b"AMBLINK1\x02\xff\x02b", "sender name is not UTF-8"),
-        (b"AMBLINK1\x02a\x02bc", "1 trailing bytes"),
+        (b"AMBLINK1\x02\xff\x02b\x02", "sender name is not UTF-8"),
+        (b"AMBLINK1\x02a\x02b", "incarnation is missing"),
+        (b"AMBLINK1\x02a\x02b\x02\x00", "1 trailing bytes"),
     ],
 )
 def test_a_bad_hello_is_refused_with_the_reason(data: bytes, reason: str) -> None:
@@ -106,6 +110,15 @@ def test_inbox_resumes_from_what_is_queued_and_commits_what_is_durable() -> None
     assert inbox.durable == {"a": 4}
 
 
+def test_inbox_refuses_a_sender_that_started_over() -> None:
+    inbox = Inbox({"client": 5}, {"client": 11})
+    inbox.check_incarnation(Hello("client", "server", 11))  # the same history: fine
+    inbox.check_incarnation(Hello("other", "server", 3))  # first seen: remembered
+    assert inbox.incarnations == {"client": 11, "other": 3}
+    with pytest.raises(LinkError, match=r"'client' started over .* \(committer id 11, now 12\)"):
+        inbox.check_incarnation(Hello("client", "server", 12))
+
+
 def _incoming_call(n: int) -> bytes:
     return encode_message(IncomingRpc(7, RpcType.FORK, bytes([n])))
 
@@ -154,11 +167,20 @@ def test_an_impulse_for_another_instance_is_refused() -> None:
 
 
 def test_checkpoint_state_keeps_the_link_section() -> None:
-    state = IcState(5, 10, 3, 4, b"blob", {"client": 7}, {"server": (9, [(7, b"m7"), (8, b"m8")])})
+    outboxes = {"server": (9, [(7, b"m7"), (8, b"m8")])}
+    state = IcState(5, 10, 3, 4, b"blob", {"client": 7}, outboxes, {"client": -3})
     data = b"".join(bytes(p) for p in state.encode_parts())
     back = IcState.decode(data, "serverchkpt2")
     assert back.inbox == {"client": 7}
     assert back.outboxes == {"server": (9, [(7, b"m7"), (8, b"m8")])}
+    assert back.senders == {"client": -3}
     assert bytes(back.blob) == b"blob"
     with pytest.raises(StateFormatError, match="serverchkpt2"):
         IcState.decode(data[:-5], "serverchkpt2")
+
+
+def test_a_format_1_checkpoint_state_still_reads() -> None:
+    data = struct.pack("<6sHiqqqQ", b"AMBRIC", 1, 5, 10, 3, 4, 4) + b"blob"
+    state = IcState.decode(data, "serverchkpt1")
+    assert (state.committer_id, state.next_seq, bytes(state.blob)) == (5, 10, b"blob")
+    assert (state.inbox, state.outboxes, state.senders) == ({}, {}, {})

@@ -56,6 +56,7 @@ _STATE_HEADER_V1 = struct.Struct("<6sHiqqqQ")
 _STATE_HEADER = struct.Struct("<6sHiqqqQQ")
 _U32 = struct.Struct("<I")
 _I64 = struct.Struct("<q")
+_I32 = struct.Struct("<i")
 
 OutboxState = tuple[int, list[tuple[int, bytes]]]  # next seq, unconfirmed (seq, frame)
 
@@ -74,14 +75,16 @@ class IcState:
     binding had sent when it sent this checkpoint (see :class:`Intake` for why both).
     ``inbox`` is, per sender instance, the seq of the first message not logged before log
     N; ``outboxes`` per destination the next seq and the messages not yet confirmed by it
-    when the binding sent this checkpoint (see :mod:`links`).
+    when the binding sent this checkpoint; ``senders`` the incarnation (committer id) of
+    each sender that has linked (see :mod:`links`).
 
     Layout, little-endian: ``b"AMBRIC" | u16 format version (2) | i32 committer id | i64
     next seq | i64 logged outputs | i64 binding outputs | u64 link section length | u64
     blob length | link section | blob``. The link section: ``u32 n`` then n times ``name |
     i64 seq`` (inbox); ``u32 m`` then m times ``name | i64 next seq | u32 k`` and k times
-    ``i64 seq | u32 length | frame`` (outboxes); a name is ``u32 length | UTF-8``. Format
-    1 (no link section) is still read.
+    ``i64 seq | u32 length | frame`` (outboxes); ``u32 s`` then s times ``name | i32
+    committer id`` (senders); a name is ``u32 length | UTF-8``. Format 1 (no link
+    section) is still read.
     """
 
     committer_id: int
@@ -91,6 +94,7 @@ class IcState:
     blob: wire.Payload = attrs.field(repr=lambda b: f"<{len(b)} bytes>")
     inbox: dict[str, int] = attrs.field(factory=dict)
     outboxes: dict[str, OutboxState] = attrs.field(factory=dict)
+    senders: dict[str, int] = attrs.field(factory=dict)
 
     def encode_parts(self) -> list[wire.Payload]:
         links = self._encode_links()
@@ -115,6 +119,9 @@ class IcState:
             out += _name(name) + _I64.pack(next_seq) + _U32.pack(len(frames))
             for seq, frame in frames:
                 out += _I64.pack(seq) + _U32.pack(len(frame)) + frame
+        out += _U32.pack(len(self.senders))
+        for name, incarnation in sorted(self.senders.items()):
+            out += _name(name) + _I32.pack(incarnation)
         return bytes(out)
 
     @classmethod
@@ -142,9 +149,13 @@ class IcState:
                 f"{len(data) - header.size} present"
             )
         mv = memoryview(data)
-        inbox, outboxes = _decode_links(mv[header.size : header.size + links_len], where)
+        inbox, outboxes, senders = (
+            _decode_links(mv[header.size : header.size + links_len], where)
+            if version >= 2
+            else ({}, {}, {})  # format 1 had no links
+        )
         blob = mv[header.size + links_len :]
-        return cls(committer, next_seq, logged, sent, blob, inbox, outboxes)
+        return cls(committer, next_seq, logged, sent, blob, inbox, outboxes, senders)
 
 
 def _name(name: str) -> bytes:
@@ -152,7 +163,9 @@ def _name(name: str) -> bytes:
     return _U32.pack(len(raw)) + raw
 
 
-def _decode_links(mv: memoryview, where: str) -> tuple[dict[str, int], dict[str, OutboxState]]:
+def _decode_links(
+    mv: memoryview, where: str
+) -> tuple[dict[str, int], dict[str, OutboxState], dict[str, int]]:
     pos = 0
 
     def unpack(st: struct.Struct, what: str) -> int:
@@ -190,9 +203,13 @@ def _decode_links(mv: memoryview, where: str) -> tuple[dict[str, int], dict[str,
             seq = unpack(_I64, "outbox message seq")
             frames.append((seq, raw(unpack(_U32, "outbox message length"), "outbox message")))
         outboxes[dest] = (next_seq, frames)
+    senders = {}
+    for _ in range(unpack(_U32, "sender count")):
+        sender = name("sender")
+        senders[sender] = unpack(_I32, "sender committer id")
     if pos != len(mv):
         raise StateFormatError(f"{where}: {len(mv) - pos} bytes after the link section")
-    return inbox, outboxes
+    return inbox, outboxes, senders
 
 
 # --- routing -------------------------------------------------------------------------------

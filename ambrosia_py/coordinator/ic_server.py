@@ -347,6 +347,7 @@ class _Coordinator:
             arrived.blob,
             start.inbox,
             arrived.outboxes,
+            dict(self.intake.inbox.incarnations),
         )
         await asyncio.to_thread(self.files.write_checkpoint, n, state.encode_parts())
         await asyncio.to_thread(
@@ -399,7 +400,7 @@ class _Coordinator:
         self.next_seq = replayed.next_seq
         self.logged_outputs = state.logged_outputs + replayed.outputs
         self.intake.skip_below = self.logged_outputs
-        self.intake.inbox = Inbox(replayed.inbox)
+        self.intake.inbox = Inbox(replayed.inbox, state.senders)
         self.intake.restore_outboxes(state.outboxes)
         self._startup_checkpoint = asyncio.get_running_loop().create_future()
         self._reader_task = asyncio.create_task(self.read_binding())
@@ -521,7 +522,12 @@ class _Coordinator:
             return await asyncio.to_thread(registry.link_address, name)
 
         self.links = PeerLinks(
-            self.config.instance, self.intake, lookup, self._wake.set, self.room_for_input
+            self.config.instance,
+            self.intake,
+            lookup,
+            self._wake.set,
+            self.room_for_input,
+            self.committer_id,
         )
         host = self.config.link_host
         port = await self.links.listen(host, self.config.link_port)

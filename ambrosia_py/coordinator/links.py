@@ -51,16 +51,24 @@ class LinkError(wire.ProtocolError):
 
 @attrs.frozen
 class Hello:
-    """The first frame of a link: ``magic | zigzag len | sender | zigzag len | destination``."""
+    """The first frame of a link: ``magic | zigzag len | sender | zigzag len | destination
+    | zigzag incarnation``.
+
+    ``incarnation`` is the sender's committer id, drawn at its first start and kept for
+    its whole history: a sender that started over from nothing has a new one, and its
+    numbering restarted with it (see :meth:`Inbox.check_incarnation`).
+    """
 
     sender: str
     destination: str
+    incarnation: int
 
     def encode(self) -> bytes:
         out = bytearray(LINK_MAGIC)
         for name in (self.sender, self.destination):
             raw = name.encode()
             out += wire.encode_zigzag_int(len(raw)) + raw
+        out += wire.encode_zigzag_int(self.incarnation)
         return bytes(out)
 
     @classmethod
@@ -79,9 +87,12 @@ class Hello:
             except UnicodeDecodeError:
                 raise LinkError(f"link hello: {what} name is not UTF-8", offset=pos) from None
             pos += n
+        if pos >= len(mv):
+            raise LinkError("link hello: the incarnation is missing", offset=pos)
+        incarnation, pos = wire.decode_zigzag_int(mv, pos)
         if pos != len(mv):
             raise LinkError(f"link hello: {len(mv) - pos} trailing bytes", offset=pos)
-        return cls(names[0], names[1])
+        return cls(names[0], names[1], incarnation)
 
 
 class Outbox:
@@ -147,11 +158,26 @@ class Outbox:
 
 class Inbox:
     """Per sender, the seq of the next message to log (durable or queued) and the durable
-    one, which ``Commit`` reports."""
+    one, which ``Commit`` reports; and the sender's incarnation, once it has linked."""
 
-    def __init__(self, durable: dict[str, int] | None = None) -> None:
+    def __init__(
+        self, durable: dict[str, int] | None = None, incarnations: dict[str, int] | None = None
+    ) -> None:
         self.durable: dict[str, int] = dict(durable or {})
         self.queued: dict[str, int] = dict(self.durable)
+        self.incarnations: dict[str, int] = dict(incarnations or {})
+
+    def check_incarnation(self, hello: Hello) -> None:
+        """Refuse a sender that started over: its numbering restarted, so its new calls
+        would be taken for ones already logged and dropped."""
+        known = self.incarnations.setdefault(hello.sender, hello.incarnation)
+        if known != hello.incarnation:
+            raise LinkError(
+                f"instance {hello.sender!r} started over from an empty history (committer id "
+                f"{known}, now {hello.incarnation}): its calls from seq "
+                f"{self.queued.get(hello.sender, 0)} down would be dropped as duplicates, so "
+                "its link is refused; restore its data directory, or give it a new name"
+            )
 
     def expect(self, sender: str) -> int:
         """Where a (re)connecting sender must resume: everything below is logged or queued."""

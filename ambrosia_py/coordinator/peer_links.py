@@ -121,8 +121,10 @@ class PeerLinks:
         lookup: Lookup,
         wake: Callable[[], None],
         room: Callable[[], Awaitable[None]],
+        incarnation: int,
     ) -> None:
         self.instance = instance
+        self.incarnation = incarnation  # our committer id, in our hellos
         self.intake = intake
         self._lookup = lookup
         self._wake = wake
@@ -184,7 +186,7 @@ class PeerLinks:
         conn = _Conn(reader, writer, FlowConnection(_local_packet(self._port), dialer=True))
         try:
             await conn.handshake()
-            await conn.send(Hello(self.instance, dest).encode())
+            await conn.send(Hello(self.instance, dest, self.incarnation).encode())
             msg, _ = wire.decode_message(await conn.next_frame(), 0, wire.Direction.TO_BINDING)
             if not isinstance(msg, wire.ReplayFrom):
                 raise LinkError(f"expected ReplayFrom from {dest!r}, got {type(msg).__name__}")
@@ -236,6 +238,7 @@ class PeerLinks:
                 raise LinkError(
                     f"{hello.sender!r} dialed {hello.destination!r}, but this is {self.instance!r}"
                 )
+            self.intake.inbox.check_incarnation(hello)
             sender = hello.sender
             old = self._inbound.pop(sender, None)
             if old is not None:
