@@ -59,6 +59,7 @@ def test_outbox_refuses_a_replay_from_below_what_the_receiver_committed() -> Non
     for _i in range(3):
         box.add(b"x")
     box.connected(0)
+    assert len(box.take(100)) == 3
     box.commit(2)
     box.disconnected()
     with pytest.raises(LinkError, match="replay from seq 1"):
@@ -184,3 +185,14 @@ def test_a_format_1_checkpoint_state_still_reads() -> None:
     state = IcState.decode(data, "serverchkpt1")
     assert (state.committer_id, state.next_seq, bytes(state.blob)) == (5, 10, b"blob")
     assert (state.inbox, state.outboxes, state.senders) == ({}, {}, {})
+
+
+def test_outbox_refuses_a_commit_of_what_was_never_sent() -> None:
+    box = Outbox()
+    for _ in range(3):
+        box.add(b"x")
+    box.connected(0)
+    box.take(1)  # one message sent
+    with pytest.raises(LinkError, match="commits up to seq 2, but only 1 messages were sent"):
+        box.commit(2)
+    assert len(box.buffered) == 3  # nothing forgotten

@@ -128,14 +128,22 @@ class Outbox:
                 f"peer asks to replay from seq {replay_from}, but everything below {first} "
                 "was confirmed durable by it earlier and is gone: its log lost committed input"
             )
-        self.commit(replay_from)
         self.cursor = replay_from
+        self.commit(replay_from)
 
     def disconnected(self) -> None:
         self.cursor = None
 
     def commit(self, seq: int) -> None:
-        """The destination has everything below ``seq`` durably: forget it."""
+        """The destination has everything below ``seq`` durably: forget it.
+
+        It can only have what was sent to it: a commit past the connection's cursor is a
+        peer out of protocol, refused before it can make us forget unsent output.
+        """
+        if self.cursor is not None and seq > self.cursor:
+            raise LinkError(
+                f"peer commits up to seq {seq}, but only {self.cursor} messages were sent to it"
+            )
         while self._buffer and self._buffer[0][0] < seq:
             self._buffer.popleft()
 
