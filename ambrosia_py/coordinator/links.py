@@ -121,7 +121,11 @@ class Outbox:
         return list(self._buffer)
 
     def connected(self, replay_from: int) -> None:
-        """The destination asked for everything from ``replay_from`` on."""
+        """The destination asked for everything from ``replay_from`` on.
+
+        Nothing is forgotten here: the destination may have below ``replay_from`` only
+        queued, not durable, and ask for it again after a crash. Only a Commit says durable.
+        """
         first = self._buffer[0][0] if self._buffer else self.next_seq
         if replay_from < first:
             raise LinkError(
@@ -129,7 +133,6 @@ class Outbox:
                 "was confirmed durable by it earlier and is gone: its log lost committed input"
             )
         self.cursor = replay_from
-        self.commit(replay_from)
 
     def disconnected(self) -> None:
         self.cursor = None
