@@ -147,6 +147,7 @@ def test_replay_from_commit_and_resume_after_reconnect_crash_and_checkpoint(
         peer = Peer(tmp_path, "server")
         peer.open()
         assert peer.control() == (REPLAY_FROM, 2, 2)
+        assert peer.control() == (COMMIT, 2, 2)  # what it has durably already
         peer.sock.sendall(flow_frame(calls[2]))
         assert binding.record().body == calls[2]
         assert peer.control() == (COMMIT, 3, 3)
@@ -158,6 +159,7 @@ def test_replay_from_commit_and_resume_after_reconnect_crash_and_checkpoint(
         peer = Peer(tmp_path, "server")
         peer.open()
         assert peer.control() == (REPLAY_FROM, 3, 3)
+        assert peer.control() == (COMMIT, 3, 3)  # what it has durably already
         peer.sock.sendall(flow_frame(calls[3]))
         assert binding.record().body == calls[3]
         assert peer.control() == (COMMIT, 4, 4)
@@ -177,6 +179,7 @@ def test_replay_from_commit_and_resume_after_reconnect_crash_and_checkpoint(
         peer = Peer(tmp_path, "server")
         peer.open()
         assert peer.control() == (REPLAY_FROM, 5, 5)
+        assert peer.control() == (COMMIT, 5, 5)  # what it has durably already
         peer.close()
         binding.close()
         assert ic.proc.wait(timeout=DEADLINE) == 0
@@ -410,6 +413,7 @@ def test_a_sender_that_started_over_is_refused(tmp_path: Path) -> None:
         peer = Peer(tmp_path, "server")
         peer.open(incarnation=7)
         assert peer.control() == (REPLAY_FROM, 1, 1)
+        assert peer.control() == (COMMIT, 1, 1)  # what it has durably already
         peer.close()
         binding.close()
         assert ic.proc.wait(timeout=DEADLINE) == 0

@@ -246,6 +246,11 @@ class PeerLinks:
             self._inbound[sender] = conn
             start = self.intake.inbox.expect(sender)
             await conn.send(wire.encode_message(wire.ReplayFrom(start, start)))
+            # And what is durable already, so the sender can forget it now (after its own
+            # recovery it may hold regenerated output we logged long ago).
+            durable = self.intake.inbox.durable.get(sender, 0)
+            if durable:
+                await conn.send(wire.encode_message(wire.Commit(durable, durable)))
             log.info("link from %r open; asked for seq %d on", sender, start)
             while True:
                 payload = await conn.next_frame()
