@@ -200,3 +200,32 @@ def test_outbox_refuses_a_commit_of_what_was_never_sent() -> None:
     with pytest.raises(LinkError, match="commits up to seq 2, but only 1 messages were sent"):
         box.commit(2)
     assert len(box.buffered) == 3  # nothing forgotten
+
+
+def test_a_checkpoint_whose_outbox_has_gaps_is_refused_naming_the_file() -> None:
+    state = IcState(5, 10, 3, 4, b"", {}, {"server": (9, [(6, b"m6"), (8, b"m8")])})
+    data = b"".join(bytes(p) for p in state.encode_parts())
+    with pytest.raises(StateFormatError, match="serverchkpt4: outbox 'server' holds seqs"):
+        IcState.decode(data, "serverchkpt4")
+    with pytest.raises(ValueError, match=r"seqs 7\.\.8"):
+        Outbox(9, [(6, b"m6"), (8, b"m8")])
+
+
+@given(st.lists(st.sampled_from(["add", "send", "commit", "reconnect"]), max_size=80))
+def test_outbox_buffer_is_what_was_not_committed(ops: list[str]) -> None:
+    box = Outbox(3, [(1, b"1"), (2, b"2")])  # as restored from a checkpoint
+    box.connected(1)
+    sent = 1
+    for op in ops:
+        if op == "add":
+            box.add(str(box.next_seq).encode())
+        elif op == "send":
+            sent += len(box.take(7))
+        elif op == "commit":
+            box.commit(sent)
+        else:
+            box.disconnected()
+            box.connected(box.first)
+            sent = box.first
+        assert [int(f) for _, f in box.buffered] == list(range(box.first, box.next_seq))
+        assert box.first <= (box.cursor or 0) <= box.next_seq

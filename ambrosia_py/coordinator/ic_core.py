@@ -202,6 +202,10 @@ def _decode_links(
         for _ in range(unpack(_U32, "outbox message count")):
             seq = unpack(_I64, "outbox message seq")
             frames.append((seq, raw(unpack(_U32, "outbox message length"), "outbox message")))
+        if [seq for seq, _ in frames] != list(range(next_seq - len(frames), next_seq)):
+            raise StateFormatError(
+                f"{where}: outbox {dest!r} holds seqs that do not run up to {next_seq - 1}"
+            )
         outboxes[dest] = (next_seq, frames)
     senders = {}
     for _ in range(unpack(_U32, "sender count")):

@@ -22,7 +22,6 @@ reference's ReplayFrom and Commit (all messages, replayable messages) are equal 
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterable
 
 import attrs
@@ -98,27 +97,32 @@ class Hello:
 class Outbox:
     """What this instance sent one destination and the destination may not have yet.
 
-    ``next_seq`` numbers the next message; the buffer holds ``(seq, framed incoming
-    message)`` from the lowest seq the destination has not confirmed. While connected,
-    ``cursor`` is the next seq to send on the connection.
+    ``next_seq`` numbers the next message; the buffer holds the framed incoming messages
+    from ``first`` (the lowest seq the destination has not confirmed) to ``next_seq - 1``,
+    consecutive, so a seq is found by its index. While connected, ``cursor`` is the next
+    seq to send on the connection.
     """
 
     def __init__(self, next_seq: int = 0, buffered: Iterable[tuple[int, bytes]] = ()) -> None:
+        entries = list(buffered)
         self.next_seq = next_seq
-        self._buffer: deque[tuple[int, bytes]] = deque(buffered)
+        self.first = next_seq - len(entries)
+        if [seq for seq, _ in entries] != list(range(self.first, next_seq)):
+            raise ValueError(f"buffered output must be seqs {self.first}..{next_seq - 1}")
+        self._frames = [frame for _, frame in entries]
         self.cursor: int | None = None
 
     def add(self, frame: bytes) -> int:
         """Queue one message (incoming form, framed); return its seq."""
         seq = self.next_seq
         self.next_seq += 1
-        self._buffer.append((seq, frame))
+        self._frames.append(frame)
         return seq
 
     @property
     def buffered(self) -> list[tuple[int, bytes]]:
         """The unconfirmed messages, oldest first (what a checkpoint keeps)."""
-        return list(self._buffer)
+        return list(enumerate(self._frames, self.first))
 
     def connected(self, replay_from: int) -> None:
         """The destination asked for everything from ``replay_from`` on.
@@ -126,11 +130,11 @@ class Outbox:
         Nothing is forgotten here: the destination may have below ``replay_from`` only
         queued, not durable, and ask for it again after a crash. Only a Commit says durable.
         """
-        first = self._buffer[0][0] if self._buffer else self.next_seq
-        if replay_from < first:
+        if replay_from < self.first:
             raise LinkError(
-                f"peer asks to replay from seq {replay_from}, but everything below {first} "
-                "was confirmed durable by it earlier and is gone: its log lost committed input"
+                f"peer asks to replay from seq {replay_from}, but everything below "
+                f"{self.first} was confirmed durable by it earlier and is gone: its log lost "
+                "committed input"
             )
         self.cursor = replay_from
 
@@ -147,23 +151,29 @@ class Outbox:
             raise LinkError(
                 f"peer commits up to seq {seq}, but only {self.cursor} messages were sent to it"
             )
-        while self._buffer and self._buffer[0][0] < seq:
-            self._buffer.popleft()
+        if seq > self.first:
+            drop = min(seq, self.next_seq) - self.first
+            del self._frames[:drop]
+            self.first += drop
 
     def take(self, max_bytes: int) -> list[bytes]:
-        """Messages to send next on the connection (at least one if any), advancing it."""
+        """Messages to send next on the connection (at least one if any), advancing it.
+
+        Below the cursor is what was sent on this connection already, or what the
+        destination has although this instance regenerated it (recovery).
+        """
         if self.cursor is None:
             return []
         out: list[bytes] = []
         size = 0
-        for seq, frame in self._buffer:
-            if seq < self.cursor:
-                continue  # sent on this connection already (or regenerated below it)
-            if out and size + len(frame) > max_bytes:
+        frames = self._frames
+        # first <= cursor always: connected() checks it, commit() never passes the cursor.
+        for i in range(self.cursor - self.first, len(frames)):
+            if out and size + len(frames[i]) > max_bytes:
                 break
-            out.append(frame)
-            size += len(frame)
-            self.cursor = seq + 1
+            out.append(frames[i])
+            size += len(frames[i])
+        self.cursor += len(out)
         return out
 
 
