@@ -58,7 +58,7 @@ from .errors import (
     ImpulseDuringRecoveryError,
     UnknownMethodError,
 )
-from .immortal import CallFuture, Immortal, MethodSpec
+from .immortal import CallFuture, Immortal, MethodSpec, Proxy
 
 __all__ = ["Dispatcher", "Mode"]
 
@@ -124,6 +124,7 @@ class Dispatcher:
         self._base: Snapshot | None = None  # the last state taken with nothing in flight
         self._tail: list[Message] = []  # incoming messages handled since ``_base``
         self._loop_hidden = False  # handle() hid the running event loop for a record
+        self.me: Proxy | None = None  # the immortal's proxy for itself, made once
 
     def _attach(self, immortal: Immortal) -> Immortal:
         immortal.__dict__[_PRIVATE + "dispatcher"] = self

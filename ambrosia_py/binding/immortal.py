@@ -125,7 +125,8 @@ class Proxy:
         spec = self._target.rpc_methods_by_name().get(name)
         if spec is None:
             raise AttributeError(f"{self._target.__name__} has no @rpc method {name!r}")
-        return _MethodRef(self, spec)
+        ref = self.__dict__[name] = _MethodRef(self, spec)  # found directly next time
+        return ref
 
 
 class _ImpulseMethod:
@@ -240,7 +241,10 @@ class Immortal:
     @property
     def me(self) -> Proxy:
         """A proxy for this immortal itself (self-calls)."""
-        return Proxy(self._dispatcher(), "", type(self))
+        d = self._dispatcher()
+        if d.me is None or d.me._target is not type(self):  # made anew after an upgrade
+            d.me = Proxy(d, "", type(self))
+        return d.me
 
     def proxy(self, instance: str, target: type[Immortal]) -> Proxy:
         """A proxy for the immortal ``instance``, whose handlers are ``target``'s."""
