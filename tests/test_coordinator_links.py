@@ -84,6 +84,13 @@ class Peer:
         assert rest[:16] == LINK_TOKEN
         return rest[16:]
 
+    def messages(self, size: int) -> bytes:
+        """Frames until ``size`` bytes of messages have come (a sender batches freely)."""
+        got = b""
+        while len(got) < size:
+            got += self.frame()
+        return got
+
     def control(self) -> tuple[int, int, int]:
         """The next ReplayFrom or Commit: (type, seq, replayable seq)."""
         msg = self.frame()
@@ -278,10 +285,8 @@ def test_the_sender_resends_from_where_the_receiver_asks_and_drops_what_it_has(
             first_start(binding)
             binding.send(b"".join(fork_to("server", 5, bytes([i])) for i in range(3)))
             peer = receiver.accept("client", "server", 0)
-            got = b""
-            while len(got) < len(b"".join(calls[:3])):
-                got += peer.frame()
-            assert got == b"".join(calls[:3])  # in the receiver's incoming form, in order
+            expected = b"".join(calls[:3])  # in the receiver's incoming form, in order
+            assert peer.messages(len(expected)) == expected
             peer.sock.sendall(flow_frame(frame(COMMIT, zz(2) + zz(2))))
             peer.close()
             # The receiver lost the third call (not durable there): it asks from 2.
@@ -360,9 +365,7 @@ def test_output_a_checkpoint_holds_is_sent_after_a_crash_though_replay_never_reg
             first_start(binding)
             binding.send(b"".join(fork_to("server", 5, bytes([i])) for i in range(3)))
             peer = receiver.accept("client", "server", 0)
-            got = b""
-            while len(got) < len(b"".join(calls)):
-                got += peer.frame()  # sent, but never confirmed: no Commit
+            peer.messages(len(b"".join(calls)))  # sent, but never confirmed: no Commit
             peer.close()
             binding.send(frame(TAKE_CHECKPOINT))
             assert binding.record().seq == -1
@@ -375,10 +378,7 @@ def test_output_a_checkpoint_holds_is_sent_after_a_crash_though_replay_never_reg
             assert binding.record().seq == -1  # nothing logged after checkpoint 2
             binding.send(checkpoint(b"cp3"))  # and the binding regenerates nothing
             peer = receiver.accept("client", "server", 1)  # the receiver had call 0
-            got = b""
-            while len(got) < len(calls[1] + calls[2]):
-                got += peer.frame()
-            assert got == calls[1] + calls[2]
+            assert peer.messages(len(calls[1] + calls[2])) == calls[1] + calls[2]
             peer.close()
             binding.close()
             assert ic.proc.wait(timeout=DEADLINE) == 0
