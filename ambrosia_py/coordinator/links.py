@@ -9,11 +9,13 @@ it durably. The receiving coordinator logs what arrives like any other input, an
 per sender the next number it expects (:class:`Inbox`, and watermarks in every log record
 and checkpoint). The conversation on one connection, dialer = sender:
 
-* sender → receiver: :class:`Hello` (who is calling whom), then batches of messages in
-  the receiver's incoming form, numbered implicitly from where the receiver asked.
+* sender → receiver: :class:`Hello` (who is calling whom, and the sender's incarnation),
+  then batches of messages in the receiver's incoming form, numbered implicitly from where
+  the receiver asked.
 * receiver → sender: ``ReplayFrom(n, n)`` once (the first number it does not have
-  durably or queued), then ``Commit(n, n)`` after each record that made messages durable:
-  the sender drops everything below ``n``.
+  durably or queued), a ``Commit`` of what it already holds durably, then ``Commit(n, n)``
+  after each record that made messages durable: the sender drops everything below ``n``
+  (a ReplayFrom alone never lets it drop anything).
 
 Every message on a link is replayable: impulses come from the outside world into an
 instance's own log and are never sent to another instance, so the two numbers of the
