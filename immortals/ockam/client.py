@@ -1,0 +1,440 @@
+"""Talking to an Ockam hub over its TCP transport, from asyncio.
+
+:class:`OckamClient` is one connection: ``create``, ``create_partitioned``, ``push``
+(confirmed; many may be in flight at once), ``pull``, ``get_index``, ``save_index``.
+Every request gets its own return address (``client.<n>``), so replies find their
+waiter whatever order they come in, and an ``error`` reply raises :class:`HubError`.
+
+Two helpers add what a user of a stream service needs across restarts of either side:
+
+- :class:`Publisher` pushes a sequence of payloads, pipelined, and gets every one stored
+  exactly once. After the connection drops it reconnects and, before sending anything
+  again, reads the stream after its last confirmed index: the unconfirmed pushes that the
+  hub did store (its log kept them, only the confirmation was lost) appear there, in the
+  order they were sent, and are taken as confirmed; only the rest is sent again. This
+  needs the payloads not pushed to the same stream by anyone else (make them unique,
+  e.g. with a producer id and sequence number), since the stream service itself never
+  de-duplicates (seed 003: every push is stored).
+- :class:`Consumer` reads a stream from the index the index service holds for its client
+  id, in order, and saves the next index after each batch the caller has handled; it
+  checks each save (the protocol does not answer saves) by reading the index back.
+  Messages below the stream's earliest kept index (retention) are reported as a gap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from collections.abc import AsyncIterator, Sequence
+
+import attrs
+
+from . import codec
+from .codec import (
+    CreatePartitionedRequest,
+    CreateStreamRequest,
+    Error,
+    GetIndex,
+    GetPartitionIndex,
+    Index,
+    Init,
+    PartitionedInit,
+    PartitionIndex,
+    PullRequest,
+    PullResponse,
+    PushConfirm,
+    PushRequest,
+    SaveIndex,
+    SavePartitionIndex,
+    Status,
+    StreamMessage,
+)
+from .errors import OckamError
+from .routing import (
+    VERSION,
+    Address,
+    FrameReader,
+    Route,
+    TransportMessage,
+    decode_message,
+    encode_message,
+    frame,
+)
+
+__all__ = ["Consumer", "HubError", "OckamClient", "Publisher", "Stream"]
+
+log = logging.getLogger("immortals.ockam.client")
+
+
+class HubError(OckamError):
+    """The hub answered with the ``error`` protocol, or not at all."""
+
+
+@attrs.frozen
+class Stream:
+    """A stream partition as the hub announced it: its name and its worker's route."""
+
+    name: str
+    partition: int
+    route: Route
+
+
+class _Pending:
+    __slots__ = ("expect", "future", "replies")
+
+    def __init__(self, expect: int) -> None:
+        self.expect = expect
+        self.replies: list[tuple[TransportMessage, codec.Response]] = []
+        self.future: asyncio.Future[list[tuple[TransportMessage, codec.Response]]] = (
+            asyncio.get_running_loop().create_future()
+        )
+
+
+class OckamClient:
+    """One TCP connection to a hub (see the module docstring)."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._reader = reader
+        self._writer = writer
+        self._pending: dict[bytes, _Pending] = {}
+        self._ids = itertools.count(1)
+        self._closed: BaseException | None = None
+        self._task = asyncio.ensure_future(self._read())
+        self.stream_service = Address.local("stream_service")
+        self.index_service = Address.local("stream_index_service")
+
+    @classmethod
+    async def connect(cls, host: str, port: int, *, timeout: float = 10.0) -> OckamClient:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+        return cls(reader, writer)
+
+    async def close(self) -> None:
+        self._task.cancel()
+        self._writer.close()
+        with contextlib.suppress(ConnectionError, OSError):
+            await self._writer.wait_closed()
+
+    async def _read(self) -> None:
+        frames = FrameReader()
+        error: BaseException = ConnectionError("the hub closed the connection")
+        try:
+            while data := await self._reader.read(256 * 1024):
+                for raw in frames.feed(data):
+                    self._received(decode_message(raw))
+        except (OckamError, ConnectionError, OSError) as exc:
+            error = exc if isinstance(exc, ConnectionError) else ConnectionError(str(exc))
+        finally:
+            self._closed = error
+            for pending in self._pending.values():
+                if not pending.future.done():
+                    pending.future.set_exception(error)
+            self._pending.clear()
+
+    def _received(self, msg: TransportMessage) -> None:
+        if not msg.onward_route:
+            return
+        pending = self._pending.get(msg.onward_route[0].value)
+        if pending is None or pending.future.done():
+            return
+        response = codec.decode_response(msg.payload)
+        if isinstance(response, Error):
+            pending.future.set_exception(HubError(response.reason))
+            return
+        pending.replies.append((msg, response))
+        if len(pending.replies) >= pending.expect:
+            pending.future.set_result(pending.replies)
+
+    async def _request(
+        self, route: Route, message: codec.Request, expect: int = 1, timeout: float = 10.0
+    ) -> list[tuple[TransportMessage, codec.Response]]:
+        if self._closed is not None:
+            raise ConnectionError(f"connection to the hub is closed ({self._closed})")
+        me = Address.local(f"client.{next(self._ids)}")
+        pending = self._pending[me.value] = _Pending(expect)
+        try:
+            self._send(route, me, message)
+            if expect == 0:
+                return []
+            return await asyncio.wait_for(pending.future, timeout)
+        finally:
+            self._pending.pop(me.value, None)
+
+    def _send(self, route: Route, me: Address, message: codec.Request) -> None:
+        msg = TransportMessage(VERSION, route, (me,), codec.encode(message))
+        self._writer.write(frame(encode_message(msg)))
+
+    # -- the stream service ------------------------------------------------------------
+
+    async def create(self, name: str | None = None, *, timeout: float = 10.0) -> Stream:
+        """Create (or find) a stream; its worker answers with its route."""
+        ((msg, init),) = await self._request(
+            (self.stream_service,), CreateStreamRequest(name), timeout=timeout
+        )
+        if not isinstance(init, Init):
+            raise HubError(f"create answered with {init!r}")
+        return Stream(init.stream_name, 0, msg.return_route)
+
+    async def create_partitioned(
+        self, name: str | None, partitions: int, *, timeout: float = 10.0
+    ) -> list[Stream]:
+        """Create (or find) a stream of ``partitions`` partitions, in partition order."""
+        replies = await self._request(
+            (self.stream_service,),
+            CreatePartitionedRequest(name, partitions),
+            expect=partitions,
+            timeout=timeout,
+        )
+        streams = []
+        for msg, init in replies:
+            if not isinstance(init, PartitionedInit):
+                raise HubError(f"partitioned create answered with {init!r}")
+            streams.append(Stream(init.stream_name, init.partition, msg.return_route))
+        return sorted(streams, key=lambda s: s.partition)
+
+    async def push(self, stream: Stream, data: bytes, *, timeout: float = 10.0) -> int:
+        """Push ``data``; return its index once the hub confirms it (stored durably)."""
+        request_id = next(self._ids)
+        ((_, confirm),) = await self._request(
+            stream.route, PushRequest(request_id, data), timeout=timeout
+        )
+        if not isinstance(confirm, PushConfirm) or confirm.request_id != request_id:
+            raise HubError(f"push {request_id} answered with {confirm!r}")
+        if confirm.status != Status.OK:
+            raise HubError(f"push {request_id} refused (status {confirm.status.name})")
+        return confirm.index
+
+    async def pull(
+        self, stream: Stream, index: int, limit: int, *, timeout: float = 10.0
+    ) -> tuple[StreamMessage, ...]:
+        """Up to ``limit`` messages from ``index`` on (fewer if they do not fit a frame)."""
+        request_id = next(self._ids)
+        ((_, response),) = await self._request(
+            stream.route, PullRequest(request_id, index, limit), timeout=timeout
+        )
+        if not isinstance(response, PullResponse) or response.request_id != request_id:
+            raise HubError(f"pull {request_id} answered with {response!r}")
+        return response.messages
+
+    # -- the index service -------------------------------------------------------------
+
+    async def get_index(
+        self, client_id: str, stream_name: str, partition: int | None = None
+    ) -> int | None:
+        """The next index ``client_id`` saved for the stream (None: never saved)."""
+        request: codec.Request = (
+            GetIndex(client_id, stream_name)
+            if partition is None
+            else GetPartitionIndex(client_id, stream_name, partition)
+        )
+        ((_, reply),) = await self._request((self.index_service,), request)
+        if not isinstance(reply, Index | PartitionIndex):
+            raise HubError(f"index get answered with {reply!r}")
+        return reply.index
+
+    async def save_index(
+        self, client_id: str, stream_name: str, index: int, partition: int | None = None
+    ) -> None:
+        """Save the next index to read (unanswered: the protocol has no reply)."""
+        request: codec.Request = (
+            SaveIndex(client_id, stream_name, index)
+            if partition is None
+            else SavePartitionIndex(client_id, stream_name, partition, index)
+        )
+        await self._request((self.index_service,), request, expect=0)
+
+
+async def _connect_retrying(host: str, port: int, deadline: float) -> OckamClient:
+    delay = 0.02
+    while True:
+        try:
+            return await OckamClient.connect(host, port, timeout=2.0)
+        except (OSError, TimeoutError) as exc:
+            if time.monotonic() > deadline:
+                raise ConnectionError(f"no hub at {host}:{port}: {exc}") from None
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.5)
+
+
+class Publisher:
+    """Pushes payloads to one stream, pipelined, each stored exactly once (module docstring)."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        stream_name: str,
+        *,
+        window: int = 64,
+        retry_for: float = 60.0,
+    ) -> None:
+        self.host, self.port, self.stream_name = host, port, stream_name
+        self.window = window
+        self.retry_for = retry_for
+        self.reconnects = 0
+        self.recovered = 0  # unconfirmed pushes found stored after a reconnect
+
+    async def publish(self, payloads: Sequence[bytes]) -> list[int]:
+        """Store every payload; return their indexes, in order."""
+        indexes: list[int | None] = [None] * len(payloads)
+        deadline = time.monotonic() + self.retry_for
+        last_confirmed = -1
+        first_attempt = True
+        while True:
+            client = await _connect_retrying(self.host, self.port, deadline)
+            try:
+                stream = await client.create(self.stream_name)
+                if not first_attempt:
+                    last_confirmed = await self._recover(
+                        client, stream, payloads, indexes, last_confirmed
+                    )
+                first_attempt = False
+                await self._push_all(client, stream, payloads, indexes)
+                return [i for i in indexes if i is not None]
+            except (ConnectionError, TimeoutError, OSError) as exc:
+                confirmed = [i for i in indexes if i is not None]
+                last_confirmed = max(confirmed, default=-1)
+                if time.monotonic() > deadline:
+                    raise ConnectionError(
+                        f"gave up publishing after {self.retry_for}s: {exc}"
+                    ) from exc
+                self.reconnects += 1
+                log.info("publisher reconnecting after %s", exc)
+            finally:
+                await client.close()
+
+    async def _push_all(
+        self,
+        client: OckamClient,
+        stream: Stream,
+        payloads: Sequence[bytes],
+        indexes: list[int | None],
+    ) -> None:
+        todo = [k for k, index in enumerate(indexes) if index is None]
+        window = asyncio.Semaphore(self.window)
+
+        async def one(k: int) -> None:
+            try:
+                indexes[k] = await client.push(stream, payloads[k])
+            finally:
+                window.release()
+
+        tasks = []
+        try:
+            for k in todo:
+                await window.acquire()
+                if client._closed is not None:
+                    raise ConnectionError(str(client._closed))
+                tasks.append(asyncio.ensure_future(one(k)))
+            await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _recover(
+        self,
+        client: OckamClient,
+        stream: Stream,
+        payloads: Sequence[bytes],
+        indexes: list[int | None],
+        last_confirmed: int,
+    ) -> int:
+        """Take as confirmed the unconfirmed pushes the stream holds after ``last_confirmed``."""
+        waiting = [k for k, index in enumerate(indexes) if index is None]
+        position = 0
+        index = last_confirmed + 1
+        while position < len(waiting):
+            batch = await client.pull(stream, index, 1000)
+            if not batch:
+                break
+            for message in batch:
+                k = waiting[position] if position < len(waiting) else None
+                if k is not None and message.data == payloads[k]:
+                    indexes[k] = message.index
+                    position += 1
+                    self.recovered += 1
+            index = batch[-1].index + 1
+        return index - 1
+
+
+class Consumer:
+    """Reads one stream partition in order from the index its client id saved."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        stream_name: str,
+        client_id: str,
+        *,
+        partition: int | None = None,
+        batch: int = 500,
+        retry_for: float = 60.0,
+    ) -> None:
+        self.host, self.port = host, port
+        self.stream_name, self.client_id, self.partition = stream_name, client_id, partition
+        self.batch = batch
+        self.retry_for = retry_for
+        self.next_index: int | None = None
+        self.gaps: list[tuple[int, int]] = []  # [from, to) ranges lost to retention
+        self.reconnects = 0
+
+    async def batches(
+        self, *, until_idle: float | None = None
+    ) -> AsyncIterator[list[StreamMessage]]:
+        """Yield batches in index order; call :meth:`commit` after handling each.
+
+        With ``until_idle``, stop once the stream has had nothing new for that long.
+        """
+        deadline = time.monotonic() + self.retry_for
+        idle_since: float | None = None
+        while True:
+            client = await _connect_retrying(self.host, self.port, deadline)
+            self._client = client
+            try:
+                stream = await self._stream(client)
+                saved = await client.get_index(self.client_id, self.stream_name, self.partition)
+                if self.next_index is None or (saved is not None and saved > self.next_index):
+                    self.next_index = saved or 0
+                while True:
+                    messages = await client.pull(stream, self.next_index, self.batch)
+                    if not messages:
+                        now = time.monotonic()
+                        idle_since = idle_since or now
+                        if until_idle is not None and now - idle_since >= until_idle:
+                            return
+                        await asyncio.sleep(0.02)
+                        continue
+                    idle_since = None
+                    if messages[0].index > self.next_index:
+                        self.gaps.append((self.next_index, messages[0].index))
+                    yield list(messages)
+                    deadline = time.monotonic() + self.retry_for
+            except (ConnectionError, TimeoutError, OSError) as exc:
+                if time.monotonic() > deadline:
+                    raise ConnectionError(
+                        f"consumer gave up after {self.retry_for}s: {exc}"
+                    ) from exc
+                self.reconnects += 1
+            finally:
+                await client.close()
+
+    async def _stream(self, client: OckamClient) -> Stream:
+        if self.partition is None:
+            return await client.create(self.stream_name)
+        streams = await client.create_partitioned(self.stream_name, self.partition + 1)
+        return streams[self.partition]
+
+    async def commit(self, messages: Sequence[StreamMessage]) -> None:
+        """Record that ``messages`` were handled: the next index is saved and read back."""
+        if not messages:
+            return
+        self.next_index = messages[-1].index + 1
+        client = self._client
+        await client.save_index(self.client_id, self.stream_name, self.next_index, self.partition)
+        saved = await client.get_index(self.client_id, self.stream_name, self.partition)
+        if saved is None or saved < self.next_index:
+            raise HubError(f"index save of {self.next_index} not kept (hub says {saved})")
