@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import attrs
 import pytest
 
 from ambrosia_py import wire
@@ -305,9 +307,17 @@ def test_truncated_last_record_is_a_torn_tail(files: InstanceFiles, keep: int) -
     assert result.damage.dropped_bytes == keep
     assert "torn tail" in result.damage.reason
     assert files.log_path(1).stat().st_size == last + keep  # only reported
+    assert result.damage.kept is None
+    cut_bytes = files.log_path(1).read_bytes()[last:]
     repaired, recs = scan(files, 1, repair=True)
-    assert repaired.damage == result.damage and len(recs) == 2
+    assert repaired.damage is not None and len(recs) == 2
+    assert attrs.evolve(repaired.damage, kept=None) == result.damage
     assert files.log_path(1).stat().st_size == last
+    # The cut bytes are kept beside the log, exactly, for the owner alone.
+    kept = repaired.damage.kept
+    assert kept == files.path / f"serverlog1.torn-{last}"
+    assert kept.read_bytes() == cut_bytes
+    assert stat.S_IMODE(kept.stat().st_mode) == 0o600
     clean, recs = scan(files, 1)
     assert clean.damage is None and clean.next_seq == 2 and len(recs) == 2
 
@@ -328,24 +338,80 @@ def test_truncation_in_a_file_that_is_not_last_raises(files: InstanceFiles, keep
 HEADER_IDS = set(range(0, 4)) | set(range(16, 24))
 
 
+@pytest.mark.parametrize("flipped", [0xFF, 0x01, 0x80])
 @pytest.mark.parametrize("pos", range(BODY_END))
-def test_flip_in_the_last_record(files: InstanceFiles, pos: int) -> None:
+def test_flip_in_the_last_record_stops_and_keeps_the_file(
+    files: InstanceFiles, pos: int, flipped: int
+) -> None:
+    # The last record is complete and was acknowledged: a flipped byte anywhere in its
+    # header or messages (the check bytes cover those) is damage, never a torn tail.
     offsets = write_log(files, 1, range(N_RECORDS))
     last = offsets[-1]
-    flip(files.log_path(1), last + pos)
-    size = files.log_path(1).stat().st_size
+    data = bytearray(files.log_path(1).read_bytes())
+    data[last + pos] ^= flipped
+    files.log_path(1).write_bytes(bytes(data))
+    with pytest.raises(CorruptLogError) as info:
+        scan(files, 1, repair=True)
+    err = info.value
+    assert (err.path, err.offset) == (files.log_path(1), last)
+    assert str(files.log_path(1)) in str(err) and f"offset {last}" in str(err)
+    if pos not in range(16, 24):
+        assert err.seq == N_RECORDS - 1 and f"seq {N_RECORDS - 1}" in str(err)
     if pos in HEADER_IDS:
-        with pytest.raises(CorruptLogError, match="intact") as info:
-            scan(files, 1, repair=True)
-        assert info.value.offset == last
-        assert files.log_path(1).stat().st_size == size
-        return
-    result, recs = scan(files, 1, repair=True)
-    assert [r.seq for r in recs] == [0, 1]
-    assert result.damage is not None
-    assert (result.damage.offset, result.damage.dropped_bytes) == (last, size - last)
-    assert files.log_path(1).stat().st_size == last
-    assert scan(files, 1)[0].damage is None
+        assert "intact" in err.reason
+    assert files.log_path(1).read_bytes() == bytes(data)  # untouched
+    assert list(files.path.glob("*.torn-*")) == []
+
+
+@pytest.mark.parametrize("value", [-(REC_LEN + 1) - 1, -(REC_LEN + 300) - 1, -(10**6) - 1])
+def test_a_damaged_length_in_the_last_record_is_not_a_torn_tail(
+    files: InstanceFiles, value: int
+) -> None:
+    # The last record's length now runs past the end of the file, as a cut write's
+    # would; but the record verifies with a shorter length whose watermarks end the file.
+    offsets = write_log(files, 1, range(N_RECORDS))
+    last = offsets[-1]
+    data = bytearray(files.log_path(1).read_bytes())
+    data[last + 4 : last + 8] = value.to_bytes(4, "little", signed=True)
+    files.log_path(1).write_bytes(bytes(data))
+    with pytest.raises(CorruptLogError, match="damaged length field") as info:
+        scan(files, 1, repair=True)
+    assert (info.value.offset, info.value.seq) == (last, N_RECORDS - 1)
+    assert files.log_path(1).read_bytes() == bytes(data)
+
+
+@pytest.mark.parametrize(
+    ("pos", "value", "what"),
+    [
+        (0, (99).to_bytes(4, "little"), "committer id"),
+        (4, (REC_LEN + 1).to_bytes(4, "little"), "length field"),  # not in on-disk form
+        (4, (-(2**30) - 1).to_bytes(4, "little", signed=True), "length 1073741824"),
+        (4, (-1).to_bytes(4, "little", signed=True), "length 0"),
+        (16, (7).to_bytes(8, "little"), "sequence id"),
+    ],
+)
+def test_a_cut_record_with_an_implausible_header_is_not_a_torn_tail(
+    files: InstanceFiles, pos: int, value: bytes, what: str
+) -> None:
+    # Cut short, but the header cannot be the one this log expects next.
+    offsets = write_log(files, 1, range(N_RECORDS))
+    last = offsets[-1]
+    cut(files.log_path(1), last + 30)
+    data = bytearray(files.log_path(1).read_bytes())
+    data[last + pos : last + pos + len(value)] = value
+    files.log_path(1).write_bytes(bytes(data))
+    with pytest.raises(CorruptLogError, match=f"not a record cut short: the header's {what}"):
+        scan(files, 1, repair=True)
+    assert files.log_path(1).read_bytes() == bytes(data)
+
+
+def test_a_cut_header_is_judged_by_the_bytes_present(files: InstanceFiles) -> None:
+    offsets = write_log(files, 1, range(N_RECORDS))
+    last = offsets[-1]
+    cut(files.log_path(1), last + 2)
+    flip(files.log_path(1), last + 1)  # half a committer id, and not ours
+    with pytest.raises(CorruptLogError, match="committer id bytes"):
+        scan(files, 1, repair=True)
 
 
 @pytest.mark.parametrize("pos", range(BODY_END))
@@ -401,13 +467,15 @@ def test_zero_filled_tail_is_cut(files: InstanceFiles) -> None:
     assert len(recs) == N_RECORDS
     assert result.damage is not None and result.damage.offset == end
     assert result.damage.dropped_bytes == 5000
-    # A lost page inside the last record (zeros where its body was) is torn too.
+    assert result.damage.kept is not None and result.damage.kept.read_bytes() == bytes(5000)
+    # Zeros inside a complete last record (a lost page) are damage to a complete record:
+    # that record may have been acknowledged, so recovery stops and cuts nothing.
     data = bytearray(files.log_path(1).read_bytes())
     data[offsets[-1] + 24 : offsets[-1] + 30] = bytes(6)
     files.log_path(1).write_bytes(bytes(data))
-    result, recs = scan(files, 1, repair=True)
-    assert len(recs) == N_RECORDS - 1 and result.damage is not None
-    assert result.damage.offset == offsets[-1]
+    with pytest.raises(CorruptLogError, match="check bytes do not match"):
+        scan(files, 1, repair=True)
+    assert files.log_path(1).read_bytes() == bytes(data)
 
 
 def test_sequence_gap_across_files_raises(files: InstanceFiles) -> None:

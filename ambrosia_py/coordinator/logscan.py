@@ -13,10 +13,9 @@ of input that was once durable (which must stop recovery:
 * A record whose check bytes verify but whose committer id or sequence id is wrong is
   never a torn write (a torn write cannot leave a complete body with matching check
   bytes); it is corruption, in any file (this covers sequence gaps across files).
-* Any other failure (an incomplete header, record or watermark section; a length field
-  that is not in on-disk form or out of range or runs past the end of the file; check
-  bytes that do not match; malformed watermarks) is a torn tail only if the file is the
-  last one (``last=True``) **and no valid record follows the damaged point**.
+* Any other failure is a torn tail only if the file is the last one (``last=True``),
+  **no valid record follows the damaged point**, and the damaged bytes are what a write
+  cut short leaves (below); otherwise it is corruption, and the file is left untouched.
 * "A valid record follows" means: at some offset after the damage point there is a
   complete on-disk record, i.e. a header whose length field is in on-disk form, in range
   and ends inside the file, whose committer id is the caller's (when the caller gave
@@ -31,6 +30,27 @@ of input that was once durable (which must stop recovery:
 * The coordinator appends one batch per ``append`` and makes it durable before the next,
   so an unfinished write is always at the very end; data behind a damaged record was
   acknowledged once and must not be dropped.
+* **What a cut write leaves** (:func:`_not_torn`): either only zero bytes (a file system
+  that extended the file but lost the data after a power cut), or a *prefix of the record
+  the log expects next*: the header bytes present agree with the expected committer id
+  (the caller's, else the good records') and sequence id (when known), a length field,
+  if present, is in on-disk form and in range, and the record is **cut short by the end
+  of the file** (its stated length runs past it), or is complete and verified with only
+  its watermark section cut. A record whose stated length fits in the file is complete:
+  if its check bytes fail, it was damaged after it was written (perhaps acknowledged),
+  and recovery stops, naming file, offset and seq.
+* A damaged length field can make a complete last record look cut short. So a record
+  that runs past the end is torn only if no shorter length makes it verify with its
+  watermark section ending exactly at the end of the file (ends within the last 64 KiB
+  are tried); if one does, the length was damaged and recovery stops.
+* A torn tail that is cut (``repair=True``) is first copied, durably and 0600, beside the
+  log as ``serverlog<N>.torn-<offset>``; ``damage.kept`` names the copy.
+
+Limits: a damaged length that still runs past the end and matches no shorter record (the
+damage hit the length *and* the body), or a flipped watermark count in the last record
+that makes its section run past the end, cannot be told from a cut write: it is cut (and
+kept). Zeros where a complete last record's body was (a lost page after a power cut) are
+refused as damage, though that record was never acknowledged: the operator decides.
 
 The check bytes cover the messages only (the on-disk watermarks are not covered; that is
 the released format), so a flipped byte inside a watermark's fixed-size fields cannot be
@@ -40,6 +60,7 @@ the stream and is found at the next record.
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import struct
@@ -52,11 +73,14 @@ import xxhash
 from .. import wire
 from ..wire.records import HEADER
 from .errors import CorruptLogError, StorageError
+from .modes import create_private
 
 __all__ = ["LogScan", "TailDamage"]
 
 _CHUNK = 1 << 20  # bytes read per step while scanning
 _I32 = struct.Struct("<i")
+_I64 = struct.Struct("<q")
+_TAIL_WINDOW = 64 * 1024  # how far from the end a damaged length's true end is sought
 
 
 @attrs.frozen
@@ -67,6 +91,7 @@ class TailDamage:
     offset: int
     dropped_bytes: int
     reason: str
+    kept: Path | None = None  # where the cut bytes were copied (only when cut)
 
 
 class LogScan:
@@ -212,9 +237,197 @@ class LogScan:
             raise CorruptLogError(
                 self.path, start, seq, f"{reason}; a valid record follows at offset {follower}"
             )
-        self.damage = TailDamage(self.path, start, size - start, f"torn tail: {reason}")
+        committer = self._trusted_committer
+        if committer is None:
+            committer = self.committer_id
+        damage = _not_torn(fd, start, size, committer, self.next_seq, self._max_record)
+        if damage is not None:
+            raise CorruptLogError(self.path, start, seq, f"{damage}; the file is left as it is")
+        kept = _keep(fd, self.path, start, size) if self.repair else None
+        self.damage = TailDamage(self.path, start, size - start, f"torn tail: {reason}", kept)
         if self.repair:
             _truncate(self.path, start)
+
+
+def _all_zero(fd: int, start: int, size: int) -> bool:
+    """Whether every byte from ``start`` to the end of the file is zero."""
+    at = start
+    while at < size:
+        piece = os.pread(fd, min(_CHUNK, size - at), at)
+        if not piece or piece.count(0) != len(piece):
+            return False
+        at += len(piece)
+    return True
+
+
+def _header_problem(
+    header: bytes, committer: int | None, seq: int | None, max_record: int
+) -> str | None:
+    """Why the header bytes present cannot begin the record this log expects next, or
+    ``None``. Only the bytes present are judged: a cut header is a prefix of a good one."""
+    n = len(header)
+    if committer is not None:
+        want = _I32.pack(committer)[: min(n, 4)]
+        if header[: len(want)] != want:
+            return (
+                f"the header's committer id bytes {header[:4].hex()} are not those of "
+                f"committer {committer}"
+            )
+    if n >= 8:
+        stored = int(_I32.unpack_from(header, 4)[0])
+        if stored >= 0:
+            return f"the header's length field {stored} is not in on-disk form (negative)"
+        length = -stored - 1
+        if not wire.HEADER_SIZE <= length <= max_record:
+            return f"the header's length {length} is outside {wire.HEADER_SIZE}..{max_record}"
+    if seq is not None and n > 16:
+        want = _I64.pack(seq)[: n - 16]
+        if header[16:n] != want:
+            return f"the header's sequence id bytes {header[16:n].hex()} are not those of seq {seq}"
+    return None
+
+
+def _not_torn(
+    fd: int, start: int, size: int, committer: int | None, seq: int | None, max_record: int
+) -> str | None:
+    """Why the damaged bytes from ``start`` to the end are not a torn tail, or ``None``.
+
+    A torn tail is what a write cut short by a crash leaves: all zeros (a file system that
+    extended the file but lost the data), or a prefix of a record this log would hold
+    next (see the module docstring). A record whose length fits in the file is complete:
+    if it fails, it was damaged after it was written, and it may have been acknowledged.
+    """
+    if _all_zero(fd, start, size):
+        return None
+    header = os.pread(fd, wire.HEADER_SIZE, start)
+    problem = _header_problem(header, committer, seq, max_record)
+    if problem is not None:
+        return f"not a record cut short: {problem}"
+    if len(header) < wire.HEADER_SIZE:
+        return None  # the header itself was cut
+    parsed = wire.parse_header(header, on_disk=True, max_record_size=max_record)
+    end = start + parsed.length
+    if end <= size:
+        if _body_hash(fd, start + wire.HEADER_SIZE, end) != parsed.check:
+            return (
+                f"a complete record ({parsed.length} bytes, all in the file) whose check "
+                f"bytes do not match its body: damaged after it was written, not torn"
+            )
+        state = _tail_state(fd, end, size)
+        if state == "cut":
+            return None  # the write was cut inside the watermarks
+        if state == "whole":
+            return "a complete, verified record with whole watermarks failed to read"
+        return f"a complete, verified record whose watermarks are malformed: {state}"
+    shorter = _verifies_shorter(fd, start, size, parsed.check)
+    if shorter is not None:
+        return (
+            f"the header states {parsed.length} bytes and {size - start} are present, but "
+            f"the record verifies as {shorter} bytes with its watermarks ending the file: "
+            f"a damaged length field, not a torn write"
+        )
+    return None
+
+
+def _body_hash(fd: int, at: int, end: int) -> int:
+    hasher = xxhash.xxh64()
+    while at < end:  # in pieces: a record may be hundreds of megabytes
+        piece = os.pread(fd, min(_CHUNK, end - at), at)
+        if not piece:
+            break
+        hasher.update(piece)
+        at += len(piece)
+    return hasher.intdigest()
+
+
+def _tail_state(fd: int, at: int, size: int) -> str:
+    """``"whole"`` if the watermark section at ``at`` parses, ``"cut"`` if the end of the
+    file cuts it, otherwise why it is malformed."""
+    want = 256
+    while True:
+        tail = os.pread(fd, want, at)
+        try:
+            wire.decode_disk_tail(tail)
+        except wire.TruncatedError:
+            if at + len(tail) >= size:
+                return "cut"
+            want *= 4
+            continue
+        except wire.ProtocolError as exc:
+            return exc.reason
+        return "whole"
+
+
+def _verifies_shorter(fd: int, start: int, size: int, check: int) -> int | None:
+    """The length with which the record at ``start`` verifies and its watermarks end the
+    file exactly, if there is one: then its length field was damaged, not its write cut.
+
+    Watermark sections are short, so only ends in the last :data:`_TAIL_WINDOW` bytes are
+    tried (a damaged length with a longer section is not found, and the tail is cut).
+    """
+    low = max(start + wire.HEADER_SIZE, size - _TAIL_WINDOW)
+    window = os.pread(fd, size - low, low)
+    view = memoryview(window)
+    for at in range(len(window) - 2, -1, -1):  # the shortest section is two bytes
+        try:
+            _, end = wire.decode_disk_tail(view, at)
+        except wire.ProtocolError:
+            continue
+        if end == len(window) and _body_hash(fd, start + wire.HEADER_SIZE, low + at) == check:
+            return low + at - start
+    return None
+
+
+def _keep(fd: int, path: Path, start: int, size: int) -> Path:
+    """Copy the bytes from ``start`` to the end beside the log (0600), durably, before they
+    are cut: ``serverlog<N>.torn-<offset>``, or ``...-<k>`` if that name is taken by
+    other bytes. Returns the copy's path."""
+    for k in itertools.count():
+        kept = path.with_name(f"{path.name}.torn-{start}" + (f"-{k}" if k else ""))
+        try:
+            out = create_private(kept, os.O_WRONLY | os.O_EXCL)
+        except FileExistsError:
+            if _same_bytes(fd, start, size, kept):
+                return kept  # kept already by a recovery that crashed before the cut
+            continue
+        try:
+            at = start
+            while at < size:
+                piece = os.pread(fd, min(_CHUNK, size - at), at)
+                if not piece:
+                    break
+                os.write(out, piece)
+                at += len(piece)
+            os.fsync(out)
+        finally:
+            os.close(out)
+        _fsync_dir(path.parent)
+        return kept
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _same_bytes(fd: int, start: int, size: int, other: Path) -> bool:
+    try:
+        if other.stat().st_size != size - start:
+            return False
+        with other.open("rb") as f:
+            at = start
+            while at < size:
+                piece = os.pread(fd, min(_CHUNK, size - at), at)
+                if not piece or f.read(len(piece)) != piece:
+                    return False
+                at += len(piece)
+    except OSError:
+        return False
+    return True
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _truncate(path: Path, length: int) -> None:
@@ -242,31 +455,10 @@ def _record_at(
         return False
     if pos + parsed.length > size:
         return False
-    hasher = xxhash.xxh64()
-    at, end = pos + wire.HEADER_SIZE, pos + parsed.length
-    while at < end:  # in pieces: a (bogus) length may claim hundreds of megabytes
-        piece = os.pread(fd, min(_CHUNK, end - at), at)
-        if not piece:
-            return False
-        hasher.update(piece)
-        at += len(piece)
-    if hasher.intdigest() != parsed.check:
+    # A (bogus) length may claim hundreds of megabytes: the body is hashed in pieces.
+    if _body_hash(fd, pos + wire.HEADER_SIZE, pos + parsed.length) != parsed.check:
         return False
-    # The watermark section: read in growing pieces until it parses or the file ends.
-    tail_at = pos + parsed.length
-    want = 256
-    while True:
-        tail = os.pread(fd, want, tail_at)
-        try:
-            wire.decode_disk_tail(tail)
-        except wire.TruncatedError:
-            if tail_at + len(tail) >= size:
-                return False
-            want *= 4
-            continue
-        except wire.ProtocolError:
-            return False
-        return True
+    return _tail_state(fd, pos + parsed.length, size) == "whole"
 
 
 def _candidate_pattern(

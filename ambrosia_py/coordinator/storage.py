@@ -6,7 +6,8 @@ checkpoint N is the state at the start of log N, so recovering from it needs log
 ...) and the lock file ``serverkillFile``, which a running coordinator holds with
 ``flock`` and which names its pid. Logs are appended with ``writev`` + ``fdatasync``;
 checkpoints are written to a temporary file and renamed into place, so a reader only ever
-sees a whole checkpoint.
+sees a whole checkpoint. Every file is created 0600 and the directory 0700 (:mod:`.modes`):
+logs hold call arguments, checkpoints whole states.
 
 Scanning a log (:meth:`InstanceFiles.scan_log`) is :mod:`.logscan`'s job: it verifies every
 record and tells a torn tail from corruption. The errors live in :mod:`.errors`; this
@@ -26,6 +27,7 @@ from pathlib import Path
 
 from .errors import CorruptLogError, InstanceLockedError, StorageError
 from .logscan import LogScan, TailDamage
+from .modes import PRIVATE_FILE, create_private, make_private_dir
 
 __all__ = [
     "CHECKPOINT_PREFIX",
@@ -103,7 +105,7 @@ class LogWriter:
         self.path = path
         existed = path.exists()
         try:
-            self._fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            self._fd: int | None = create_private(path, os.O_WRONLY | os.O_APPEND)
         except OSError as exc:
             raise StorageError(f"cannot open log {path}: {exc.strerror}") from exc
         self.size = os.fstat(self._fd).st_size
@@ -181,11 +183,18 @@ class InstanceFiles:
         return f"InstanceFiles({str(self.path)!r})"
 
     def create(self) -> None:
-        """Create the directory (and its parents) and make its entry durable."""
-        existed = self.path.is_dir()
-        self.path.mkdir(parents=True, exist_ok=True)
-        if not existed:
-            _fsync_dir(self.path.parent)
+        """Create the directory (and its parents), 0700, and make its entry durable."""
+        make_private_dir(self.path)
+
+    def owned_paths(self) -> list[Path]:
+        """The directory and every file in it the coordinator writes (for :func:`.modes.tighten`):
+        logs, checkpoints and their temporary files, the lock, kept torn tails."""
+        try:
+            names = os.listdir(self.path)
+        except FileNotFoundError:
+            return []
+        ours = (LOG_PREFIX, CHECKPOINT_PREFIX, LOCK_FILE, f".{CHECKPOINT_PREFIX}")
+        return [self.path, *(self.path / n for n in sorted(names) if n.startswith(ours))]
 
     # --- the lock ----------------------------------------------------------------------
 
@@ -208,7 +217,7 @@ class InstanceFiles:
         if self._lock_fd is not None:
             return
         try:
-            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = create_private(self.lock_path, os.O_RDWR)
         except OSError as exc:
             raise StorageError(f"cannot open lock file {self.lock_path}: {exc.strerror}") from exc
         try:
@@ -268,6 +277,7 @@ class InstanceFiles:
         fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=self.path)
         try:
             try:
+                os.fchmod(fd, PRIVATE_FILE)  # mkstemp's mode already; stated, as for every file
                 _write_all(fd, parts)
                 os.fsync(fd)
             finally:

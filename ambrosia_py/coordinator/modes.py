@@ -1,0 +1,104 @@
+"""File and directory modes: everything the coordinator keeps is for its owner alone.
+
+Logs hold every call's arguments and checkpoints a service's whole state, so the files
+the coordinator creates are 0600 and its directories 0700. The modes are set explicitly
+at creation (``os.open``/``mkdir`` with the mode, then ``fchmod``/``chmod``), so a
+permissive umask cannot loosen them; :func:`tighten` repairs data directories written
+before this rule (or by hand) and reports what it changed, so the caller can log it once.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterable
+from pathlib import Path
+
+__all__ = ["PRIVATE_DIR", "PRIVATE_FILE", "create_private", "make_private_dir", "tighten"]
+
+PRIVATE_FILE = 0o600
+PRIVATE_DIR = 0o700
+_DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
+
+
+def make_private_dir(path: Path) -> bool:
+    """Create ``path`` and any missing parents, each 0700; return whether it was created.
+
+    The parent of each created directory is fsynced, so the new entry survives a crash.
+    An existing directory is left as it is (see :func:`tighten`).
+    """
+    if path.is_dir():
+        return False
+    missing = []
+    at = path
+    while not at.exists():
+        missing.append(at)
+        if at.parent == at:
+            break
+        at = at.parent
+    for directory in reversed(missing):
+        try:
+            directory.mkdir(PRIVATE_DIR)
+        except FileExistsError:
+            if not directory.is_dir():
+                raise
+            continue  # created meanwhile by another process sharing the data dir
+        os.chmod(directory, PRIVATE_DIR)  # mkdir's mode is filtered by the umask
+        _fsync_dir(directory.parent)
+    return True
+
+
+def create_private(path: Path, flags: int) -> int:
+    """``os.open(path, flags | O_CREAT, 0o600)``, the mode forced with ``fchmod``.
+
+    The kernel filters a new file's mode through the umask, which can only take bits away;
+    ``fchmod`` makes the mode exactly 0600 whatever the umask. An existing file with group
+    or other bits loses them too.
+    """
+    fd = os.open(path, flags | os.O_CREAT, PRIVATE_FILE)
+    try:
+        if stat.S_IMODE(os.fstat(fd).st_mode) & 0o077:
+            os.fchmod(fd, PRIVATE_FILE)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def tighten(paths: Iterable[Path]) -> tuple[list[tuple[Path, int]], list[str]]:
+    """Take group and other permissions off each existing path (files 0600, dirs 0700).
+
+    Returns the paths changed with their old modes, and the failures as readable lines
+    (a path owned by someone else cannot be changed; the caller warns and carries on).
+    """
+    changed: list[tuple[Path, int]] = []
+    failed: list[str] = []
+    for path in paths:
+        try:
+            st = path.lstat()
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            failed.append(f"{path}: {exc.strerror}")
+            continue
+        if stat.S_ISLNK(st.st_mode):
+            continue  # never follow a link out of the data directory
+        mode = stat.S_IMODE(st.st_mode)
+        want = PRIVATE_DIR if stat.S_ISDIR(st.st_mode) else PRIVATE_FILE
+        if mode & ~want & 0o777 == 0:
+            continue
+        try:
+            os.chmod(path, mode & want)
+        except OSError as exc:
+            failed.append(f"{path}: {exc.strerror}")
+            continue
+        changed.append((path, mode))
+    return changed, failed
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, _DIR_FLAGS)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
