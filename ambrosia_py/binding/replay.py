@@ -28,6 +28,7 @@ from ..wire import IncomingReturnValue, IncomingRpc, LogRecord
 from .checkpoint import decode_snapshot
 from .dispatcher import Dispatcher
 from .errors import BindingError
+from .files import StateFiles, state_files_dir, use_state_files
 from .immortal import Immortal
 
 __all__ = ["Divergence", "ReplayResult", "replay_instance"]
@@ -129,7 +130,17 @@ def replay_instance(
     verify: bool = False,
     to_seq: int | None = None,
 ) -> ReplayResult:
-    """Replay an instance's history with ``service``'s code (see the module docstring)."""
+    """Replay an instance's history with ``service``'s code (see the module docstring).
+
+    Sealed state files (``files.py``) are read from the data dir, never written.
+    """
+    with use_state_files(StateFiles(state_files_dir(data_dir, instance), writable=False)):
+        return _replay(service, data_dir, instance, verify, to_seq)
+
+
+def _replay(
+    service: type[Immortal], data_dir: Path, instance: str, verify: bool, to_seq: int | None
+) -> ReplayResult:
     files = _instance_files(data_dir, instance)
     checkpoints = files.checkpoint_numbers()
     if not checkpoints:

@@ -25,6 +25,7 @@ import click
 from ..coordinator.ic_cli import coordinator_argv, link_argv, link_options
 from .client import serve
 from .errors import BindingError
+from .files import StateFiles, state_files_dir, use_state_files
 from .immortal import Immortal
 
 __all__ = ["load_service", "replay", "run"]
@@ -274,22 +275,25 @@ def run(
         if upgrade_version is None:
             raise click.UsageError("--upgrade-from needs --upgrade-version")
         upgrade_to, service = service, load_service(upgrade_from)
+    # Sealed state (``files.py``) lives beside the instance's files in the data dir.
+    files = StateFiles(state_files_dir(data_dir, instance or service.__name__.lower()))
     try:
-        status = asyncio.run(
-            _run(
-                service,
-                instance or service.__name__.lower(),
-                data_dir,
-                separated,
-                receive_port,
-                send_port,
-                upgrade_to,
-                upgrade_version,
-                _options(upgrade_to or service, service_options),
-                connect_timeout,
-                link_argv(link_host, link_port, link_to),
+        with use_state_files(files):
+            status = asyncio.run(
+                _run(
+                    service,
+                    instance or service.__name__.lower(),
+                    data_dir,
+                    separated,
+                    receive_port,
+                    send_port,
+                    upgrade_to,
+                    upgrade_version,
+                    _options(upgrade_to or service, service_options),
+                    connect_timeout,
+                    link_argv(link_host, link_port, link_to),
+                )
             )
-        )
     except ConnectionRefusedError as exc:
         raise click.ClickException(str(exc)) from None
     except KeyboardInterrupt:

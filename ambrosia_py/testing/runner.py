@@ -23,6 +23,7 @@ import cloudpickle
 
 from ..binding.client import serve
 from ..binding.dispatcher import Dispatcher, Mode
+from ..binding.files import StateFiles, state_files_dir, use_state_files
 from ..binding.immortal import Immortal
 from ..coordinator.ic_cli import coordinator_argv
 
@@ -59,6 +60,7 @@ class RunningImmortal:
         options = options or {}
         self.service = service
         self.instance = instance
+        self.data_dir = data_dir
         self.timeout = timeout
         # The coordinator's log goes to a file (a pipe nobody reads would fill up and
         # stall it); failures quote its end.
@@ -90,11 +92,16 @@ class RunningImmortal:
 
     def _run(self, receive_port: int, send_port: int) -> None:
         try:
-            self.loop.run_until_complete(
-                serve(
-                    self.service, self.instance, receive_port, send_port, dispatcher=self.dispatcher
+            with use_state_files(StateFiles(state_files_dir(self.data_dir, self.instance))):
+                self.loop.run_until_complete(
+                    serve(
+                        self.service,
+                        self.instance,
+                        receive_port,
+                        send_port,
+                        dispatcher=self.dispatcher,
+                    )
                 )
-            )
         except BaseException as exc:  # reported to the test by the next call
             self.error = exc
 
