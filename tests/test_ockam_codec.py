@@ -394,3 +394,14 @@ def test_pull_response_fitting_at_the_varint_boundary() -> None:
     full = len(encode(PullResponse(0, tuple(messages))))
     assert pull_response_fitting(0, messages, full).messages == tuple(messages)
     assert len(pull_response_fitting(0, messages, full - 1).messages) < 127
+
+
+def test_codec_routing_and_error_names_are_re_exported() -> None:
+    # A subset check: the package adds service, transport and client names of its own.
+    import immortals.ockam as ockam
+    from immortals.ockam import codec, errors, routing
+
+    for module in (codec, errors, routing):
+        for name in module.__all__:
+            assert name in ockam.__all__, name
+            assert getattr(ockam, name) is getattr(module, name)
