@@ -149,7 +149,7 @@ def test_response_round_trip(msg: Response) -> None:
 
 
 def test_constructors_normalise_status_and_messages() -> None:
-    assert PushConfirm(1, 0, 2).status is Status.OK  # type: ignore[arg-type]
+    assert PushConfirm(1, 0, 2).status is Status.OK
     assert PullResponse(1, [StreamMessage(0, b"")]).messages == (StreamMessage(0, b""),)
 
 

@@ -70,7 +70,7 @@ def test_round_trip(msg: TransportMessage) -> None:
 
 
 def test_routes_are_stored_as_tuples() -> None:
-    msg = TransportMessage(1, [SERVICE], [PEER], b"")  # type: ignore[arg-type]
+    msg = TransportMessage(1, [SERVICE], [PEER], b"")
     assert msg.onward_route == (SERVICE,)
     assert msg.return_route == (PEER,)
 
