@@ -275,6 +275,7 @@ class Publisher:
         self.retry_for = retry_for
         self.reconnects = 0
         self.recovered = 0  # unconfirmed pushes found stored after a reconnect
+        self.confirmed = 0  # progress: pushes confirmed so far
 
     async def publish(self, payloads: Sequence[bytes]) -> list[int]:
         """Store every payload; return their indexes, in order."""
@@ -318,6 +319,7 @@ class Publisher:
         async def one(k: int) -> None:
             try:
                 indexes[k] = await client.push(stream, payloads[k])
+                self.confirmed += 1
             finally:
                 window.release()
 
@@ -356,6 +358,7 @@ class Publisher:
                     indexes[k] = message.index
                     position += 1
                     self.recovered += 1
+                    self.confirmed += 1
             index = batch[-1].index + 1
         return index - 1
 

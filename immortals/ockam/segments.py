@@ -247,9 +247,15 @@ class StreamLog:
         return self.segments[lo], index - self.starts[lo]
 
     def read(self, index: int, limit: int) -> list[tuple[int, bytes]]:
-        """Up to ``limit`` messages from ``max(index, first)`` on, in index order."""
+        """Up to ``limit`` messages from ``max(index, first)`` on, in index order.
+
+        A pull below the earliest kept index starts at the earliest, with its whole
+        ``limit`` (the released code, which never trimmed, bounds the range by
+        ``index + limit``; with retention that would leave a consumer below the earliest
+        index nothing to read, ever).
+        """
         start = max(index, self.first)
-        stop = min(self.next, index + limit) if limit > 0 else start
+        stop = min(self.next, start + limit) if limit > 0 else start
         out: list[tuple[int, bytes]] = []
         i = start
         while i < stop:

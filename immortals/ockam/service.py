@@ -193,7 +193,10 @@ class StreamHub:
             return Outcome((reply_to(msg, codec.encode(confirm), me),))
         if isinstance(request, PullRequest):
             self._retain(stream, now_ms)
-            return Outcome((self._pull_reply(msg, me, stream, request),))
+            reply = self._pull_reply(msg, me, stream, request)
+            if reply is None:
+                return Outcome(problem="pull dropped: its return route leaves no room for a reply")
+            return Outcome((reply,))
         if isinstance(request, CreateStreamRequest | CreatePartitionedRequest):
             # A create sent to the worker itself: answer Init, as the service would.
             name, partition = key
@@ -213,13 +216,19 @@ class StreamHub:
 
     def _pull_reply(
         self, msg: TransportMessage, me: Address, stream: StreamLog, request: PullRequest
-    ) -> TransportMessage:
+    ) -> TransportMessage | None:
         # Room for the payload in one frame: the frame less the routing around it.
-        room = max_payload_size(msg.return_route, (me,))
+        try:
+            room = max_payload_size(msg.return_route, (me,))
+        except OckamError:  # a return route so long that no reply fits in a frame
+            return None
         # Each message needs at least 2 bytes, so no more than room/2 can ever fit.
         found = stream.read(request.index, min(request.limit, room // 2))
         messages = [StreamMessage(i, data) for i, data in found]
-        response = codec.pull_response_fitting(request.request_id, messages, room)
+        try:
+            response = codec.pull_response_fitting(request.request_id, messages, room)
+        except ValueError:  # not even an empty response fits beside that return route
+            return None
         return reply_to(msg, codec.encode(response), me)
 
     # -- the index service ----------------------------------------------------------------
