@@ -1,12 +1,17 @@
-"""The Ockam stream service as immortals: BARE codec, routing and TCP framing, sans-IO.
+"""The Ockam stream service as an immortal hub, and a client for it.
 
-``bare`` holds the BARE primitives, ``codec`` the stream-service messages (seed 003),
-``routing`` the Ockam routing messages and the TCP transport's u16 framing, ``errors``
-the error hierarchy. Everything public is re-exported here.
+Sans-IO: ``bare`` holds the BARE primitives, ``codec`` the stream-service messages (seed
+003), ``routing`` the Ockam routing messages and the TCP transport's u16 framing,
+``errors`` the error hierarchy, ``service`` the stream service, stream workers and index
+service (state and handlers), ``segments`` where messages are kept. The edges: ``hub``
+is the immortal (``ambrosia-py run immortals.ockam.hub``), ``transport`` its TCP server,
+``client`` what a user imports. ``docs/ockam.md`` tells the whole story. Everything
+public is re-exported here.
 """
 
 from __future__ import annotations
 
+from .client import Consumer, HubError, OckamClient, Publisher, Stream
 from .codec import (
     PROTOCOLS,
     SEED_PROTOCOL_NAMES,
@@ -41,6 +46,7 @@ from .codec import (
     pull_response_fitting,
 )
 from .errors import DecodeError, FrameTooLargeError, OckamError, UnknownProtocolError
+from .hub import OckamHub
 from .routing import (
     MAX_FRAME,
     VERSION,
@@ -57,8 +63,23 @@ from .routing import (
     max_payload_size,
     reply_to,
 )
+from .segments import Segment, SegmentError, StreamLog
+from .service import HubConfig, Outcome, StreamHub
 
 __all__ = [
+    # the hub, its state and the client
+    "Consumer",
+    "HubConfig",
+    "HubError",
+    "OckamClient",
+    "OckamHub",
+    "Outcome",
+    "Publisher",
+    "Segment",
+    "SegmentError",
+    "Stream",
+    "StreamHub",
+    "StreamLog",
     # codec
     "PROTOCOLS",
     "SEED_PROTOCOL_NAMES",
