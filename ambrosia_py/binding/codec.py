@@ -2,8 +2,14 @@
 
 ``json`` is the format of the released Node binding: the arguments are one UTF-8 JSON
 object mapping parameter names to values, so services in other languages can call ours.
-Return values travel with the method's codec too; exceptions always as pickles, with a
-:class:`RemoteError` carrying the text when the exception itself cannot be pickled.
+Return values and exceptions travel with the method's codec too. A pickle method's
+exception is the exception itself, pickled (a :class:`RemoteError` carrying its text when
+it cannot be pickled). A json method's exception is one JSON object,
+``{"error": type name, "message": text}``, decoded into a :class:`RemoteError` (or one
+of this binding's own error classes, by name): a json method never unpickles anything
+that came from outside. The json form starts with ``{`` and a pickle with ``0x80``, so a
+pickle method's caller tells them apart and takes both (a handler that raises for an
+unknown method id does not know the caller's codec and answers in json).
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import pickle
 from collections.abc import Callable
 from typing import Any, Literal
 
+from . import errors
 from .errors import RemoteError
 
 __all__ = [
@@ -79,7 +86,26 @@ def decode_value(codec: CodecName, data: bytes | bytearray | memoryview) -> Any:
     return pickle.loads(data)
 
 
-def encode_exception(exc: BaseException) -> bytes:
+# The binding's own errors come back as themselves from the json form; anything else
+# is a RemoteError naming the remote type. Never a class looked up by an arbitrary name.
+_JSON_ERRORS: dict[str, type[Exception]] = {
+    cls.__name__: cls
+    for cls in (
+        errors.BindingError,
+        errors.DeterminismError,
+        errors.ImpulseDuringRecoveryError,
+        errors.UnknownMethodError,
+        errors.RemoteError,
+    )
+}
+
+
+def encode_exception(codec: CodecName, exc: BaseException) -> bytes:
+    """An exception for a caller using ``codec`` (see the module docstring)."""
+    if codec == "json":
+        return json.dumps(
+            {"error": type(exc).__name__, "message": str(exc)}, separators=(",", ":")
+        ).encode()
     try:
         data = pickle.dumps(exc, protocol=_PROTOCOL)
         pickle.loads(data)  # some exceptions pickle but cannot be rebuilt
@@ -88,12 +114,36 @@ def encode_exception(exc: BaseException) -> bytes:
         return pickle.dumps(RemoteError(f"{type(exc).__name__}: {exc}"), protocol=_PROTOCOL)
 
 
-def decode_exception(data: bytes | bytearray | memoryview) -> BaseException:
+def decode_exception(codec: CodecName, data: bytes | bytearray | memoryview) -> BaseException:
+    """The exception a reply carries, decoded with the awaited method's codec.
+
+    A json method's reply is only ever parsed as JSON, whatever its bytes.
+    """
+    if codec == "json" or data[:1] == b"{":
+        return _exception_from_json(data)
     try:
         exc = pickle.loads(data)
     except Exception as err:
         return RemoteError(f"an exception that could not be decoded ({err})")
     return exc if isinstance(exc, BaseException) else RemoteError(repr(exc))
+
+
+def _exception_from_json(data: bytes | bytearray | memoryview) -> BaseException:
+    try:
+        obj = json.loads(bytes(data))
+    except ValueError as err:
+        return RemoteError(f"an exception that is not the json form ({err})")
+    if not (
+        isinstance(obj, dict)
+        and isinstance(obj.get("error"), str)
+        and isinstance(obj.get("message"), str)
+    ):
+        return RemoteError(
+            f"an exception in json without error and message strings: {repr(obj)[:200]}"
+        )
+    name, message = obj["error"], obj["message"]
+    cls = _JSON_ERRORS.get(name)
+    return cls(message) if cls is not None else RemoteError(f"{name}: {message}")
 
 
 def signature_of(fn: Callable[..., Any]) -> inspect.Signature:

@@ -15,6 +15,11 @@ logged replay messages*):
   primary.
 * Checkpoints are taken the moment the coordinator asks, even with handlers suspended:
   see :mod:`checkpoint` for the state-plus-tail design.
+* A return value is taken only from the instance the call went to, for a call a handler
+  is awaiting; anything else is dropped, logged and never decoded. The test reads only
+  state that logged input built (the awaiting handlers), so it gives the same answer
+  live, in replay and when a checkpoint's tail is replayed. Exceptions are decoded with
+  the awaited method's codec: a json method never unpickles a reply.
 """
 
 from __future__ import annotations
@@ -158,9 +163,11 @@ class Dispatcher:
         return effects
 
     def _message(self, msg: Message, seq: int) -> None:
-        if isinstance(msg, IncomingRpc | IncomingReturnValue):
+        if isinstance(msg, IncomingRpc):  # the hot path, inline
             self._tail.append(msg)
             self._dispatch(msg)
+        elif isinstance(msg, IncomingReturnValue):
+            self._incoming(msg, seq)
         elif isinstance(msg, RpcBatch | CountReplayableRpcBatch):
             for inner in msg.messages:
                 self._message(inner, seq)
@@ -219,10 +226,18 @@ class Dispatcher:
         if not self._loop_hidden:
             asyncio.events._set_running_loop(loop)
 
-    def _dispatch(self, msg: IncomingRpc | IncomingReturnValue) -> None:
-        if isinstance(msg, IncomingReturnValue):
-            self._resume(msg)
+    def _incoming(self, msg: IncomingRpc | IncomingReturnValue, seq: int | None) -> None:
+        """Handle a call or a reply (from record ``seq``; None: a checkpoint's tail)."""
+        if isinstance(msg, IncomingRpc):
+            self._tail.append(msg)
+            self._dispatch(msg)
             return
+        task = self._awaiting(msg, seq)
+        if task is not None:  # a dropped reply changed nothing: it is not part of the tail
+            self._tail.append(msg)
+            self._resume(task, msg)
+
+    def _dispatch(self, msg: IncomingRpc) -> None:
         spec = type(self.immortal).rpc_methods().get(msg.method_id)
         reply_to = (msg.sender, msg.call_seq) if msg.rpc_type == RpcType.ASYNC_AWAIT else None
         if spec is None:
@@ -271,14 +286,36 @@ class Dispatcher:
             task.waiting_on = awaited
             self._waiting[awaited.call_seq] = task
 
-    def _resume(self, reply: IncomingReturnValue) -> None:
-        task = self._waiting.pop(reply.call_seq, None)
+    def _awaiting(self, reply: IncomingReturnValue, seq: int | None) -> _Task | None:
+        """The handler awaiting ``reply``, or None: then the reply is dropped undecoded.
+
+        A pure function of logged input (which handlers await which calls), so replay
+        and a checkpoint's tail drop exactly what the live run dropped.
+        """
+        task = self._waiting.get(reply.call_seq)
         if task is None or task.waiting_on is None:
-            log.warning("reply to call %d, which nothing awaits: ignored", reply.call_seq)
-            return
+            why = f"no handler awaits call {reply.call_seq}"
+        elif reply.sender != task.waiting_on.callee:
+            why = f"call {reply.call_seq} went to {task.waiting_on.callee!r}"
+        else:
+            del self._waiting[reply.call_seq]
+            return task
+        log.warning(
+            "dropped a return value (%s, %d bytes) from %r for call %d in %s: %s; not decoded",
+            reply.return_type.name,
+            len(reply.value),
+            reply.sender,
+            reply.call_seq,
+            "the checkpoint's tail" if seq is None else f"record {seq}",
+            why,
+        )
+        return None
+
+    def _resume(self, task: _Task, reply: IncomingReturnValue) -> None:
+        assert task.waiting_on is not None
         method_codec = task.waiting_on.method.codec
         if reply.return_type == ReturnType.EXCEPTION:
-            self._step(task, None, codec.decode_exception(reply.value))
+            self._step(task, None, codec.decode_exception(method_codec, reply.value))
         elif reply.return_type == ReturnType.NO_VALUE:
             self._step(task, None, None)
         else:
@@ -304,7 +341,9 @@ class Dispatcher:
             return
         sender, call_seq = reply_to
         if error is not None:
-            kind, value = ReturnType.EXCEPTION, codec.encode_exception(error)
+            # Without a method the caller's codec is unknown: json, which both decode.
+            exc_codec: codec.CodecName = spec.codec if spec is not None else "json"
+            kind, value = ReturnType.EXCEPTION, codec.encode_exception(exc_codec, error)
         elif result is None:
             kind, value = ReturnType.NO_VALUE, b""
         else:
@@ -350,7 +389,8 @@ class Dispatcher:
         self._require_handler(f"calling {spec.name}")
         self._call_seq += 1
         self._outgoing(destination, spec, args, kwargs, RpcType.ASYNC_AWAIT, self._call_seq)
-        return CallFuture(self._call_seq, spec)
+        callee = self.instance if destination in ("", self.instance) else destination
+        return CallFuture(self._call_seq, spec, callee)
 
     def fork(
         self, destination: str, spec: MethodSpec, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -440,9 +480,11 @@ class Dispatcher:
         try:
             for raw in snap.tail:
                 msg, _ = wire.decode_message(raw)
-                assert isinstance(msg, IncomingRpc | IncomingReturnValue)
-                self._tail.append(msg)
-                self._dispatch(msg)
+                if not isinstance(msg, IncomingRpc | IncomingReturnValue):
+                    raise CheckpointFormatError(
+                        f"checkpoint tail holds a {type(msg).__name__}, not an incoming message"
+                    )
+                self._incoming(msg, None)
         finally:
             self._suppress = False
 

@@ -87,13 +87,17 @@ def background(fn: F) -> F:
 
 
 class CallFuture:
-    """What ``await proxy.method(...)`` waits on: the reply to call ``call_seq``."""
+    """What ``await proxy.method(...)`` waits on: the reply to call ``call_seq``.
 
-    __slots__ = ("call_seq", "method")
+    ``callee`` is the instance the call went to: the only sender whose reply is taken.
+    """
 
-    def __init__(self, call_seq: int, method: MethodSpec) -> None:
+    __slots__ = ("call_seq", "callee", "method")
+
+    def __init__(self, call_seq: int, method: MethodSpec, callee: str) -> None:
         self.call_seq = call_seq
         self.method = method
+        self.callee = callee
 
     def __await__(self) -> Generator[CallFuture, Any, Any]:
         return (yield self)

@@ -371,6 +371,17 @@ class Intake:
                     raise LinkError("a link carries incoming calls only", offset=frame.offset)
                 if isinstance(msg, IncomingRpc) and msg.rpc_type == wire.RpcType.IMPULSE:
                     raise LinkError("an impulse on a link", offset=frame.offset)
+                # A reply, or an async/await call (whose reply goes to its sender), must
+                # name the peer it came from: the binding takes a reply only from the
+                # instance its call went to, and that holds only if the name is true.
+                claimed = msg.sender
+                if (
+                    isinstance(msg, IncomingReturnValue) or msg.rpc_type == wire.RpcType.ASYNC_AWAIT
+                ) and claimed != sender:
+                    raise LinkError(
+                        f"a message on {sender!r}'s link names sender {claimed!r}",
+                        offset=frame.offset,
+                    )
                 frames.append(frame)
             reader.close()
         except LinkError:
