@@ -1,8 +1,8 @@
 """A binding that speaks raw bytes to a real coordinator process (no project code here).
 
 Everything is written from the protocol text: ZigZag varints, the 24-byte record header
-with XXH64 check bytes, the message framing. Tests use it to assert the exact records a
-coordinator sends.
+with XXH64 check bytes, the message framing, and the binding-token preamble (docs/protocol.md,
+*The binding's preamble*). Tests use it to assert the exact records a coordinator sends.
 """
 
 from __future__ import annotations
@@ -23,6 +23,25 @@ import xxhash
 
 HEADER = struct.Struct("<iiQq")
 DEADLINE = 30.0
+RECEIVE_SOCKET, SEND_SOCKET = 1, 2
+
+
+def preamble(token: bytes, socket_kind: int) -> bytes:
+    """magic "AMBPYLB1" | socket (1 receive, 2 send) | reserved 0 | 32-byte token"""
+    assert len(token) == 32
+    return b"AMBPYLB1" + bytes([socket_kind, 0]) + token
+
+
+def token_file(data_dir: Path, instance: str, command: str = "coordinator") -> Path:
+    suffix = ".debug-binding-token" if command == "debug" else ".binding-token"
+    return data_dir / f"{instance}{suffix}"
+
+
+def read_token(path: Path) -> bytes:
+    """The token a coordinator wrote: 64 hex digits and a newline."""
+    text = path.read_text()
+    assert len(text) == 65 and text.endswith("\n"), repr(text)
+    return bytes.fromhex(text)
 
 
 def zz(value: int) -> bytes:
@@ -101,15 +120,26 @@ class Record:
 class FakeBinding:
     receive_port: int
     send_port: int
+    token: bytes | None = None  # None: no preamble (a coordinator with --binding-auth none)
     to_ic: socket.socket = field(init=False)
     from_ic: socket.socket = field(init=False)
     _buf: bytes = b""
 
     def connect(self) -> FakeBinding:
+        return self.connect_receive().connect_send()
+
+    def connect_receive(self) -> FakeBinding:
         # Receive port first (where we write), then the send port (where we read); the
         # coordinator only listens on the send port once the first connection is in.
         self.to_ic = _connect(self.receive_port)
+        if self.token is not None:
+            self.to_ic.sendall(preamble(self.token, RECEIVE_SOCKET))
+        return self
+
+    def connect_send(self) -> FakeBinding:
         self.from_ic = _connect(self.send_port)
+        if self.token is not None:
+            self.from_ic.sendall(preamble(self.token, SEND_SOCKET))
         self.from_ic.settimeout(DEADLINE)
         return self
 
@@ -141,8 +171,18 @@ class FakeBinding:
         return rec
 
     def close(self) -> None:
-        for s in (self.to_ic, self.from_ic):
-            s.close()
+        for name in ("to_ic", "from_ic"):
+            if hasattr(self, name):
+                getattr(self, name).close()
+
+
+def ready_token(
+    fields: dict[str, str], data_dir: Path, instance: str, command: str = "coordinator"
+) -> bytes | None:
+    """The token to send, after a ready line with ``fields`` (``binding_auth=token|none``)."""
+    if fields.get("binding_auth") != "token":
+        return None
+    return read_token(token_file(data_dir, instance, command))
 
 
 def _connect(port: int) -> socket.socket:
@@ -226,7 +266,11 @@ def coordinator(
                 f"no ready line: {line!r} {proc.stderr.read() if proc.stderr else ''}"
             )
         fields = dict(kv.split("=") for kv in line.split() if "=" in kv)
-        binding = FakeBinding(int(fields["receive_port"]), int(fields["send_port"])).connect()
+        binding = FakeBinding(
+            int(fields["receive_port"]),
+            int(fields["send_port"]),
+            ready_token(fields, data_dir, instance, command),
+        ).connect()
         yield Coordinator(proc, line), binding
     finally:
         if binding is not None:

@@ -24,6 +24,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from ..coordinator.binding_auth import Socket, encode_preamble, token_for_ready_line
 from ..coordinator.ic_cli import coordinator_argv
 from ..wire import (
     Checkpoint,
@@ -130,8 +131,13 @@ def measure_coordinator(arg_size: int, count: int, data_dir: Path) -> dict[str, 
             line = proc.stdout.readline()
         fields = dict(kv.split("=") for kv in line.split() if "=" in kv)
         deadline = time.monotonic() + 30
+        token = token_for_ready_line(fields, data_dir, "bench")
         to_ic = _connect(int(fields["receive_port"]), deadline)
+        if token is not None:
+            to_ic.sendall(encode_preamble(token, Socket.RECEIVE))
         from_ic = _connect(int(fields["send_port"]), deadline)
+        if token is not None:
+            from_ic.sendall(encode_preamble(token, Socket.SEND))
         reader = RecordReader(max_record_size=1 << 30)
 
         def records() -> int:

@@ -2,7 +2,9 @@
 
 It connects to the coordinator's receive port first (where it writes), then to its send
 port (where it reads), and sends nothing until the first record arrives (reference
-ambrosia.md, *The two local sockets*). Records are verified as they are read (check
+ambrosia.md, *The two local sockets*) — nothing but, given this start's token, the
+42-byte preamble first on each socket that proves it was started for this coordinator
+(``coordinator/binding_auth.py``). Records are verified as they are read (check
 bytes, committer id, consecutive sequence ids); a bad one stops the binding. When the
 coordinator goes away the binding stops: they live and die together.
 """
@@ -16,6 +18,7 @@ import time
 from typing import Any
 
 from .. import wire
+from ..coordinator.binding_auth import Socket, encode_preamble
 from ..wire import Message, RecordReader
 from .dispatcher import Dispatcher
 from .immortal import Immortal
@@ -27,10 +30,19 @@ _READ_SIZE = 256 * 1024
 
 
 async def _open(
-    host: str, port: int, deadline: float
+    host: str, port: int, deadline: float, refused: asyncio.Future[bytes] | None = None
 ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """Connect, retrying while the port is not listening yet (the send port opens late)."""
+    """Connect, retrying while the port is not listening yet (the send port opens late).
+
+    ``refused`` completes when the coordinator closed the receive connection already.
+    """
     while True:
+        if refused is not None and refused.done():
+            raise ConnectionRefusedError(
+                f"the coordinator closed the connection to its receive port before opening "
+                f"{host}:{port}: it refused this binding (a wrong or missing binding token? "
+                "its log says why)"
+            )
         try:
             return await asyncio.open_connection(host, port)
         except (ConnectionRefusedError, OSError) as exc:
@@ -63,12 +75,35 @@ class Connection:
 
 
 async def connect(
-    receive_port: int, send_port: int, *, host: str = "127.0.0.1", timeout: float = 30.0
+    receive_port: int,
+    send_port: int,
+    *,
+    host: str = "127.0.0.1",
+    timeout: float = 30.0,
+    token: bytes | None = None,
 ) -> Connection:
-    """Connect to a coordinator: its receive port first, then its send port."""
+    """Connect to a coordinator: its receive port first, then its send port.
+
+    With ``token`` (what the coordinator wrote to its token file for this start) the
+    preamble goes first on each socket; without it the coordinator must run with
+    ``--binding-auth none``.
+    """
     deadline = time.monotonic() + timeout
     receive = await _open(host, receive_port, deadline)
-    send = await _open(host, send_port, deadline)
+    if token is not None:
+        receive[1].write(encode_preamble(token, Socket.RECEIVE))
+    # The coordinator never writes on this socket: a read ends only when it closes it,
+    # which, before the send port opens, means it refused the token.
+    refused = asyncio.ensure_future(receive[0].read(1))
+    try:
+        send = await _open(host, send_port, deadline, refused)
+    except BaseException:
+        receive[1].close()
+        raise
+    finally:
+        refused.cancel()
+    if token is not None:
+        send[1].write(encode_preamble(token, Socket.SEND))
     return Connection(receive, send)
 
 
@@ -83,9 +118,13 @@ async def serve(
     timeout: float = 30.0,
     dispatcher: Dispatcher | None = None,
     options: Any = None,
+    token: bytes | None = None,
 ) -> Dispatcher:
-    """Run ``service`` as ``instance`` until the coordinator goes away; return the dispatcher."""
-    conn = await connect(receive_port, send_port, host=host, timeout=timeout)
+    """Run ``service`` as ``instance`` until the coordinator goes away; return the dispatcher.
+
+    ``token``: this start's binding token (see :func:`connect`).
+    """
+    conn = await connect(receive_port, send_port, host=host, timeout=timeout, token=token)
     reader, writer = conn.reader, conn.writer
     d = dispatcher or Dispatcher(service, instance, upgrade_to=upgrade_to, options=options)
 
@@ -109,6 +148,11 @@ async def serve(
                     d.became_primary = False
                     background = _start_background(d, background)
         records.close()
+        if records.offset == 0:
+            log.error(
+                "the coordinator closed the connection before sending anything: it refused "
+                "this binding (a wrong or missing binding token?) or stopped; see its log"
+            )
         log.info("coordinator went away; stopping")
     except ConnectionError as exc:
         log.info("coordinator connection lost (%s); stopping", exc)

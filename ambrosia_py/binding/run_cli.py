@@ -22,6 +22,12 @@ from typing import Any
 
 import click
 
+from ..coordinator.binding_auth import (
+    BindingTokenError,
+    read_token,
+    token_for_ready_line,
+    token_path,
+)
 from ..coordinator.ic_cli import coordinator_argv, link_argv, link_options
 from .client import serve
 from .errors import BindingError
@@ -29,6 +35,8 @@ from .files import StateFiles, state_files_dir, use_state_files
 from .immortal import Immortal
 
 __all__ = ["load_service", "replay", "run"]
+
+log = logging.getLogger("ambrosia_py.binding")
 
 
 _loaded_files: dict[str, Path] = {}  # module name -> the service file loaded under it
@@ -151,6 +159,19 @@ def _options(service: type[Immortal], values: dict[str, Any]) -> Any:
     return service.make_options(**{name: values[name] for name, _, _ in service.option_fields()})
 
 
+def _separated_token(data_dir: Path, instance: str) -> bytes | None:
+    """The token of the coordinator already running: its file in the data directory."""
+    path = token_path(data_dir, instance)
+    if not path.exists():
+        log.warning(
+            "no binding token at %s: attaching without one (the coordinator must run with "
+            "--binding-auth none)",
+            path,
+        )
+        return None
+    return read_token(path)
+
+
 async def _run(
     service: type[Immortal],
     instance: str,
@@ -175,6 +196,7 @@ async def _run(
             upgrade_to=upgrade_to,
             options=options,
             timeout=timeout,
+            token=_separated_token(data_dir, instance),
         )
         return 0
     args = coordinator_argv(instance, data_dir, *links)
@@ -201,6 +223,7 @@ async def _run(
             upgrade_to=upgrade_to,
             options=options,
             timeout=timeout,
+            token=token_for_ready_line(fields, data_dir, instance),
         )
         return await ic.wait()
     finally:
@@ -224,7 +247,12 @@ async def _run(
     show_default=True,
     help="Where logs, checkpoints and the registry live.",
 )
-@click.option("--separated", is_flag=True, help="Attach to a coordinator already running.")
+@click.option(
+    "--separated",
+    is_flag=True,
+    help="Attach to a coordinator already running (proving it with the token it wrote to "
+    "DATA_DIR/INSTANCE.binding-token).",
+)
 @click.option("--receive-port", type=int, help="The coordinator's receive port.")
 @click.option("--send-port", type=int, help="The coordinator's send port.")
 @click.option(
@@ -294,7 +322,7 @@ def run(
                     link_argv(link_host, link_port, link_to),
                 )
             )
-    except ConnectionRefusedError as exc:
+    except (ConnectionRefusedError, BindingTokenError) as exc:
         raise click.ClickException(str(exc)) from None
     except KeyboardInterrupt:
         status = 0

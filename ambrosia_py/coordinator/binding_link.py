@@ -1,6 +1,7 @@
 """The coordinator's side of the two binding sockets (reference ambrosia.md, *The two
-local sockets*): listening in the released order, refusing a second binding, and moving
-bytes without copying them.
+local sockets*): listening in the released order, admitting only the binding that shows
+this start's token (:mod:`binding_auth`), refusing a second binding, and moving bytes
+without copying them.
 
 Raw sockets rather than asyncio streams: the coordinator moves every byte it logs through
 these connections, and the stream classes copy each read and write. Reads use
@@ -20,6 +21,7 @@ from collections.abc import Callable
 
 from .. import wire
 from ..wire import CONTROL_SEQ, Message
+from .binding_auth import PREAMBLE_SIZE, Socket, TokenGate
 
 __all__ = ["BindingLink", "Listener", "connect_binding"]
 
@@ -27,15 +29,26 @@ log = logging.getLogger("ambrosia_py.coordinator")
 
 READ_SIZE = 256 * 1024
 _IOV_MAX = 1024  # buffers per sendmsg call
+PREAMBLE_TIMEOUT = 10.0  # seconds a connection has to prove the token
+MAX_UNPROVEN = 16  # connections proving the token at once; more are closed at once
 
 
 class Listener:
-    """One listening port that hands out its first connection and refuses the rest."""
+    """One listening port that hands out one connection and refuses the rest.
 
-    def __init__(self, name: str) -> None:
+    Without a gate that is the first connection (the released protocol). With one, every
+    connection must first send the preamble with this start's token: connections prove
+    it side by side, so one that connects first and sends nothing holds nobody up, and
+    the first that proves it is the binding. The others are closed without a byte sent.
+    """
+
+    def __init__(self, name: str, kind: Socket, gate: TokenGate | None) -> None:
         self.name = name
+        self._kind = kind
+        self._gate = gate
         self._sockets: list[socket.socket] = []
         self._tasks: list[asyncio.Task[None]] = []
+        self._unproven: dict[asyncio.Task[None], socket.socket] = {}
         self._first: asyncio.Future[socket.socket] = asyncio.get_running_loop().create_future()
 
     async def listen(self, host: str, port: int) -> None:
@@ -64,19 +77,65 @@ class Listener:
         loop = asyncio.get_running_loop()
         while True:
             conn, peer = await loop.sock_accept(sock)
-            if not self._first.done():
+            if self._first.done():
+                log.warning(
+                    "refusing a second binding connection from %s on the %s port", peer, self.name
+                )
+                conn.close()
+            elif self._gate is None:
                 self._first.set_result(conn)
-                continue
-            log.warning(
-                "refusing a second binding connection from %s on the %s port", peer, self.name
-            )
-            conn.close()
+            elif len(self._unproven) >= MAX_UNPROVEN:
+                self._refuse(conn, peer, f"{MAX_UNPROVEN} connections are proving a token")
+            else:
+                task = asyncio.create_task(self._admit(conn, peer))
+                self._unproven[task] = conn
+                task.add_done_callback(self._unproven.pop)
+
+    async def _admit(self, conn: socket.socket, peer: object) -> None:
+        """Read the preamble (exactly its bytes: what follows belongs to the protocol)."""
+        assert self._gate is not None
+        loop = asyncio.get_running_loop()
+        got = b""
+        try:
+            async with asyncio.timeout(PREAMBLE_TIMEOUT):
+                while len(got) < PREAMBLE_SIZE:
+                    chunk = await loop.sock_recv(conn, PREAMBLE_SIZE - len(got))
+                    if not chunk:
+                        break
+                    got += chunk
+        except TimeoutError:
+            why: str | None = f"no preamble within {PREAMBLE_TIMEOUT:g} s ({len(got)} bytes)"
+        except OSError as exc:
+            why = f"connection lost before the preamble ({exc})"
+        except asyncio.CancelledError:
+            why = "another connection proved the token first"
+        else:
+            why = self._gate.refusal(got, self._kind)
+        if why is None and not self._first.done():
+            log.info("binding proved the token on the %s port (from %s)", self.name, peer)
+            self._first.set_result(conn)
+            for task in list(self._unproven):
+                if task is not asyncio.current_task():
+                    task.cancel()
+            return
+        self._refuse(conn, peer, why or "a binding is attached already")
+
+    def _refuse(self, conn: socket.socket, peer: object, why: str) -> None:
+        log.warning(
+            "refusing a binding connection from %s on the %s port: %s; nothing was sent to it",
+            peer,
+            self.name,
+            why,
+        )
+        with contextlib.suppress(OSError):
+            conn.shutdown(socket.SHUT_RDWR)
+        conn.close()
 
     async def accept(self) -> socket.socket:
         return await self._first
 
     def close(self) -> None:
-        for task in self._tasks:
+        for task in [*self._tasks, *self._unproven]:
             task.cancel()
         for sock in self._sockets:
             sock.close()
@@ -179,15 +238,35 @@ class BindingLink:
 
 
 async def connect_binding(
-    host: str, receive_port: int, send_port: int, ready: Callable[[str], None]
+    host: str,
+    receive_port: int,
+    send_port: int,
+    ready: Callable[[str], None],
+    gate: TokenGate | None = None,
 ) -> tuple[BindingLink, list[Listener]]:
-    receive = Listener("receive")
-    await receive.listen(host, receive_port)
-    ready(f"receive_port={receive_port} send_port={send_port}")
-    first = await receive.accept()
-    first.setblocking(False)
-    send = Listener("send")
-    await send.listen(host, send_port)
-    second = await send.accept()
+    """Listen in the released order and return the binding's two connections.
+
+    With a ``gate`` each connection must prove the token before anything is sent on
+    either: the send port, where the checkpoint goes first, opens only once the receive
+    connection has proved it, and its own connection must prove it again. Once both are
+    attached (or the attempt fails) the token file is removed: nobody else is admitted.
+    """
+    receive = Listener("receive", Socket.RECEIVE, gate)
+    send = Listener("send", Socket.SEND, gate)
+    try:
+        await receive.listen(host, receive_port)
+        auth = "none" if gate is None else "token"
+        ready(f"receive_port={receive_port} send_port={send_port} binding_auth={auth}")
+        first = await receive.accept()
+        first.setblocking(False)
+        await send.listen(host, send_port)
+        second = await send.accept()
+    except BaseException:
+        receive.close()
+        send.close()
+        raise
+    finally:
+        if gate is not None:
+            gate.remove()
     log.info("binding attached")
     return BindingLink(first, second), [receive, send]

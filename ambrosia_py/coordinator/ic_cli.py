@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from .binding_auth import BindingAuth
 from .ic_server import (
     DEFAULT_LOG_TRIGGER_MB,
     CoordinatorConfig,
@@ -115,6 +116,16 @@ _ports = [
     ),
     click.option("--send-port", type=int, help="Port the binding reads from (default: registry)."),
 ]
+_binding_auth = click.option(
+    "--binding-auth",
+    type=click.Choice([a.value for a in BindingAuth]),
+    default=BindingAuth.TOKEN.value,
+    show_default=True,
+    help="token: the binding must first show the token this start writes to "
+    "DATA_DIR/INSTANCE.binding-token (mode 0600). none: for released AMBROSIA bindings, "
+    "which cannot; then every local process that connects first is trusted with the "
+    "service's state.",
+)
 
 
 @click.command()
@@ -131,6 +142,7 @@ _ports = [
     help="Roll to a new log file and take a checkpoint when a log passes this size.",
 )
 @click.option("--upgrade-version", type=int, help="Recover, then upgrade to this version.")
+@_binding_auth
 @link_options[0]
 @link_options[1]
 @link_options[2]
@@ -142,6 +154,7 @@ def coordinator(
     send_port: int | None,
     log_trigger_mb: float,
     upgrade_version: int | None,
+    binding_auth: str,
     link_host: str,
     link_port: int,
     link_to: tuple[tuple[str, str, int], ...],
@@ -156,6 +169,7 @@ def coordinator(
         send_port=send_port,
         log_trigger_mb=log_trigger_mb,
         upgrade_version=upgrade_version,
+        binding_auth=BindingAuth(binding_auth),
         link_host=link_host,
         link_port=link_port,
         link_to=link_to,
@@ -170,6 +184,7 @@ def coordinator(
 @click.option("--test-upgrade", is_flag=True, help="Send UpgradeService before the replay.")
 @_ports[0]
 @_ports[1]
+@_binding_auth
 def debug(
     instance: str,
     data_dir: Path,
@@ -177,10 +192,15 @@ def debug(
     test_upgrade: bool,
     receive_port: int | None,
     send_port: int | None,
+    binding_auth: str,
 ) -> None:
     """Replay history to a binding from a checkpoint, writing nothing (what-if testing)."""
     _setup_logging(instance)
     config = CoordinatorConfig(
-        data_dir=data_dir, instance=instance, receive_port=receive_port, send_port=send_port
+        data_dir=data_dir,
+        instance=instance,
+        receive_port=receive_port,
+        send_port=send_port,
+        binding_auth=BindingAuth(binding_auth),
     )
     _run(run_debug(config, checkpoint, test_upgrade=test_upgrade))

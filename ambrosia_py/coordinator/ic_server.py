@@ -51,6 +51,7 @@ from ..wire import (
     UpgradeService,
     UpgradeTakeCheckpoint,
 )
+from .binding_auth import BindingAuth, open_gate
 from .binding_link import BindingLink, connect_binding
 from .commit import CommitPipeline
 from .ic_core import CheckpointArrived, CheckpointRequested, IcState, InitialArrived, Intake
@@ -85,6 +86,8 @@ class CoordinatorConfig:
     upgrade_version: int | None = None
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
     host: str = "127.0.0.1"
+    # How the binding proves it was started for this coordinator (binding_auth.py).
+    binding_auth: BindingAuth = BindingAuth.TOKEN
     # Links to other instances' coordinators: where this one accepts them (port 0: any
     # free port), and addresses of instances the registry does not know (other machines).
     link_host: str = "127.0.0.1"
@@ -551,6 +554,7 @@ class _Coordinator:
             lambda ports: ready(
                 f"ready instance={self.config.instance} version={version} {ports} pid={os.getpid()}"
             ),
+            open_gate(self.config.data_dir, self.config.instance, self.config.binding_auth),
         )
         try:
             info = self.registry.get(self.config.instance)
@@ -645,6 +649,7 @@ async def run_debug(
         receive_port,
         send_port,
         lambda ports: ready(f"ready debug instance={config.instance} version={version} {ports}"),
+        open_gate(config.data_dir, config.instance, config.binding_auth, debug=True),
     )
     try:
         await binding.send(

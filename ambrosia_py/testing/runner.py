@@ -25,6 +25,7 @@ from ..binding.client import serve
 from ..binding.dispatcher import Dispatcher, Mode
 from ..binding.files import StateFiles, state_files_dir, use_state_files
 from ..binding.immortal import Immortal
+from ..coordinator.binding_auth import token_for_ready_line
 from ..coordinator.ic_cli import coordinator_argv
 
 __all__ = ["ImmortalRunner", "RunningImmortal"]
@@ -79,6 +80,7 @@ class RunningImmortal:
             self.ic.wait(timeout)
             raise RuntimeError(f"coordinator did not start: {line!r}\n{self._log_tail()}")
         fields = dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
+        self._token = token_for_ready_line(fields, data_dir, instance)
         self.dispatcher = Dispatcher(service, instance, options=service.make_options(**options))
         self.loop = asyncio.new_event_loop()
         self.error: BaseException | None = None
@@ -100,6 +102,7 @@ class RunningImmortal:
                         receive_port,
                         send_port,
                         dispatcher=self.dispatcher,
+                        token=self._token,
                     )
                 )
         except BaseException as exc:  # reported to the test by the next call
