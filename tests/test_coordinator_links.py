@@ -6,12 +6,9 @@ checkpoint — Commit once input is durable, and bad peers disconnected with not
 
 from __future__ import annotations
 
-import socket
 import struct
 import time
 from pathlib import Path
-
-import xxhash
 
 from ambrosia_py.coordinator.registry import Registry
 from tests.fake_binding import (
@@ -21,95 +18,22 @@ from tests.fake_binding import (
     frame,
     incoming_fork,
     incoming_impulse,
-    unzz,
     zz,
 )
-
-DEADLINE = 30
-LINK_TOKEN = struct.pack("<QQ", 0xFFFF_FFFF_FFFF_FFFF, 0x414D_4252)
-TAKE_CHECKPOINT, COMMIT, REPLAY_FROM = 2, 3, 4
-
-
-def connect_packet(port: int = 1, version: int = 0x0FDB00B073000000) -> bytes:
-    version |= 0x1000000000000000  # the object-serializer flag, as senders set it
-    return struct.pack("<IQHQIH16s", 40, version, port, 7, 0x7F000001, 0, bytes(16))
-
-
-def flow_frame(message: bytes, token: bytes = LINK_TOKEN) -> bytes:
-    checksum = xxhash.xxh3_64_intdigest(token + message)
-    return struct.pack("<IQ", 16 + len(message), checksum) + token + message
-
-
-def hello(sender: str, destination: str, incarnation: int = 7) -> bytes:
-    """magic | zigzag len | sender | zigzag len | destination | zigzag incarnation"""
-    names = b"".join(zz(len(n)) + n.encode() for n in (sender, destination))
-    return b"AMBLINK1" + names + zz(incarnation)
-
-
-class Peer:
-    """A raw link peer: one TCP connection to a coordinator's link endpoint."""
-
-    def __init__(self, data_dir: Path, instance: str) -> None:
-        deadline = time.monotonic() + DEADLINE
-        with Registry(data_dir) as registry:
-            while (addr := registry.link_address(instance)) is None:
-                assert time.monotonic() < deadline, "the coordinator never published a link"
-                time.sleep(0.01)  # polling the registry, with a deadline
-        self.sock = socket.create_connection(addr, timeout=DEADLINE)
-        self._buf = b""
-
-    def read(self, n: int) -> bytes:
-        while len(self._buf) < n:
-            chunk = self.sock.recv(1 << 16)
-            if not chunk:
-                raise EOFError("the coordinator closed the link")
-            self._buf += chunk
-        out, self._buf = self._buf[:n], self._buf[n:]
-        return out
-
-    def open(
-        self, sender: str = "client", destination: str = "server", incarnation: int = 7
-    ) -> None:
-        self.sock.sendall(connect_packet())
-        packet = self.read(44)
-        assert struct.unpack_from("<I", packet)[0] == 40
-        assert struct.unpack_from("<I", packet, 22)[0] == 0x7F000001  # 01 00 00 7f
-        assert struct.unpack_from("<Q", packet, 4)[0] >> 60 == 1  # the object-serializer flag
-        self.sock.sendall(flow_frame(hello(sender, destination, incarnation)))
-
-    def frame(self) -> bytes:
-        length, checksum = struct.unpack("<IQ", self.read(12))
-        rest = self.read(length)
-        assert xxhash.xxh3_64_intdigest(rest) == checksum
-        assert rest[:16] == LINK_TOKEN
-        return rest[16:]
-
-    def messages(self, size: int) -> bytes:
-        """Frames until ``size`` bytes of messages have come (a sender batches freely)."""
-        got = b""
-        while len(got) < size:
-            got += self.frame()
-        return got
-
-    def control(self) -> tuple[int, int, int]:
-        """The next ReplayFrom or Commit: (type, seq, replayable seq)."""
-        msg = self.frame()
-        size, pos = unzz(msg, 0)
-        assert len(msg) == pos + size
-        seq, p = unzz(msg, pos + 1)
-        replayable, _ = unzz(msg, p)
-        return msg[pos], seq, replayable
-
-    def closed_by_peer(self) -> bool:
-        try:
-            while self.sock.recv(1 << 16):
-                pass
-        except ConnectionResetError:
-            pass
-        return True
-
-    def close(self) -> None:
-        self.sock.close()
+from tests.link_peer import (
+    AUTH_TOKEN,
+    COMMIT,
+    DEADLINE,
+    MAGIC,
+    REPLAY_FROM,
+    TAKE_CHECKPOINT,
+    Peer,
+    Receiver,
+    connect_packet,
+    flow_frame,
+    hello,
+    sha,
+)
 
 
 def wait_for_checkpoint(data_dir: Path, instance: str, n: int) -> None:
@@ -145,7 +69,7 @@ def test_replay_from_commit_and_resume_after_reconnect_crash_and_checkpoint(
         peer = Peer(tmp_path, "server")
         peer.open()
         assert peer.control() == (REPLAY_FROM, 0, 0)
-        peer.sock.sendall(flow_frame(calls[0] + calls[1]))
+        peer.send(calls[0] + calls[1])
         rec = binding.record()  # logged durably, then forwarded
         assert (rec.seq, rec.body) == (1, calls[0] + calls[1])
         assert peer.control() == (COMMIT, 2, 2)
@@ -155,7 +79,7 @@ def test_replay_from_commit_and_resume_after_reconnect_crash_and_checkpoint(
         peer.open()
         assert peer.control() == (REPLAY_FROM, 2, 2)
         assert peer.control() == (COMMIT, 2, 2)  # what it has durably already
-        peer.sock.sendall(flow_frame(calls[2]))
+        peer.send(calls[2])
         assert binding.record().body == calls[2]
         assert peer.control() == (COMMIT, 3, 3)
         peer.close()
@@ -167,7 +91,7 @@ def test_replay_from_commit_and_resume_after_reconnect_crash_and_checkpoint(
         peer.open()
         assert peer.control() == (REPLAY_FROM, 3, 3)
         assert peer.control() == (COMMIT, 3, 3)  # what it has durably already
-        peer.sock.sendall(flow_frame(calls[3]))
+        peer.send(calls[3])
         assert binding.record().body == calls[3]
         assert peer.control() == (COMMIT, 4, 4)
         # A checkpoint: the next recovery starts from it, not from the watermarks of
@@ -175,7 +99,7 @@ def test_replay_from_commit_and_resume_after_reconnect_crash_and_checkpoint(
         binding.send(frame(TAKE_CHECKPOINT))
         assert binding.record().seq == -1
         binding.send(checkpoint(b"cp-after-4"))
-        peer.sock.sendall(flow_frame(calls[4]))
+        peer.send(calls[4])
         assert binding.record().body == calls[4]
         assert peer.control() == (COMMIT, 5, 5)
         peer.close()
@@ -196,14 +120,16 @@ def test_bad_peers_are_disconnected_and_nothing_of_theirs_is_logged(tmp_path: Pa
     good = incoming_fork(5, b"ok")
     with coordinator(tmp_path, "server") as (ic, binding):
         first_start(binding)
+        challenge = MAGIC + b"\x01" + bytes(32) + sha("client")
         bad_inputs = [
             # a ConnectPacket longer than any known
             struct.pack("<IQH", 99, 0x1FDB00B073000000, 1) + bytes(96),
-            # a frame whose checksum is wrong
-            connect_packet() + flow_frame(hello("client", "server"))[:-1] + b"X",
-            # a hello for another instance
-            connect_packet() + flow_frame(hello("client", "elsewhere")),
-            # calls before any hello
+            # a handshake frame whose checksum is wrong
+            connect_packet() + flow_frame(challenge + sha("server"), AUTH_TOKEN)[:-1] + b"X",
+            # a handshake for another instance
+            connect_packet() + flow_frame(challenge + sha("elsewhere"), AUTH_TOKEN),
+            # a hello, or calls, before any handshake
+            connect_packet() + flow_frame(hello("client", "server")),
             connect_packet() + flow_frame(good),
         ]
         for data in bad_inputs:
@@ -211,19 +137,31 @@ def test_bad_peers_are_disconnected_and_nothing_of_theirs_is_logged(tmp_path: Pa
             peer.sock.sendall(data)
             assert peer.closed_by_peer()
             peer.close()
+        # Authenticated, then a hello for another instance, or from another sender than
+        # the one that authenticated.
+        for sender, hello_sender, destination in (
+            ("client", "client", "elsewhere"),
+            ("client", "other", "server"),
+        ):
+            peer = Peer(tmp_path, "server")
+            peer.connect()
+            peer.authenticate(sender, "server")
+            peer.send(hello(hello_sender, destination))
+            assert peer.closed_by_peer()
+            peer.close()
         # After a good hello: a frame that is not calls, an impulse, a cut message.
         for payload in (frame(TAKE_CHECKPOINT), incoming_impulse(5, b"i"), good[:-1]):
             peer = Peer(tmp_path, "server")
             peer.open()
             assert peer.control() == (REPLAY_FROM, 0, 0)
-            peer.sock.sendall(flow_frame(good + payload))  # the good call goes down too
+            peer.send(good + payload)  # the good call goes down too
             assert peer.closed_by_peer()
             peer.close()
         # The coordinator is unharmed and logged nothing of the above.
         peer = Peer(tmp_path, "server")
         peer.open()
         assert peer.control() == (REPLAY_FROM, 0, 0)
-        peer.sock.sendall(flow_frame(good))
+        peer.send(good)
         rec = binding.record()
         assert (rec.seq, rec.body) == (1, good)
         assert peer.control() == (COMMIT, 1, 1)
@@ -231,8 +169,11 @@ def test_bad_peers_are_disconnected_and_nothing_of_theirs_is_logged(tmp_path: Pa
         binding.close()
         assert ic.proc.wait(timeout=DEADLINE) == 0
         log = ic.stderr()
-    assert "link from 'an unknown peer' closed" in log
+    assert "link from 'an unknown peer' at 127.0.0.1:" in log
+    assert "the peer dialed another instance" in log
+    assert "before the link handshake was done" in log
     assert "'client' dialed 'elsewhere', but this is 'server'" in log
+    assert "the hello names 'other', but the peer authenticated as another instance" in log
 
 
 # --- the sending side: a raw receiver stands in for the destination's coordinator --------
@@ -242,37 +183,6 @@ def fork_to(destination: str, method: int, args: bytes) -> bytes:
     """An outgoing fork from the binding to another instance."""
     dest = destination.encode()
     return frame(0, zz(len(dest)) + dest + b"\x00" + zz(method) + b"\x01" + args)
-
-
-class Receiver:
-    """A listening socket published in the registry as ``instance``'s link address."""
-
-    def __init__(self, data_dir: Path, instance: str) -> None:
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.listener.settimeout(DEADLINE)
-        with Registry(data_dir) as registry:
-            registry.register(instance)
-            registry.set_link_address(instance, "127.0.0.1", self.listener.getsockname()[1])
-
-    def accept(self, sender: str, destination: str, replay_from: int) -> Peer:
-        """Take the next connection: ConnectPackets, the sender's hello, our ReplayFrom."""
-        sock, _ = self.listener.accept()
-        sock.settimeout(DEADLINE)
-        peer = Peer.__new__(Peer)
-        peer.sock, peer._buf = sock, b""
-        packet = peer.read(44)  # the dialer's ConnectPacket comes first
-        assert struct.unpack_from("<I", packet)[0] == 40
-        sock.sendall(connect_packet())
-        message = peer.frame()
-        prefix = hello(sender, destination)[:-1]  # all but our incarnation byte
-        assert message.startswith(prefix)
-        incarnation, end = unzz(message, len(prefix))
-        assert incarnation > 0 and end == len(message)  # the sender's committer id
-        sock.sendall(flow_frame(frame(REPLAY_FROM, zz(replay_from) + zz(replay_from))))
-        return peer
-
-    def close(self) -> None:
-        self.listener.close()
 
 
 def test_the_sender_resends_from_where_the_receiver_asks_and_drops_what_it_has(
@@ -287,7 +197,7 @@ def test_the_sender_resends_from_where_the_receiver_asks_and_drops_what_it_has(
             peer = receiver.accept("client", "server", 0)
             expected = b"".join(calls[:3])  # in the receiver's incoming form, in order
             assert peer.messages(len(expected)) == expected
-            peer.sock.sendall(flow_frame(frame(COMMIT, zz(2) + zz(2))))
+            peer.send(frame(COMMIT, zz(2) + zz(2)))
             peer.close()
             # The receiver lost the third call (not durable there): it asks from 2.
             peer = receiver.accept("client", "server", 2)
@@ -314,7 +224,7 @@ def test_the_sender_resends_from_where_the_receiver_asks_and_drops_what_it_has(
             binding.send(regenerated + checkpoint(b"recovered") + fork_to("server", 5, b"\x04"))
             peer = receiver.accept("client", "server", 4)
             assert peer.frame() == calls[4]  # only what the receiver does not have
-            peer.sock.sendall(flow_frame(frame(COMMIT, zz(5) + zz(5))))
+            peer.send(frame(COMMIT, zz(5) + zz(5)))
             peer.close()
             binding.close()
             assert ic.proc.wait(timeout=DEADLINE) == 0
@@ -343,7 +253,7 @@ def test_an_incompatible_peer_is_kept_open_and_ignored(tmp_path: Path) -> None:
         peer = Peer(tmp_path, "server")
         peer.open()
         assert peer.control() == (REPLAY_FROM, 0, 0)
-        peer.sock.sendall(flow_frame(good))
+        peer.send(good)
         rec = binding.record()
         assert (rec.seq, rec.body) == (1, good)
         stranger.close()
@@ -396,7 +306,7 @@ def test_a_sender_that_started_over_is_refused(tmp_path: Path) -> None:
         peer = Peer(tmp_path, "server")
         peer.open(incarnation=7)
         assert peer.control() == (REPLAY_FROM, 0, 0)
-        peer.sock.sendall(flow_frame(call))
+        peer.send(call)
         assert binding.record().body == call
         peer.close()
         binding.send(frame(TAKE_CHECKPOINT))

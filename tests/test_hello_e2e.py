@@ -169,11 +169,19 @@ def test_hello_under_run_survives_sigkill_of_the_server_service_and_coordinator(
 def test_hello_across_data_directories_with_link_addresses_given(tmp_path: Path) -> None:
     """As on two machines: each instance has its own data directory (and registry), so
     each coordinator is told where the other accepts links (``--link-to``), on a fixed
-    ``--link-port`` that survives a restart."""
+    ``--link-port`` that survives a restart, and both are given the cluster's secret."""
     count = 501
     server_port, client_port = free_port(), free_port()
+    # The cluster's secret, shared by copying one file (each data directory would
+    # otherwise make its own, and the links would not authenticate).
+    secret = tmp_path / "cluster-secret"
+    fd = os.open(secret, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    os.write(fd, os.urandom(32))
+    os.close(fd)
     server_args = ("--link-port", str(server_port), "--link-to", f"client=127.0.0.1:{client_port}")
     client_args = ("--link-port", str(client_port), "--link-to", f"server=127.0.0.1:{server_port}")
+    server_args += ("--secret-file", str(secret))
+    client_args += ("--secret-file", str(secret))
     server = _Run(tmp_path / "a", "server.py", "server", *server_args)
     client = _Run(tmp_path / "b", "client.py", "client", "--count", str(count), *client_args)
     try:

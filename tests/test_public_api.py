@@ -140,6 +140,7 @@ FLOW_API = [
     "PACKET_LIMIT",
     "PROTOCOL_VERSION",
     "PeerConnected",
+    "TLS_FRAME_HEADER_LENGTH",
     "TOKEN_STREAM_FLAG",
     "Token",
     "TruncatedError",

@@ -28,7 +28,13 @@ from ..coordinator.binding_auth import (
     token_for_ready_line,
     token_path,
 )
-from ..coordinator.ic_cli import coordinator_argv, link_argv, link_options
+from ..coordinator.ic_cli import (
+    coordinator_argv,
+    link_argv,
+    link_options,
+    link_security_options,
+    pop_link_security,
+)
 from .client import serve
 from .errors import BindingError
 from .files import StateFiles, state_files_dir, use_state_files
@@ -272,6 +278,7 @@ async def _run(
 @link_options[0]
 @link_options[1]
 @link_options[2]
+@link_security_options
 def run(
     service_spec: str,
     instance: str | None,
@@ -297,6 +304,7 @@ def run(
         level=logging.INFO,
         format="%(asctime)s binding %(levelname)s %(message)s",
     )
+    link_security = pop_link_security(service_options)
     service = load_service(service_spec)
     upgrade_to: type[Immortal] | None = None
     if upgrade_from is not None:
@@ -319,7 +327,7 @@ def run(
                     upgrade_version,
                     _options(upgrade_to or service, service_options),
                     connect_timeout,
-                    link_argv(link_host, link_port, link_to),
+                    link_argv(link_host, link_port, link_to, **link_security),
                 )
             )
     except (ConnectionRefusedError, BindingTokenError) as exc:

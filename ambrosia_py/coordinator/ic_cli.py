@@ -19,10 +19,27 @@ from .ic_server import (
     run_coordinator,
     run_debug,
 )
+from .link_config import (
+    DEFAULT_HANDSHAKE_TIMEOUT_S,
+    DEFAULT_IDLE_TIMEOUT_S,
+    DEFAULT_MAX_CONNECTIONS,
+    SECRET_ENV,
+    LinkSettings,
+    LinkSetupError,
+)
 from .registry import RegistryError
 from .storage import StorageError
 
-__all__ = ["coordinator", "coordinator_argv", "debug", "link_argv", "link_options"]
+__all__ = [
+    "coordinator",
+    "coordinator_argv",
+    "debug",
+    "link_argv",
+    "link_options",
+    "link_security_options",
+    "link_settings",
+    "pop_link_security",
+]
 
 
 def coordinator_argv(instance: str, data_dir: Path, *options: str) -> list[str]:
@@ -51,7 +68,7 @@ def _setup_logging(instance: str) -> None:
 def _run(main: Coroutine[Any, Any, int]) -> None:
     try:
         status = asyncio.run(main)
-    except (CoordinatorError, StorageError, RegistryError) as exc:
+    except (CoordinatorError, StorageError, RegistryError, LinkSetupError) as exc:
         click.echo(f"ambrosia-py: {exc}", err=True)
         sys.exit(2)
     sys.exit(status)
@@ -100,13 +117,105 @@ link_options = [
 ]
 
 
+_file = click.Path(dir_okay=False, path_type=Path)
+
+# The links' secret, TLS and limits: (parameter, option, click attributes).
+_SECURITY: list[tuple[str, str, dict[str, Any]]] = [
+    (
+        "secret_file",
+        "--secret-file",
+        dict(
+            type=_file,
+            envvar=SECRET_ENV,
+            help="The cluster secret links authenticate with (16+ bytes, mode 0600) "
+            f"[env {SECRET_ENV}; default: DATA_DIR/link-secret, made on first use].",
+        ),
+    ),
+    ("tls_cert", "--tls-cert", dict(type=_file, help="TLS on links: this coordinator's cert.")),
+    ("tls_key", "--tls-key", dict(type=_file, help="Its private key (default: in the cert).")),
+    (
+        "tls_ca",
+        "--tls-ca",
+        dict(type=_file, help="Verify peers' certs against this CA (mutual TLS)."),
+    ),
+    (
+        "link_max_frame_mb",
+        "--link-max-frame-mb",
+        dict(type=float, default=100.0, show_default=True, help="Largest link frame accepted."),
+    ),
+    (
+        "link_handshake_timeout",
+        "--link-handshake-timeout",
+        dict(
+            type=float,
+            default=DEFAULT_HANDSHAKE_TIMEOUT_S,
+            show_default=True,
+            help="Seconds a link connection has to authenticate.",
+        ),
+    ),
+    (
+        "link_idle_timeout",
+        "--link-idle-timeout",
+        dict(
+            type=float,
+            default=DEFAULT_IDLE_TIMEOUT_S,
+            show_default=True,
+            help="Close an accepted link silent this long (senders ping at a third of it).",
+        ),
+    ),
+    (
+        "link_max_connections",
+        "--link-max-connections",
+        dict(
+            type=int,
+            default=DEFAULT_MAX_CONNECTIONS,
+            show_default=True,
+            help="Most link connections accepted at once.",
+        ),
+    ),
+]
+
+
+def link_security_options(f: Any) -> Any:
+    """Add the links' secret, TLS and limit options to a command."""
+    for param, flag, attrs in reversed(_SECURITY):
+        f = click.option(flag, param, **attrs)(f)
+    return f
+
+
+def pop_link_security(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Take the link security options out of a command's keyword arguments."""
+    return {param: kwargs.pop(param) for param, _, _ in _SECURITY if param in kwargs}
+
+
+def link_settings(**security: Any) -> LinkSettings:
+    """The :class:`LinkSettings` the link security options describe."""
+    return LinkSettings(
+        secret_file=security.get("secret_file"),
+        tls_cert=security.get("tls_cert"),
+        tls_key=security.get("tls_key"),
+        tls_ca=security.get("tls_ca"),
+        max_frame_bytes=int(security.get("link_max_frame_mb", 100.0) * 1024 * 1024),
+        handshake_timeout_s=security.get("link_handshake_timeout", DEFAULT_HANDSHAKE_TIMEOUT_S),
+        idle_timeout_s=security.get("link_idle_timeout", DEFAULT_IDLE_TIMEOUT_S),
+        max_connections=security.get("link_max_connections", DEFAULT_MAX_CONNECTIONS),
+    )
+
+
 def link_argv(
-    link_host: str, link_port: int, link_to: tuple[tuple[str, str, int], ...]
+    link_host: str,
+    link_port: int,
+    link_to: tuple[tuple[str, str, int], ...],
+    **security: Any,
 ) -> list[str]:
     """The link options again, as a command line (``run`` passes them on)."""
     args = ["--link-host", link_host, "--link-port", str(link_port)]
     for name, host, port in link_to:
         args += ["--link-to", f"{name}={host}:{port}"]
+    for param, flag, _ in _SECURITY:
+        value = security.get(param)
+        if value is not None:
+            args += [flag, str(value)]
     return args
 
 
@@ -146,6 +255,7 @@ _binding_auth = click.option(
 @link_options[0]
 @link_options[1]
 @link_options[2]
+@link_security_options
 def coordinator(
     instance: str,
     data_dir: Path,
@@ -158,6 +268,7 @@ def coordinator(
     link_host: str,
     link_port: int,
     link_to: tuple[tuple[str, str, int], ...],
+    **security: Any,
 ) -> None:
     """Run one Immortal Coordinator in the foreground until its binding leaves."""
     _setup_logging(instance)
@@ -173,6 +284,7 @@ def coordinator(
         link_host=link_host,
         link_port=link_port,
         link_to=link_to,
+        link_settings=link_settings(**security),
     )
     _run(run_coordinator(config))
 

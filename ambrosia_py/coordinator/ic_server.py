@@ -55,6 +55,7 @@ from .binding_auth import BindingAuth, open_gate
 from .binding_link import BindingLink, connect_binding
 from .commit import CommitPipeline
 from .ic_core import CheckpointArrived, CheckpointRequested, IcState, InitialArrived, Intake
+from .link_config import LinkSettings
 from .links import Inbox
 from .peer_links import PeerLinks
 from .registry import Registry
@@ -93,6 +94,8 @@ class CoordinatorConfig:
     link_host: str = "127.0.0.1"
     link_port: int = 0
     link_to: tuple[tuple[str, str, int], ...] = ()
+    # The links' secret, TLS and limits (link_config.py).
+    link_settings: LinkSettings = LinkSettings()
 
 
 def _resolve(config: CoordinatorConfig, registry: Registry) -> tuple[int, int, int]:
@@ -531,6 +534,8 @@ class _Coordinator:
             self._wake.set,
             self.room_for_input,
             self.committer_id,
+            settings=self.config.link_settings,
+            data_dir=self.config.data_dir,
         )
         host = self.config.link_host
         port = await self.links.listen(host, self.config.link_port)

@@ -1,13 +1,20 @@
 """The coordinator's TCP links to other coordinators: the asyncio side of :mod:`links`.
 
-Each link is one TCP connection, dialed by the sender, framed with the flow transport
-(:mod:`ambrosia_py.flow`: ConnectPacket, then checksummed frames to :data:`LINK_TOKEN`).
+Each link is one TCP connection (optionally TLS), dialed by the sender, framed with the
+flow transport (:mod:`ambrosia_py.flow`: ConnectPacket, then frames). Right after the
+ConnectPackets both ends run the secret handshake of :mod:`link_auth`; until it is done
+a peer may send only frames of a few hundred bytes, and nothing it sends reaches a
+decoder but the ConnectPacket and frame readers and the handshake's own fixed-size
+checks. After it every frame carries a tag, and the link conversation of :mod:`links`
+runs on :data:`LINK_TOKEN`.
+
 A coordinator publishes where it accepts links in the registry; a sender looks its
 destination up there and dials, retrying with backoff from 50 ms to 500 ms (as flow
-does) while the destination is down. Whatever goes wrong on a connection — a bad
-checksum, a frame out of protocol, a peer that says it is someone else — closes it
-and nothing from the bad frame is logged; the sender's output stays buffered and is
-sent again on the next connection from where the receiver asks.
+does) while the destination is down. Whatever goes wrong on a connection — a failed
+handshake, a bad tag or checksum, a frame out of protocol, a peer that says it is
+someone else, a peer idle too long — closes it and nothing from the bad frame is
+logged; the sender's output stays buffered and is sent again on the next connection
+from where the receiver asks.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import logging
 import secrets
 import socket
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 from .. import wire
 from ..flow import (
@@ -27,8 +35,12 @@ from ..flow import (
     FlowError,
     FrameReceived,
     PeerConnected,
+    Token,
+    WellKnown,
 )
 from .ic_core import Intake
+from .link_auth import AUTH_TOKEN, LinkAuthError, LinkChannel, LinkHandshake, Role, name_digest
+from .link_config import PRE_AUTH_FRAME_LIMIT, LinkSettings, load_secret, tls_contexts
 from .links import LINK_TOKEN, Hello, LinkError, Outbox
 
 __all__ = ["PeerLinks"]
@@ -36,9 +48,11 @@ __all__ = ["PeerLinks"]
 log = logging.getLogger("ambrosia_py.coordinator")
 
 READ_SIZE = 256 * 1024
+PRE_AUTH_READ_SIZE = 4096  # what one read takes before the peer has authenticated
 MAX_FRAME_MESSAGES_BYTES = 4 * 1024 * 1024  # output per link frame
 BACKOFF_MIN_S = 0.05
 BACKOFF_MAX_S = 0.5
+PING_TOKEN = Token.well_known(WellKnown.PING)  # keep-alives, tagged like any frame
 
 Lookup = Callable[[str], Awaitable[tuple[str, int] | None]]
 
@@ -51,8 +65,15 @@ def _local_packet(port: int) -> ConnectPacket:
     )
 
 
+def _address(writer: asyncio.StreamWriter) -> str:
+    peer = writer.get_extra_info("peername")
+    if isinstance(peer, tuple) and len(peer) >= 2:
+        return f"{peer[0]}:{peer[1]}"
+    return str(peer)
+
+
 class _Conn:
-    """One TCP connection with its flow state: read events, send frames."""
+    """One TCP connection with its flow state and, once authenticated, its tags."""
 
     def __init__(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, flow: FlowConnection
@@ -60,25 +81,39 @@ class _Conn:
         self.reader = reader
         self.writer = writer
         self.flow = flow
+        self.address = _address(writer)
+        self.channel: LinkChannel | None = None
         self._events: list[object] = []
 
     async def next_event(self) -> object:
         while not self._events:
-            data = await self.reader.read(READ_SIZE)
+            size = READ_SIZE if self.channel is not None else PRE_AUTH_READ_SIZE
+            data = await self.reader.read(size)
             self._events.extend(self.flow.receive_data(data))
             if not data and not self._events:
                 return ConnectionClosed(clean=False)
         return self._events.pop(0)
 
-    async def next_frame(self) -> bytes:
+    async def _next_received(self) -> FrameReceived:
         event = await self.next_event()
         if isinstance(event, FrameReceived):
-            if event.token != LINK_TOKEN:
-                raise LinkError(f"a frame for token {event.token}, not the link endpoint")
-            return bytes(event.message)
+            return event
         if isinstance(event, ConnectionClosed):
             raise ConnectionError("the peer closed the link")
         raise LinkError(f"unexpected {type(event).__name__} on a link")
+
+    async def next_frame(self, idle: float | None = None) -> memoryview:
+        """The next link message's payload, its tag checked; keep-alives are skipped.
+        Raises TimeoutError if nothing at all arrives for ``idle`` seconds."""
+        assert self.channel is not None, "frames are read only after the handshake"
+        while True:
+            async with asyncio.timeout(idle):
+                event = await self._next_received()
+            payload = self.channel.open(event.token, event.message)
+            if event.token == LINK_TOKEN:
+                return payload
+            if event.token != PING_TOKEN:
+                raise LinkError(f"a frame for token {event.token}, not the link endpoint")
 
     async def handshake(self) -> ConnectPacket:
         """Exchange ConnectPackets: the dialer's goes first, the acceptor answers with its
@@ -97,14 +132,44 @@ class _Conn:
             )
         return event.packet
 
+    async def authenticate(self, handshake: LinkHandshake, max_frame: int) -> None:
+        """Run the secret handshake (:mod:`link_auth`); then allow frames up to
+        ``max_frame`` and tag every frame."""
+        if handshake.role is Role.DIALER:
+            self._send_raw(AUTH_TOKEN, handshake.start())
+        while not handshake.done:
+            event = await self._next_received()
+            if event.token != AUTH_TOKEN:
+                raise LinkAuthError(
+                    f"a frame for token {event.token} before the link handshake was done"
+                )
+            reply = handshake.receive(event.message)
+            if reply is not None:
+                self._send_raw(AUTH_TOKEN, reply)
+        await self.writer.drain()
+        self.channel = handshake.channel()
+        self.flow.max_frame_length = max_frame
+
+    def _send_raw(self, token: Token, message: bytes) -> None:
+        self.writer.writelines(self.flow.send(token, message))
+
     async def ignore_until_closed(self) -> None:
         """An incompatible peer: keep its connection open, so it does not keep dialing,
         and act on nothing it sends (reference flow-transport.md, *Compatibility*)."""
-        while data := await self.reader.read(READ_SIZE):
+        while data := await self.reader.read(PRE_AUTH_READ_SIZE):
             self.flow.receive_data(data)
 
-    async def send(self, message: bytes) -> None:
-        self.writer.writelines(self.flow.send(LINK_TOKEN, message))
+    async def send(self, *parts: bytes) -> None:
+        """One link frame made of ``parts`` (joined once, with the tag)."""
+        await self._send_tagged(LINK_TOKEN, parts)
+
+    async def ping(self) -> None:
+        await self._send_tagged(PING_TOKEN, ())
+
+    async def _send_tagged(self, token: Token, parts: tuple[bytes, ...]) -> None:
+        assert self.channel is not None, "frames are sent only after the handshake"
+        tag = self.channel.seal(token, parts)
+        self.writer.writelines(self.flow.send(token, b"".join([*parts, tag])))
         await self.writer.drain()
 
     def close(self) -> None:
@@ -112,7 +177,12 @@ class _Conn:
 
 
 class PeerLinks:
-    """Links to and from the other coordinators of one instance's coordinator."""
+    """Links to and from the other coordinators of one instance's coordinator.
+
+    ``settings`` holds the secret's source, TLS and the limits; ``data_dir`` is where the
+    default secret lives. Both are read here, so a bad secret file or certificate stops
+    start-up with :class:`~.link_config.LinkSetupError`.
+    """
 
     def __init__(
         self,
@@ -122,10 +192,18 @@ class PeerLinks:
         wake: Callable[[], None],
         room: Callable[[], Awaitable[None]],
         incarnation: int,
+        *,
+        settings: LinkSettings | None = None,
+        data_dir: Path | None = None,
     ) -> None:
         self.instance = instance
         self.incarnation = incarnation  # our committer id, in our hellos
         self.intake = intake
+        self.settings = settings = settings or LinkSettings()
+        if data_dir is None and settings.secret_file is None:
+            raise ValueError("links need a secret file or a data directory to keep one in")
+        self._secret = load_secret(settings, data_dir or Path("."))
+        self._tls = tls_contexts(settings)
         self._lookup = lookup
         self._wake = wake
         self._room = room  # waits while too much input is pending
@@ -134,13 +212,28 @@ class PeerLinks:
         self._outbound: dict[str, asyncio.Task[None]] = {}
         self._output_ready: dict[str, asyncio.Event] = {}
         self._inbound: dict[str, _Conn] = {}  # per sender, its current connection
+        self._accepted_count = 0  # accepted connections open now, authenticated or not
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def listen(self, host: str, port: int = 0) -> int:
         """Accept links on ``host``:``port`` (0: a free port); return the port."""
-        self._server = await asyncio.start_server(self._accepted, host, port)
+        self._server = await asyncio.start_server(
+            self._accepted,
+            host,
+            port,
+            ssl=self._tls[0] if self._tls else None,
+            ssl_handshake_timeout=self.settings.handshake_timeout_s if self._tls else None,
+        )
         self._port = self._server.sockets[0].getsockname()[1]
         return self._port
+
+    def _flow(self, dialer: bool) -> FlowConnection:
+        return FlowConnection(
+            _local_packet(self._port),
+            dialer=dialer,
+            max_frame_length=PRE_AUTH_FRAME_LIMIT,
+            checksum=self._tls is None,  # over TLS, the frame form without the checksum
+        )
 
     # --- sending --------------------------------------------------------------------------
 
@@ -165,10 +258,11 @@ class PeerLinks:
                 try:
                     await self._serve_outbound(dest, box, addr)
                 except (FlowError, wire.ProtocolError) as exc:
-                    # A peer that breaks the protocol is always worth a line.
+                    # A peer that breaks the protocol or fails the handshake is always
+                    # worth a line.
                     log.warning("link to %r at %s:%d closed: %s", dest, addr[0], addr[1], exc)
-                except (OSError, ConnectionError) as exc:
-                    problem = f"link to {dest!r} at {addr[0]}:{addr[1]}: {exc}"
+                except (OSError, ConnectionError) as exc:  # TimeoutError, ssl.SSLError too
+                    problem = f"link to {dest!r} at {addr[0]}:{addr[1]}: {exc or type(exc)}"
                 finally:
                     if box.cursor is not None:  # it was open: a new run of failures starts
                         failures = 0
@@ -181,29 +275,44 @@ class PeerLinks:
             delay = min(delay * 2, BACKOFF_MAX_S)
 
     async def _serve_outbound(self, dest: str, box: Outbox, addr: tuple[str, int]) -> None:
-        reader, writer = await asyncio.open_connection(addr[0], addr[1])
+        settings = self.settings
+        async with asyncio.timeout(settings.handshake_timeout_s):
+            reader, writer = await asyncio.open_connection(
+                addr[0],
+                addr[1],
+                ssl=self._tls[1] if self._tls else None,
+                ssl_handshake_timeout=settings.handshake_timeout_s if self._tls else None,
+            )
         writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        conn = _Conn(reader, writer, FlowConnection(_local_packet(self._port), dialer=True))
+        conn = _Conn(reader, writer, self._flow(dialer=True))
         try:
-            await conn.handshake()
-            await conn.send(Hello(self.instance, dest, self.incarnation).encode())
-            msg, _ = wire.decode_message(await conn.next_frame(), 0, wire.Direction.TO_BINDING)
+            async with asyncio.timeout(settings.handshake_timeout_s):
+                await conn.handshake()
+                auth = LinkHandshake(Role.DIALER, self._secret, self.instance, dest)
+                await conn.authenticate(auth, settings.max_frame_bytes)
+                await conn.send(Hello(self.instance, dest, self.incarnation).encode())
+                msg, _ = wire.decode_message(await conn.next_frame(), 0, wire.Direction.TO_BINDING)
             if not isinstance(msg, wire.ReplayFrom):
                 raise LinkError(f"expected ReplayFrom from {dest!r}, got {type(msg).__name__}")
             box.connected(msg.seq)
             log.info("link to %r open; sending from seq %d", dest, msg.seq)
             commits = asyncio.create_task(self._read_commits(dest, box, conn))
+            keep_alive = settings.idle_timeout_s / 3
             try:
                 ready = self._output_ready[dest]
                 while not commits.done():
                     frames = box.take(MAX_FRAME_MESSAGES_BYTES)
                     if frames:
-                        await conn.send(b"".join(frames))
+                        await conn.send(*frames)
                         continue
                     ready.clear()
                     waiter = asyncio.create_task(ready.wait())
-                    await asyncio.wait({waiter, commits}, return_when=asyncio.FIRST_COMPLETED)
+                    done, _ = await asyncio.wait(
+                        {waiter, commits}, timeout=keep_alive, return_when=asyncio.FIRST_COMPLETED
+                    )
                     waiter.cancel()
+                    if not done:  # nothing to send for a while: show the receiver we live
+                        await conn.ping()
                 await commits  # raises what ended the link
             finally:
                 commits.cancel()
@@ -222,21 +331,43 @@ class PeerLinks:
     # --- receiving ------------------------------------------------------------------------
 
     async def _accepted(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        conn = _Conn(reader, writer, FlowConnection(_local_packet(self._port), dialer=False))
+        conn = _Conn(reader, writer, self._flow(dialer=False))
+        settings = self.settings
+        if self._accepted_count >= settings.max_connections:
+            log.warning(
+                "link connection from %s refused: %d link connections are open already "
+                "(--link-max-connections)",
+                conn.address,
+                self._accepted_count,
+            )
+            conn.close()
+            return
+        self._accepted_count += 1
         sender = None
         try:
-            packet = await conn.handshake()
-            if not conn.flow.compatible:
-                log.warning(
-                    "an incompatible peer (protocol version %#x) connected; ignoring it",
-                    packet.protocol_version,
-                )
-                await conn.ignore_until_closed()
-                return
-            hello = Hello.decode(await conn.next_frame())
+            async with asyncio.timeout(settings.handshake_timeout_s):
+                packet = await conn.handshake()
+                if not conn.flow.compatible:
+                    log.warning(
+                        "an incompatible peer (protocol version %#x) connected from %s; "
+                        "ignoring it",
+                        packet.protocol_version,
+                        conn.address,
+                    )
+                    # Kept open, but not for ever: it holds a connection slot.
+                    await conn.ignore_until_closed()
+                    return
+                auth = LinkHandshake(Role.ACCEPTOR, self._secret, self.instance)
+                await conn.authenticate(auth, settings.max_frame_bytes)
+                hello = Hello.decode(await conn.next_frame())
             if hello.destination != self.instance:
                 raise LinkError(
                     f"{hello.sender!r} dialed {hello.destination!r}, but this is {self.instance!r}"
+                )
+            if name_digest(hello.sender) != auth.peer_digest:
+                raise LinkAuthError(
+                    f"the hello names {hello.sender!r}, but the peer authenticated as "
+                    "another instance"
                 )
             self.intake.inbox.check_incarnation(hello)
             sender = hello.sender
@@ -251,19 +382,32 @@ class PeerLinks:
             durable = self.intake.inbox.durable.get(sender, 0)
             if durable:
                 await conn.send(wire.encode_message(wire.Commit(durable, durable)))
-            log.info("link from %r open; asked for seq %d on", sender, start)
+            log.info("link from %r (%s) open; asked for seq %d on", sender, conn.address, start)
             while True:
-                payload = await conn.next_frame()
+                payload = await conn.next_frame(idle=settings.idle_timeout_s)
                 if self._inbound.get(sender) is not conn:
                     return  # replaced by a newer connection
                 self.intake.link_input(sender, payload)
                 self._wake()
                 await self._room()
         except (FlowError, wire.ProtocolError) as exc:
-            log.warning("link from %r closed: %s", sender or "an unknown peer", exc)
+            log.warning(
+                "link from %r at %s closed: %s", sender or "an unknown peer", conn.address, exc
+            )
+        except TimeoutError:
+            if sender is None:
+                why = f"no handshake within {settings.handshake_timeout_s:g} s"
+            else:
+                why = f"nothing received for {settings.idle_timeout_s:g} s"
+            log.warning(
+                "link from %r at %s closed: %s", sender or "an unknown peer", conn.address, why
+            )
         except (OSError, ConnectionError) as exc:
-            log.info("link from %r closed: %s", sender or "an unknown peer", exc)
+            log.info(
+                "link from %r at %s closed: %s", sender or "an unknown peer", conn.address, exc
+            )
         finally:
+            self._accepted_count -= 1
             if sender is not None and self._inbound.get(sender) is conn:
                 del self._inbound[sender]
             conn.close()

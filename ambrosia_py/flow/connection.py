@@ -84,15 +84,23 @@ class FlowConnection:
 
     ``local`` is the ConnectPacket we send (see :meth:`ConnectPacket.current`); ``dialer``
     says whether we opened the connection (informational: both sides behave alike).
-    ``max_frame_length`` bounds received and sent frames (default :data:`PACKET_LIMIT`).
+    ``max_frame_length`` bounds received and sent frames (default :data:`PACKET_LIMIT`);
+    it may be changed later (a link starts small and raises it once the peer has
+    authenticated). ``checksum=False`` uses the TLS frame form, without the checksum.
     """
 
     def __init__(
-        self, local: ConnectPacket, *, dialer: bool, max_frame_length: int = PACKET_LIMIT
+        self,
+        local: ConnectPacket,
+        *,
+        dialer: bool,
+        max_frame_length: int = PACKET_LIMIT,
+        checksum: bool = True,
     ) -> None:
         self._local = local
         self._dialer = dialer
         self._max = check_frame_limit(max_frame_length)
+        self._checksum = checksum
         self._state = ConnectionState.AWAIT_PEER
         self._connect_sent = False
         self._head = bytearray()  # the peer's ConnectPacket, as it arrives
@@ -112,6 +120,17 @@ class FlowConnection:
     def dialer(self) -> bool:
         """Whether we opened the connection."""
         return self._dialer
+
+    @property
+    def max_frame_length(self) -> int:
+        """The largest frame length received or sent."""
+        return self._max
+
+    @max_frame_length.setter
+    def max_frame_length(self, value: int) -> None:
+        self._max = check_frame_limit(value)
+        if self._reader is not None:
+            self._reader.max_length = value
 
     @property
     def state(self) -> ConnectionState:
@@ -165,7 +184,7 @@ class FlowConnection:
             raise FlowStateError("cannot send a frame before our ConnectPacket")
         if may is _May.SEND_PINGS and token != _PING:
             raise FlowStateError(f"cannot send a frame to {token}: {why}")
-        return encode_frame(token, message, max_length=self._max)
+        return encode_frame(token, message, max_length=self._max, checksum=self._checksum)
 
     def receive_data(self, data: Buffer) -> list[Event]:
         """Bytes from the peer in, events out. ``b""`` means the peer ended the stream.
@@ -221,7 +240,9 @@ class FlowConnection:
             self._compatible = ok = compatible(self._local.protocol_version, peer.protocol_version)
             events.append(PeerConnected(peer, ok))
             if ok:
-                self._reader = FrameReader(max_length=self._max, start_offset=len(self._head))
+                self._reader = FrameReader(
+                    max_length=self._max, start_offset=len(self._head), checksum=self._checksum
+                )
                 self._go(_S.COMPATIBLE)
             else:
                 self._go(_S.INCOMPATIBLE)

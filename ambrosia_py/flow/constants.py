@@ -22,6 +22,7 @@ __all__ = [
     "OBJECT_SERIALIZER_FLAG",
     "PACKET_LIMIT",
     "PROTOCOL_VERSION",
+    "TLS_FRAME_HEADER_LENGTH",
     "TOKEN_STREAM_FLAG",
     "VERSION_FLAGS_MASK",
     "WELL_KNOWN_FIRST",
@@ -43,6 +44,9 @@ MIN_FRAME_LENGTH = 16
 
 FRAME_HEADER_LENGTH = 28
 """u32 length | u64 checksum | 16-byte token: the bytes before a frame's message."""
+
+TLS_FRAME_HEADER_LENGTH = 20
+"""u32 length | 16-byte token: a frame's header over TLS, where the checksum is left out."""
 
 # --- ConnectPacket (reference, ConnectPacket) ---------------------------------------------
 

@@ -6,8 +6,12 @@ A frame on a plain TCP connection, every integer little-endian::
     u32 length (token + message, at least 16) | u64 XXH3-64 (seed 0) of token + message
     | token: u64 first, u64 second | message
 
+Over TLS the checksum is left out (reference, *Frames*; TLS has its own integrity
+check): ``u32 length | token | message``. ``checksum=False`` selects that form.
+
 A length below 16 or above the limit (:data:`PACKET_LIMIT`, 100 MiB, by default), or a
-checksum that does not match, is an error that closes the connection.
+checksum that does not match, is an error that closes the connection. The length is
+checked as soon as its 4 bytes are in, before anything of the frame is buffered.
 """
 
 from __future__ import annotations
@@ -18,7 +22,13 @@ from collections.abc import Iterator
 import attrs
 import xxhash
 
-from .constants import FRAME_HEADER_LENGTH, MIN_FRAME_LENGTH, PACKET_LIMIT, Buffer
+from .constants import (
+    FRAME_HEADER_LENGTH,
+    MIN_FRAME_LENGTH,
+    PACKET_LIMIT,
+    TLS_FRAME_HEADER_LENGTH,
+    Buffer,
+)
 from .errors import ChecksumError, FlowError, FrameLengthError, TruncatedError
 from .tokens import Token
 
@@ -34,6 +44,7 @@ __all__ = [
 _LENGTH = struct.Struct("<I")
 _PREFIX = struct.Struct("<IQ")  # length, checksum
 _HEADER = struct.Struct("<IQQQ")  # length, checksum, token first, token second
+_TLS_HEADER = struct.Struct("<IQQ")  # length, token first, token second
 _CHECKED_FROM = _PREFIX.size  # the checksum covers everything after length and checksum
 _U32 = 0xFFFF_FFFF
 _ZERO_COPY = 64 * 1024  # messages at least this large are handed out as views, uncopied
@@ -59,9 +70,10 @@ def frame_checksum(token_bytes: Buffer, message: Buffer) -> int:
 
 
 def encode_frame(
-    token: Token, message: Buffer, *, max_length: int = PACKET_LIMIT
+    token: Token, message: Buffer, *, max_length: int = PACKET_LIMIT, checksum: bool = True
 ) -> list[bytes | memoryview]:
-    """A frame as buffers: the 28-byte header, then ``message`` itself, uncopied.
+    """A frame as buffers: the 28-byte header (20 without the checksum, the TLS form), then
+    ``message`` itself, uncopied.
 
     Ready for ``writelines``. A mutable ``message`` must not change until it is written.
     Raises :class:`FrameLengthError` if 16 + the message size exceeds ``max_length``.
@@ -73,13 +85,18 @@ def encode_frame(
             f"frame length {length} (a {size}-byte message) exceeds the limit {max_length}"
         )
     token_bytes = token.encode()
-    header = _PREFIX.pack(length, frame_checksum(token_bytes, message)) + token_bytes
+    if checksum:
+        header = _PREFIX.pack(length, frame_checksum(token_bytes, message)) + token_bytes
+    else:
+        header = _LENGTH.pack(length) + token_bytes
     return [header, message if isinstance(message, bytes | memoryview) else memoryview(message)]
 
 
-def encode_frame_bytes(token: Token, message: Buffer, *, max_length: int = PACKET_LIMIT) -> bytes:
+def encode_frame_bytes(
+    token: Token, message: Buffer, *, max_length: int = PACKET_LIMIT, checksum: bool = True
+) -> bytes:
     """A frame joined into one ``bytes``."""
-    return b"".join(encode_frame(token, message, max_length=max_length))
+    return b"".join(encode_frame(token, message, max_length=max_length, checksum=checksum))
 
 
 @attrs.frozen
@@ -107,10 +124,17 @@ class FrameReader:
     A ``bytes`` chunk fed while nothing is buffered is kept by reference and messages are
     cut from it; messages of 64 KiB or more are views (no copy), smaller ones are copied
     so a small message does not keep a large chunk alive.
+
+    ``checksum=False`` reads the TLS form (no checksum field). ``max_length`` may be
+    changed between frames (a link raises it once the peer is authenticated).
     """
 
-    def __init__(self, *, max_length: int = PACKET_LIMIT, start_offset: int = 0) -> None:
+    def __init__(
+        self, *, max_length: int = PACKET_LIMIT, start_offset: int = 0, checksum: bool = True
+    ) -> None:
         self._max = check_frame_limit(max_length)
+        self._checksum = checksum
+        self._prefix = _CHECKED_FROM if checksum else _LENGTH.size
         self._data: bytes | bytearray = b""
         self._pos = 0
         self._consumed = start_offset  # stream offset of _data[0]
@@ -120,6 +144,15 @@ class FrameReader:
     def max_length(self) -> int:
         """The largest frame length accepted."""
         return self._max
+
+    @max_length.setter
+    def max_length(self, value: int) -> None:
+        self._max = check_frame_limit(value)
+
+    @property
+    def checksum(self) -> bool:
+        """Whether frames carry the XXH3 checksum (False: the TLS form)."""
+        return self._checksum
 
     @property
     def offset(self) -> int:
@@ -179,10 +212,15 @@ class FrameReader:
             raise FrameLengthError(
                 f"frame length {length} exceeds the limit {self._max}", offset=start
             )
-        if available < _CHECKED_FROM + length:
+        prefix = self._prefix
+        if available < prefix + length:
             return None
+        end = pos + prefix + length
+        if not self._checksum:
+            _, first, second = _TLS_HEADER.unpack_from(data, pos)
+            message = self._take(pos + TLS_FRAME_HEADER_LENGTH, end)
+            return Frame(Token(first, second), message, start)
         _, expected, first, second = _HEADER.unpack_from(data, pos)
-        end = pos + _CHECKED_FROM + length
         with memoryview(data) as mv:
             actual = xxhash.xxh3_64_intdigest(mv[pos + _CHECKED_FROM : end])
         if actual != expected:
