@@ -8,7 +8,6 @@ sockets against a real coordinator process.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import json
 import logging
@@ -16,6 +15,7 @@ import pickle
 import socket
 import stat
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -26,7 +26,6 @@ from ambrosia_py import Immortal, rpc
 from ambrosia_py.binding import Dispatcher, RemoteError, UnknownMethodError
 from ambrosia_py.binding import codec as binding_codec
 from ambrosia_py.binding.checkpoint import decode_snapshot
-from ambrosia_py.binding.client import connect
 from ambrosia_py.coordinator.ic_core import Intake
 from ambrosia_py.coordinator.links import LinkError
 from ambrosia_py.testing.runner import ImmortalRunner, RunningImmortal
@@ -443,20 +442,6 @@ def test_the_token_file_is_0600_and_gone_once_the_binding_attached(tmp_path: Pat
         stop(proc)
 
 
-def test_a_binding_without_the_token_is_refused_and_says_so(tmp_path: Path) -> None:
-    """The project's own binding, given no token: the coordinator closes the receive
-    connection, and the binding's error says it was refused, not that nobody listens."""
-    proc, fields = start_ic(tmp_path, "svc")
-    try:
-        with pytest.raises(ConnectionRefusedError, match="it refused this binding"):
-            asyncio.run(
-                connect(int(fields["receive_port"]), int(fields["send_port"]), timeout=DEADLINE)
-            )
-    finally:
-        log = stop(proc)
-    assert "no preamble" in log
-
-
 def test_binding_auth_none_accepts_a_binding_without_a_token(tmp_path: Path) -> None:
     stale = token_file(tmp_path, "svc")
     stale.write_text("00" * 32 + "\n")
@@ -476,3 +461,62 @@ def _connect_when_listening(port: int) -> socket.socket:
         except ConnectionRefusedError:
             assert time.monotonic() < deadline, f"port {port} never opened"
             time.sleep(0.005)  # polling a port that is about to open, with a deadline
+
+
+EXAMPLE = str(Path(__file__).resolve().parent.parent / "examples" / "counter.py")
+
+
+def run_separated(data_dir: Path, fields: dict[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ambrosia_py.cli",
+            "run",
+            EXAMPLE,
+            "--separated",
+            "--data-dir",
+            str(data_dir),
+            "--receive-port",
+            fields["receive_port"],
+            "--send-port",
+            fields["send_port"],
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_run_separated_proves_itself_with_the_token_file(tmp_path: Path) -> None:
+    proc, fields = start_ic(tmp_path, "counter")
+    service = run_separated(tmp_path, fields)
+    try:
+        assert service.stderr is not None
+        for line in service.stderr:  # ends when the service exits
+            if "counter listening on" in line:
+                break
+        else:
+            raise AssertionError("the service never became primary")
+        proc.terminate()  # the coordinator stops; the binding goes with it
+        assert proc.wait(DEADLINE) == 0 and service.wait(DEADLINE) == 0
+    finally:
+        service.kill()
+        service.wait(DEADLINE)
+        stop(proc)
+
+
+def test_run_separated_without_the_token_is_refused(tmp_path: Path) -> None:
+    """The coordinator closes the receive connection once the preamble is late, and the
+    binding says it was refused, not that nobody listens."""
+    proc, fields = start_ic(tmp_path, "counter")
+    token_file(tmp_path, "counter").unlink()  # as for a process that cannot read it
+    service = run_separated(tmp_path, fields)
+    try:
+        _, err = service.communicate(timeout=DEADLINE)
+        assert service.returncode == 1
+        assert "no binding token at" in err and "it refused this binding" in err
+    finally:
+        service.kill()
+        log = stop(proc)
+    assert "refusing a binding connection" in log and "no preamble" in log

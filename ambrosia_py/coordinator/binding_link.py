@@ -29,7 +29,7 @@ log = logging.getLogger("ambrosia_py.coordinator")
 
 READ_SIZE = 256 * 1024
 _IOV_MAX = 1024  # buffers per sendmsg call
-PREAMBLE_TIMEOUT = 10.0  # seconds a connection has to prove the token
+PREAMBLE_TIMEOUT = 5.0  # seconds a connection has to prove the token
 MAX_UNPROVEN = 16  # connections proving the token at once; more are closed at once
 
 
