@@ -6,7 +6,7 @@ import click
 
 from .bench import bench
 from .binding.run_cli import replay, run
-from .coordinator.admin_cli import instances, log, register
+from .coordinator.admin_cli import instances, log, register, registry
 from .coordinator.ic_cli import coordinator, debug
 from .demo import demo
 
@@ -20,6 +20,7 @@ def main() -> None:
 main.add_command(bench)
 main.add_command(register)
 main.add_command(instances)
+main.add_command(registry)
 main.add_command(log)
 main.add_command(coordinator)
 main.add_command(debug)

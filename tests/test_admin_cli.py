@@ -268,3 +268,32 @@ def test_log_prune_refuses_while_a_coordinator_runs(
     assert result.exit_code == 1
     assert "refusing to prune" in result.output and f"pid {holder.pid}" in result.output
     assert files.checkpoint_numbers() == [1, 2, 3] and files.log_numbers() == [1, 2, 3]
+
+
+def test_registry_rebuild_registers_what_the_files_say(files: InstanceFiles) -> None:
+    # The fixture's checkpoints are not coordinator checkpoints: none reads, so the
+    # instance is registered with no checkpoint and its committer from the log.
+    result = run("registry", "rebuild", "--data-dir", files.data_dir)
+    assert result.exit_code == 0, result.output
+    assert f"svc: version 0, checkpoint -, committer {COMMITTER}," in result.output
+    assert result.output.count("skipped a checkpoint that does not read") == 3
+    with Registry(files.data_dir) as reg:
+        info = reg.get("svc")
+    assert info is not None and (info.last_checkpoint, info.committer_id) == (None, COMMITTER)
+    again = run("registry", "rebuild", "--data-dir", files.data_dir)
+    assert again.exit_code == 0 and "already knows every instance" in again.output
+
+
+def test_registry_rebuild_refuses_while_a_coordinator_runs(
+    files: InstanceFiles, holder: subprocess.Popen[str]
+) -> None:
+    result = run("registry", "rebuild", "--data-dir", files.data_dir)
+    assert result.exit_code == 1
+    assert "registry not rebuilt" in result.output and f"pid {holder.pid}" in result.output
+
+
+def test_instances_on_an_unreadable_registry_is_one_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "registry.sqlite3").write_bytes(b"\x5a" * 4096)
+    result = run("instances", "--data-dir", tmp_path)
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert "registry.sqlite3" in result.output and "registry rebuild" in result.output

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import socket
+import stat
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -175,3 +177,31 @@ def test_concurrent_registration_from_several_processes(tmp_path: Path) -> None:
     ports = [p for i in infos for p in (i.receive_port, i.send_port)]
     assert len(set(ports)) == len(ports) == 40
     assert all(i.last_checkpoint == 1 for i in infos)
+
+
+def test_an_unreadable_registry_is_a_registry_error_naming_it(tmp_path: Path) -> None:
+    path = tmp_path / "registry.sqlite3"
+    path.write_bytes(b"\x5a" * 4096)
+    with pytest.raises(RegistryError, match=f"cannot open the registry {path}: .*not a database"):
+        Registry(tmp_path)
+
+
+def test_registry_files_are_0600_and_a_new_data_dir_0700(tmp_path: Path) -> None:
+    old = os.umask(0)
+    try:
+        with Registry(tmp_path / "new" / "data") as reg:
+            reg.register("a")
+            made = [reg.path, *(reg.path.with_name(reg.path.name + s) for s in ("-wal", "-shm"))]
+            assert [stat.S_IMODE(p.stat().st_mode) for p in made] == [0o600] * 3
+    finally:
+        os.umask(old)
+    for d in (tmp_path / "new", tmp_path / "new" / "data"):
+        assert stat.S_IMODE(d.stat().st_mode) == 0o700
+
+
+def test_restore_registers_an_instance_from_its_files(registry: Registry) -> None:
+    info = registry.restore("a", 2, 1234, {0: 5, 2: 1})
+    assert (info.current_version, info.last_checkpoint, info.last_log) == (2, 1, 1)
+    assert info.committer_id == 1234
+    with pytest.raises(RegistryError, match="registered already"):
+        registry.restore("a", 0, None, {})

@@ -218,6 +218,8 @@ async def _run(
         line = (await ic.stdout.readline()).decode()
         if not line.startswith("ready"):
             code = await ic.wait()
+            if code == 2:  # a refusal: it said why, in one line on stderr; nothing to add
+                return code
             raise click.ClickException(f"the coordinator did not start (exit status {code})")
         fields = dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
         click.echo(line.strip(), err=True)

@@ -1,9 +1,10 @@
 """Administration commands: register instances, list them, and show, verify or prune logs.
 
-``ambrosia-py register``, ``ambrosia-py instances`` and ``ambrosia-py log show|verify|prune``
-work on the files a coordinator leaves in its data directory (see :mod:`.storage` and
-:mod:`.registry`); none of them needs a running coordinator, and ``log prune`` refuses to
-run beside one. ``show`` and ``verify`` never modify a log.
+``ambrosia-py register``, ``ambrosia-py instances``, ``ambrosia-py registry rebuild`` and
+``ambrosia-py log show|verify|prune`` work on the files a coordinator leaves in its data
+directory (see :mod:`.storage` and :mod:`.registry`); none of them needs a running
+coordinator, and ``log prune`` and ``registry rebuild`` refuse to run beside one.
+``show`` and ``verify`` never modify a log.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from rich.table import Table
 
 from .. import wire
 from .registry import REGISTRY_FILE, InstanceInfo, Registry, RegistryError
+from .registry_files import rebuild_registry
 from .storage import (
     CorruptLogError,
     InstanceFiles,
@@ -29,7 +31,7 @@ from .storage import (
     log_numbers_in,
 )
 
-__all__ = ["instances", "log", "register"]
+__all__ = ["instances", "log", "register", "registry"]
 
 _DATA_DIR = click.option(
     "--data-dir",
@@ -84,9 +86,12 @@ def instances(data_dir: Path) -> None:
     if not (data_dir / REGISTRY_FILE).exists():
         click.echo(f"no registry in {data_dir}")
         return
-    with Registry(data_dir) as reg:
-        infos: list[InstanceInfo] = reg.instances()
-        links = {i.name: reg.link_address(i.name) for i in infos}
+    try:
+        with Registry(data_dir) as reg:
+            infos: list[InstanceInfo] = reg.instances()
+            links = {i.name: reg.link_address(i.name) for i in infos}
+    except RegistryError as exc:
+        raise click.ClickException(f"{exc}; see `ambrosia-py registry rebuild`") from None
     if not infos:
         click.echo(f"no instances registered in {data_dir}")
         return
@@ -108,6 +113,41 @@ def instances(data_dir: Path) -> None:
         )
     # Piped (not a terminal), the table is not folded to an assumed 80 columns.
     Console(soft_wrap=False, width=None if sys.stdout.isatty() else 160).print(table)
+
+
+@click.group()
+def registry() -> None:
+    """Maintain the instance registry of a data directory."""
+
+
+@registry.command()
+@_DATA_DIR
+def rebuild(data_dir: Path) -> None:
+    """Recover the registry from the instance directories in DATA_DIR.
+
+    Registers every instance whose files are present and the registry lacks: its version
+    (the newest directory with a checkpoint), its last checkpoint (the newest that reads)
+    and its committer id. Ports are allocated anew. An unreadable registry is first moved
+    aside, not deleted. Refuses while a coordinator runs one of the instances.
+    """
+    if not data_dir.is_dir():
+        raise click.ClickException(f"no data directory {data_dir}")
+    try:
+        rebuilt, moved = rebuild_registry(data_dir)
+    except (RegistryError, StorageError) as exc:
+        raise click.ClickException(f"registry not rebuilt: {exc}") from None
+    for path in moved:
+        click.echo(f"moved the unreadable {path.name.split('.damaged-')[0]} aside: {path}")
+    for i in rebuilt:
+        click.echo(
+            f"{i.name}: version {i.version}, checkpoint {_opt(i.checkpoint)}, committer "
+            f"{_opt(i.committer_id)}, receive port {i.receive_port}, send port {i.send_port} "
+            "(ports allocated anew)"
+        )
+        for why in i.skipped:
+            click.echo(f"  skipped a checkpoint that does not read: {why}")
+    if not rebuilt:
+        click.echo(f"the registry already knows every instance with files in {data_dir}")
 
 
 # --- log commands -------------------------------------------------------------------------

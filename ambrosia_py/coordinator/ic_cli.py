@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from .binding_auth import BindingAuth
+from .ic_core import StateFormatError
 from .ic_server import (
     DEFAULT_LOG_TRIGGER_MB,
     CoordinatorConfig,
@@ -68,8 +69,12 @@ def _setup_logging(instance: str) -> None:
 def _run(main: Coroutine[Any, Any, int]) -> None:
     try:
         status = asyncio.run(main)
-    except (CoordinatorError, StorageError, RegistryError, LinkSetupError) as exc:
+    except (CoordinatorError, StorageError, RegistryError, LinkSetupError, StateFormatError) as exc:
         click.echo(f"ambrosia-py: {exc}", err=True)
+        sys.exit(2)
+    except OSError as exc:  # start-up on a data directory it cannot use: say which file
+        where = f": {exc.filename}" if exc.filename else ""
+        click.echo(f"ambrosia-py: {exc.strerror or exc}{where}", err=True)
         sys.exit(2)
     sys.exit(status)
 

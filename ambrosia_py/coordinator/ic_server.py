@@ -59,6 +59,7 @@ from .link_config import LinkSettings
 from .links import Inbox
 from .peer_links import PeerLinks
 from .registry import Registry
+from .registry_files import clear_interrupted_first_start, prepare_start
 from .storage import CorruptLogError, InstanceFiles, LogWriter
 
 __all__ = ["CoordinatorConfig", "CoordinatorError", "run_coordinator", "run_debug"]
@@ -177,12 +178,13 @@ async def _replay(
             d = scan.damage
             verb = "cut" if repair else "found"
             log.warning(
-                "%s a torn tail of %s: %d bytes at offset %d (%s)",
+                "%s a torn tail of %s: %d bytes at offset %d (%s)%s",
                 verb,
                 d.path.name,
                 d.dropped_bytes,
                 d.offset,
                 d.reason,
+                "" if d.kept is None else f"; the cut bytes are kept in {d.kept}",
             )
     log.info("replayed %d records from logs %s; next seq %d", replayed, logs, next_seq)
     return _Replayed(next_seq, logs[-1] if logs else first_log, outputs, inbox)
@@ -367,10 +369,7 @@ class _Coordinator:
 
     async def first_start(self) -> None:
         assert self.binding is not None
-        for n in self.files.log_numbers():
-            self.files.log_path(n).unlink()
-        for n in self.files.checkpoint_numbers():
-            self.files.checkpoint_path(n).unlink()
+        # run_coordinator cleared what an interrupted first start left, or refused.
         self.committer_id = secrets.randbelow(2**31 - 1) + 1
         self.registry.set_committer_id(self.config.instance, self.committer_id)
         log.info("first start, committer id %d", self.committer_id)
@@ -611,7 +610,9 @@ async def run_coordinator(
     config: CoordinatorConfig, ready: Callable[[str], None] = _print_ready
 ) -> int:
     """Run one coordinator until its binding disconnects; return the exit status."""
-    registry = Registry(config.data_dir)
+    # Refuses when the registry has lost track of the instance's files (never a first
+    # start over existing history), before anything is listened on or written.
+    registry = prepare_start(config.data_dir, config.instance)
     try:
         version, _, _ = _resolve(config, registry)
         files = InstanceFiles(config.data_dir, config.instance, version)
@@ -619,6 +620,9 @@ async def run_coordinator(
         files.acquire_lock()
         coordinator = _Coordinator(config, registry, files)
         try:
+            info = registry.get(config.instance)
+            if info is not None and info.last_checkpoint is None:
+                clear_interrupted_first_start(files, info.committer_id)
             return await _with_signals(asyncio.create_task(coordinator.run(ready)), coordinator)
         except CorruptLogError as exc:
             raise CoordinatorError(f"recovery stopped: {exc}") from None
@@ -636,7 +640,7 @@ async def run_debug(
     ready: Callable[[str], None] = _print_ready,
 ) -> int:
     """Serve a binding checkpoint ``checkpoint`` and the records after it, writing nothing."""
-    registry = Registry(config.data_dir)
+    registry = prepare_start(config.data_dir, config.instance)
     try:
         version, receive_port, send_port = _resolve(config, registry)
     finally:

@@ -15,10 +15,16 @@ not given is allocated from :data:`PORT_RANGE`, which sits below Linux's default
 ephemeral range (32768-60999) so outgoing connections never take it later; candidates are
 tried from a random start (registries in other data directories cannot see ours), must be
 unused by any registered instance, and must be bindable on 127.0.0.1 right now.
+
+The database and its ``-wal``/``-shm``/``-journal`` files are 0600 and a data directory
+it creates 0700 (:mod:`.modes`): the file is made 0600 before SQLite opens it, and
+SQLite gives its side files the database's mode. Every SQLite or OS failure surfaces as a
+:class:`RegistryError` naming the database, never as a raw ``sqlite3`` exception.
 """
 
 from __future__ import annotations
 
+import os
 import random
 import socket
 import sqlite3
@@ -28,15 +34,19 @@ from pathlib import Path
 
 import attrs
 
+from .modes import PRIVATE_FILE, create_private, make_private_dir
+
 __all__ = [
     "PORT_RANGE",
     "REGISTRY_FILE",
+    "REGISTRY_SIDE_FILES",
     "InstanceInfo",
     "Registry",
     "RegistryError",
 ]
 
 REGISTRY_FILE = "registry.sqlite3"
+REGISTRY_SIDE_FILES = ("-wal", "-shm", "-journal")  # SQLite's, beside the database
 PORT_RANGE = range(20000, 32768)
 _BUSY_TIMEOUT_S = 30.0
 
@@ -133,35 +143,65 @@ def _set_wal(db: sqlite3.Connection) -> None:
             delay = min(delay * 2, 0.05)
 
 
+def registry_paths(data_dir: Path) -> list[Path]:
+    """The registry database of ``data_dir`` and its SQLite side files (present or not)."""
+    path = Path(data_dir) / REGISTRY_FILE
+    return [path, *(path.with_name(path.name + side) for side in REGISTRY_SIDE_FILES)]
+
+
 class Registry:
     """The registry of one data directory. Thread-safe; share one per process."""
 
     def __init__(self, data_dir: Path) -> None:
         self.data_dir = Path(data_dir)
-        self.data_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.data_dir / REGISTRY_FILE
         self._lock = threading.Lock()
-        self._db: sqlite3.Connection | None = sqlite3.connect(
-            self.path,
-            timeout=_BUSY_TIMEOUT_S,
-            isolation_level=None,  # we issue BEGIN/COMMIT ourselves
-            check_same_thread=False,
-        )
-        with self._lock:
-            db = self._conn()
-            db.execute(f"PRAGMA busy_timeout = {int(_BUSY_TIMEOUT_S * 1000)}")
-            _set_wal(db)
-            db.execute("PRAGMA synchronous = FULL")
-            db.execute("PRAGMA foreign_keys = ON")
-            db.execute("BEGIN IMMEDIATE")
+        self._db: sqlite3.Connection | None = None
+        try:
+            make_private_dir(self.data_dir)
+            # Created 0600 before SQLite sees it: SQLite then creates its -wal, -shm and
+            # -journal files with the database's mode.
+            os.close(create_private(self.path, os.O_RDWR))
+            self._db = sqlite3.connect(
+                self.path,
+                timeout=_BUSY_TIMEOUT_S,
+                isolation_level=None,  # we issue BEGIN/COMMIT ourselves
+                check_same_thread=False,
+            )
+            with self._lock:
+                self._setup(self._conn())
+            self._private_side_files()
+        except (sqlite3.Error, OSError) as exc:
+            self.close()
+            raise self._error("cannot open", exc) from exc
+
+    def _setup(self, db: sqlite3.Connection) -> None:
+        db.execute(f"PRAGMA busy_timeout = {int(_BUSY_TIMEOUT_S * 1000)}")
+        _set_wal(db)
+        db.execute("PRAGMA synchronous = FULL")
+        db.execute("PRAGMA foreign_keys = ON")
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            for statement in _SCHEMA.split(";"):
+                if statement.strip():
+                    db.execute(statement)
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+
+    def _private_side_files(self) -> None:
+        """Belt and braces: SQLite mirrors the database's mode, this states it."""
+        for path in registry_paths(self.data_dir)[1:]:
             try:
-                for statement in _SCHEMA.split(";"):
-                    if statement.strip():
-                        db.execute(statement)
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
-            db.execute("COMMIT")
+                if path.stat().st_mode & 0o077:
+                    os.chmod(path, PRIVATE_FILE)
+            except FileNotFoundError:
+                continue  # not created (yet), or removed by SQLite at a last close
+
+    def _error(self, doing: str, exc: BaseException) -> RegistryError:
+        what = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        return RegistryError(f"{doing} the registry {self.path}: {what}")
 
     def _conn(self) -> sqlite3.Connection:
         if self._db is None:
@@ -190,12 +230,18 @@ class Registry:
     def get(self, name: str) -> InstanceInfo | None:
         """The instance called ``name``, or ``None``."""
         with self._lock:
-            return self._get(self._conn(), name)
+            try:
+                return self._get(self._conn(), name)
+            except sqlite3.Error as exc:
+                raise self._error("cannot read", exc) from exc
 
     def instances(self) -> list[InstanceInfo]:
         """Every registered instance, by name."""
         with self._lock:
-            rows = self._conn().execute(_SELECT + " ORDER BY i.name").fetchall()
+            try:
+                rows = self._conn().execute(_SELECT + " ORDER BY i.name").fetchall()
+            except sqlite3.Error as exc:
+                raise self._error("cannot read", exc) from exc
         return [_info(row) for row in rows]
 
     # --- writing -----------------------------------------------------------------------
@@ -339,12 +385,44 @@ class Registry:
     def link_address(self, name: str) -> tuple[str, int] | None:
         """The last link address the instance's coordinator published, or ``None``."""
         with self._lock:
-            row = (
-                self._conn()
-                .execute("SELECT host, port FROM links WHERE name = ?", (name,))
-                .fetchone()
-            )
+            try:
+                row = (
+                    self._conn()
+                    .execute("SELECT host, port FROM links WHERE name = ?", (name,))
+                    .fetchone()
+                )
+            except sqlite3.Error as exc:
+                raise self._error("cannot read", exc) from exc
         return None if row is None else (str(row[0]), int(row[1]))
+
+    def restore(
+        self, name: str, version: int, committer_id: int | None, checkpoints: dict[int, int]
+    ) -> InstanceInfo:
+        """Register ``name`` afresh from what its files say (``registry rebuild``).
+
+        ``version`` becomes the current version; ``checkpoints`` maps each version that
+        has a usable checkpoint to its newest one (the log that pairs with checkpoint N is
+        log N). Ports are allocated anew: the files do not record them. Refused if the
+        instance is registered already.
+        """
+        if self.get(name) is not None:
+            raise RegistryError(f"instance {name!r} is registered already")
+        self.register(name, version=version)
+        with self._write() as db:
+            if committer_id is not None:
+                db.execute(
+                    "UPDATE instances SET committer_id = ? WHERE name = ?", (committer_id, name)
+                )
+            for v, checkpoint in sorted(checkpoints.items()):
+                db.execute(
+                    "INSERT INTO versions (name, version, last_checkpoint, last_log) "
+                    "VALUES (?, ?, ?, ?) ON CONFLICT (name, version) DO UPDATE SET "
+                    "last_checkpoint = excluded.last_checkpoint, last_log = excluded.last_log",
+                    (name, v, checkpoint, checkpoint),
+                )
+            info = self._get(db, name)
+        assert info is not None
+        return info
 
 
 class _Transaction:
@@ -358,17 +436,24 @@ class _Transaction:
         try:
             db = self._registry._conn()
             db.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            self._registry._lock.release()
+            raise self._registry._error("cannot write", exc) from exc
         except BaseException:
             self._registry._lock.release()
             raise
         self._db = db
         return db
 
-    def __exit__(self, exc_type: object, *rest: object) -> None:
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         try:
             self._db.execute("ROLLBACK" if exc_type is not None else "COMMIT")
+        except sqlite3.Error as failure:
+            raise self._registry._error("cannot write", failure) from failure
         finally:
             self._registry._lock.release()
+        if isinstance(exc, sqlite3.Error):
+            raise self._registry._error("cannot write", exc) from exc
 
 
 def _allocate(taken: set[int]) -> int:

@@ -1,0 +1,302 @@
+"""The registry and the instance files must agree: refuse to start when they cannot, rebuild.
+
+The registry is the only record of which checkpoint is committed; an instance it does
+not know looks new, and a new instance's first start clears its directory. So a lost
+registry (deleted, emptied, unreadable) must never be taken for "no instances": before
+a coordinator starts, :func:`open_registry_for_start` compares the registry with the
+instance directories in the data directory and refuses, naming the files it would
+otherwise have put at risk and the command that rebuilds the registry.
+
+``ambrosia-py registry rebuild`` (:func:`rebuild_registry`) recovers the registry from
+the files: each ``<instance>_<version>`` directory holding logs or checkpoints names an
+instance and a version; the newest checkpoint that reads as a coordinator checkpoint is
+the last committed one, and its committer id is the instance's. What the files do not
+hold is made anew: ports are allocated again, link addresses are published again by
+each coordinator as it starts. A checkpoint file is written whole (temporary file, then
+rename) and only then committed, so the newest whole one is safe to recover from even
+if the crash came between the two.
+
+Start-up also tightens modes (:func:`prepare_start`): the data directory, the registry
+files and the instance's directories and files lose group and other permissions, logged
+once, before anything is read.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import struct
+import time
+from pathlib import Path
+
+import attrs
+
+from .errors import StorageError
+from .ic_core import IcState, StateFormatError
+from .modes import tighten
+from .registry import REGISTRY_FILE, Registry, RegistryError, registry_paths
+from .storage import InstanceFiles, log_numbers_in
+
+__all__ = [
+    "RebuiltInstance",
+    "RegistryRefusal",
+    "clear_interrupted_first_start",
+    "instance_directories",
+    "open_registry_for_start",
+    "prepare_start",
+    "rebuild_registry",
+]
+
+log = logging.getLogger("ambrosia_py.coordinator")
+
+_VERSIONED = re.compile(r"(.+)_(0|[1-9][0-9]*)")
+_HAS_STATE = re.compile(r"server(?:log|chkpt)[1-9][0-9]*")
+_SHOWN = 6  # files named in a refusal; the rest are counted
+
+
+class RegistryRefusal(RegistryError):
+    """The registry cannot be trusted with the instance files present: start refused."""
+
+
+def instance_directories(data_dir: Path) -> dict[str, dict[int, Path]]:
+    """Per instance name, its version directories that hold logs or checkpoints."""
+    found: dict[str, dict[int, Path]] = {}
+    try:
+        entries = sorted(os.scandir(data_dir), key=lambda e: e.name)
+    except FileNotFoundError:
+        return found
+    for entry in entries:
+        m = _VERSIONED.fullmatch(entry.name)
+        if m is None or not entry.is_dir(follow_symlinks=False):
+            continue
+        if any(_HAS_STATE.fullmatch(name) for name in os.listdir(entry.path)):
+            found.setdefault(m.group(1), {})[int(m.group(2))] = Path(entry.path)
+    return found
+
+
+def _state_files(dirs: list[Path]) -> list[Path]:
+    return [d / name for d in dirs for name in sorted(os.listdir(d)) if _HAS_STATE.fullmatch(name)]
+
+
+def _named(files: list[Path]) -> str:
+    shown = ", ".join(str(f) for f in files[:_SHOWN])
+    more = len(files) - _SHOWN
+    return shown + (f" and {more} more" if more > 0 else "")
+
+
+def _rebuild_hint(data_dir: Path) -> str:
+    return (
+        f"nothing was changed; recover the registry with "
+        f"`ambrosia-py registry rebuild --data-dir {data_dir}`"
+    )
+
+
+def open_registry_for_start(data_dir: Path, instance: str) -> Registry:
+    """The registry of ``data_dir``, for starting ``instance``; or a :class:`RegistryRefusal`.
+
+    Refused: a missing registry while any instance's files are present (every instance
+    sharing the directory is known only to it), an unreadable registry, and a registry
+    that does not know ``instance`` while that instance's files are present.
+    """
+    data_dir = Path(data_dir)
+    present = instance_directories(data_dir)
+    if not (data_dir / REGISTRY_FILE).exists() and present:
+        files = _state_files([d for versions in present.values() for d in versions.values()])
+        raise RegistryRefusal(
+            f"no registry {data_dir / REGISTRY_FILE}, but instance files are present: "
+            f"{_named(files)}; {_rebuild_hint(data_dir)}"
+        )
+    try:
+        registry = Registry(data_dir)
+        known = registry.get(instance)
+    except RegistryError as exc:
+        files = _state_files([d for versions in present.values() for d in versions.values()])
+        where = f"; instance files present: {_named(files)}" if files else ""
+        raise RegistryRefusal(
+            f"{exc}{where}; move the damaged registry aside or rebuild it with "
+            f"`ambrosia-py registry rebuild --data-dir {data_dir}`"
+        ) from None
+    if known is None and instance in present:
+        registry.close()
+        files = _state_files(list(present[instance].values()))
+        raise RegistryRefusal(
+            f"instance {instance!r} is not in the registry {registry.path}, but its files "
+            f"are present: {_named(files)}; starting it would take it for a new instance; "
+            f"{_rebuild_hint(data_dir)}"
+        )
+    return registry
+
+
+def prepare_start(data_dir: Path, instance: str) -> Registry:
+    """Tighten the modes of what ``instance``'s coordinator owns, then open the registry
+    for its start (:func:`open_registry_for_start`)."""
+    data_dir = Path(data_dir)
+    paths = [data_dir, *registry_paths(data_dir)]
+    try:
+        entries = sorted(os.listdir(data_dir))
+    except FileNotFoundError:
+        entries = []
+    for name in entries:
+        m = _VERSIONED.fullmatch(name)
+        if m is not None and m.group(1) == instance:
+            paths += InstanceFiles(data_dir, instance, int(m.group(2))).owned_paths()
+    changed, failed = tighten(paths)
+    if changed:
+        listed = ", ".join(f"{p} ({mode:o})" for p, mode in changed[:_SHOWN])
+        more = f" and {len(changed) - _SHOWN} more" if len(changed) > _SHOWN else ""
+        log.warning(
+            "took group and other permissions off %d paths (files are 0600, directories "
+            "0700): %s%s",
+            len(changed),
+            listed,
+            more,
+        )
+    if failed:
+        log.warning("could not tighten the modes of: %s", "; ".join(failed))
+    return open_registry_for_start(data_dir, instance)
+
+
+def clear_interrupted_first_start(files: InstanceFiles, committer_id: int | None) -> None:
+    """Before a first start: remove what an interrupted first start left, refuse the rest.
+
+    A first start writes log 1 (record 0) and checkpoint 1 under the committer id it put
+    in the registry, and commits checkpoint 1 last; a crash before the commit leaves those
+    two files, which nothing was told about and the next first start replaces. Anything
+    else (other numbers, another committer, a registry with no committer id) is history
+    of an instance the registry lost track of: refused, naming the files, never removed.
+    """
+    logs, checkpoints = files.log_numbers(), files.checkpoint_numbers()
+    if not logs and not checkpoints:
+        return
+    present = _state_files([files.path])
+    why = None
+    if committer_id is None:
+        why = "the registry has no committer id for it"
+    elif set(logs) - {1} or set(checkpoints) - {1}:
+        why = "they are more than an interrupted first start leaves (log 1, checkpoint 1)"
+    elif logs and _log_committer(files) not in (None, committer_id):
+        why = f"log 1 was written by committer {_log_committer(files)}, not {committer_id}"
+    elif checkpoints:
+        try:
+            state = IcState.decode(files.read_checkpoint(1), str(files.checkpoint_path(1)))
+        except (StateFormatError, StorageError) as exc:
+            why = f"checkpoint 1 does not read ({exc})"
+        else:
+            if state.committer_id != committer_id:
+                why = f"checkpoint 1 is committer {state.committer_id}'s, not {committer_id}'s"
+    if why is not None:
+        raise RegistryRefusal(
+            f"instance {files.instance!r} version {files.version} has no committed checkpoint "
+            f"in the registry, but files are present ({_named(present)}) and {why}; "
+            f"{_rebuild_hint(files.data_dir)}"
+        )
+    for path in present:
+        path.unlink()
+    log.info("removed what an interrupted first start left: %s", _named(present))
+
+
+@attrs.frozen
+class RebuiltInstance:
+    """What ``registry rebuild`` registered for one instance."""
+
+    name: str
+    version: int
+    checkpoint: int | None
+    committer_id: int | None
+    receive_port: int
+    send_port: int
+    skipped: tuple[str, ...]  # checkpoints that did not read, with why
+
+
+def _newest_checkpoint(files: InstanceFiles) -> tuple[int | None, int | None, list[str]]:
+    """The newest checkpoint that reads as a coordinator checkpoint, its committer id, and
+    the newer ones that did not read."""
+    skipped = []
+    for n in reversed(files.checkpoint_numbers()):
+        path = files.checkpoint_path(n)
+        try:
+            state = IcState.decode(files.read_checkpoint(n), str(path))
+        except (StateFormatError, StorageError) as exc:
+            skipped.append(str(exc))
+            continue
+        return n, state.committer_id, skipped
+    return None, None, skipped
+
+
+def _log_committer(files: InstanceFiles) -> int | None:
+    """The committer id in the first record header of the first log, if it has one."""
+    numbers = log_numbers_in(files.path)
+    if not numbers:
+        return None
+    with files.log_path(numbers[0]).open("rb") as f:
+        head = f.read(4)
+    return int(struct.unpack("<i", head)[0]) if len(head) == 4 else None
+
+
+def _move_aside(data_dir: Path) -> list[Path]:
+    """Rename the registry and its side files to ``...damaged-<time>``; return the new names."""
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+    moved = []
+    for path in registry_paths(data_dir):
+        if path.exists():
+            target = path.with_name(f"{path.name}.damaged-{stamp}")
+            os.replace(path, target)
+            moved.append(target)
+    return moved
+
+
+def rebuild_registry(data_dir: Path) -> tuple[list[RebuiltInstance], list[Path]]:
+    """Register every instance whose files are in ``data_dir`` and the registry lacks.
+
+    Instances the registry knows are left as they are. An unreadable registry is first
+    moved aside (its bytes are kept, renamed ``registry.sqlite3.damaged-<UTC time>``).
+    Each instance version's lock is taken while its files are read, so this refuses to
+    run beside a coordinator. Returns the instances registered and the moved files.
+    """
+    data_dir = Path(data_dir)
+    moved: list[Path] = []
+    try:
+        registry = Registry(data_dir)
+        registry.instances()
+    except RegistryError:
+        moved = _move_aside(data_dir)
+        registry = Registry(data_dir)
+    rebuilt = []
+    try:
+        for name, versions in instance_directories(data_dir).items():
+            if registry.get(name) is not None:
+                continue
+            found: dict[int, int] = {}
+            committers: dict[int, int | None] = {}
+            skipped: list[str] = []
+            for version in sorted(versions):
+                files = InstanceFiles(data_dir, name, version)
+                files.acquire_lock()
+                try:
+                    checkpoint, committer, bad = _newest_checkpoint(files)
+                    skipped += bad
+                    if checkpoint is not None:
+                        found[version] = checkpoint
+                    committers[version] = committer or _log_committer(files)
+                finally:
+                    files.release_lock()
+            # The current version: the newest with a checkpoint (an upgrade commits the
+            # new version's checkpoint 1 before it moves the instance over), else the
+            # newest there is (a first start that never committed one).
+            current = max(found) if found else max(versions)
+            info = registry.restore(name, current, committers[current], found)
+            rebuilt.append(
+                RebuiltInstance(
+                    name,
+                    current,
+                    found.get(current),
+                    info.committer_id,
+                    info.receive_port,
+                    info.send_port,
+                    tuple(skipped),
+                )
+            )
+    finally:
+        registry.close()
+    return rebuilt, moved
