@@ -128,6 +128,17 @@ class Peer:
         out, self._buf = self._buf[:n], self._buf[n:]
         return out
 
+    def read_all(self) -> bytes:
+        """Everything until the coordinator closes the connection."""
+        out = self._buf
+        self._buf = b""
+        try:
+            while chunk := self.sock.recv(1 << 16):
+                out += chunk
+        except (ConnectionResetError, ssl.SSLError):
+            pass
+        return out
+
     def connect(self) -> None:
         """ConnectPackets: ours, then the coordinator's."""
         self.sock.sendall(connect_packet())

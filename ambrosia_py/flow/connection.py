@@ -153,6 +153,16 @@ class FlowConnection:
         return self._compatible
 
     @property
+    def buffered(self) -> int:
+        """Bytes received and held, not yet delivered: a partial ConnectPacket or frame.
+
+        Never more than the ConnectPacket or a frame header plus ``max_frame_length``:
+        a longer declared length is refused as soon as its 4 bytes are in.
+        """
+        held = len(self._head) if self._state is _S.AWAIT_PEER else 0
+        return held + (self._reader.buffered if self._reader is not None else 0)
+
+    @property
     def ignored_bytes(self) -> int:
         """Bytes an incompatible peer sent after its ConnectPacket, dropped unread."""
         return self._ignored
