@@ -8,6 +8,7 @@ sockets against a real coordinator process.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import logging
@@ -26,6 +27,8 @@ from ambrosia_py import Immortal, rpc
 from ambrosia_py.binding import Dispatcher, RemoteError, UnknownMethodError
 from ambrosia_py.binding import codec as binding_codec
 from ambrosia_py.binding.checkpoint import decode_snapshot
+from ambrosia_py.coordinator.binding_auth import Socket, TokenGate, encode_preamble
+from ambrosia_py.coordinator.binding_link import MAX_UNPROVEN, Listener
 from ambrosia_py.coordinator.ic_core import Intake
 from ambrosia_py.coordinator.links import LinkError
 from ambrosia_py.testing.runner import ImmortalRunner, RunningImmortal
@@ -51,6 +54,7 @@ from tests.fake_binding import (
     checkpoint,
     coordinator,
     frame,
+    free_port,
     preamble,
     read_token,
     self_fork,
@@ -520,3 +524,37 @@ def test_run_separated_without_the_token_is_refused(tmp_path: Path) -> None:
         service.kill()
         log = stop(proc)
     assert "refusing a binding connection" in log and "no preamble" in log
+
+
+def test_silent_connections_cannot_keep_the_binding_out(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """More silent connections than may prove a token at once: the oldest are evicted,
+    so the binding connecting after them still gets in (evicting one more); all of them
+    get nothing."""
+    caplog.set_level(logging.WARNING, "ambrosia_py.coordinator")
+
+    async def main() -> None:
+        gate = TokenGate.create(tmp_path / "t.binding-token")
+        listener = Listener("receive", Socket.RECEIVE, gate)
+        port = free_port()
+        await listener.listen("127.0.0.1", port)
+        try:
+            silent = [
+                await asyncio.open_connection("127.0.0.1", port) for _ in range(MAX_UNPROVEN + 4)
+            ]
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(encode_preamble(gate.token, Socket.RECEIVE))
+            conn = await asyncio.wait_for(listener.accept(), DEADLINE)
+            for reader, w in silent:
+                assert await asyncio.wait_for(reader.read(), DEADLINE) == b""
+                w.close()
+            conn.close()
+            writer.close()
+        finally:
+            listener.close()
+
+    asyncio.run(main())
+    refusals = [r.getMessage() for r in caplog.records if "refusing" in r.message]
+    assert sum("newer connections came to prove a token" in m for m in refusals) == 5
+    assert sum("another connection proved the token first" in m for m in refusals) == 15

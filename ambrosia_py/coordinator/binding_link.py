@@ -30,7 +30,7 @@ log = logging.getLogger("ambrosia_py.coordinator")
 READ_SIZE = 256 * 1024
 _IOV_MAX = 1024  # buffers per sendmsg call
 PREAMBLE_TIMEOUT = 5.0  # seconds a connection has to prove the token
-MAX_UNPROVEN = 16  # connections proving the token at once; more are closed at once
+MAX_UNPROVEN = 16  # connections proving the token at once; a new one evicts the oldest
 
 
 class Listener:
@@ -84,9 +84,13 @@ class Listener:
                 conn.close()
             elif self._gate is None:
                 self._first.set_result(conn)
-            elif len(self._unproven) >= MAX_UNPROVEN:
-                self._refuse(conn, peer, f"{MAX_UNPROVEN} connections are proving a token")
             else:
+                if len(self._unproven) >= MAX_UNPROVEN:
+                    # The oldest goes, not the newest: silent connections opened ahead of
+                    # the binding cannot keep it out.
+                    next(iter(self._unproven)).cancel(
+                        f"{MAX_UNPROVEN} newer connections came to prove a token"
+                    )
                 task = asyncio.create_task(self._admit(conn, peer))
                 self._unproven[task] = conn
                 task.add_done_callback(self._unproven.pop)
@@ -107,8 +111,8 @@ class Listener:
             why: str | None = f"no preamble within {PREAMBLE_TIMEOUT:g} s ({len(got)} bytes)"
         except OSError as exc:
             why = f"connection lost before the preamble ({exc})"
-        except asyncio.CancelledError:
-            why = "another connection proved the token first"
+        except asyncio.CancelledError as exc:
+            why = str(exc.args[0]) if exc.args else "the coordinator stopped listening"
         else:
             why = self._gate.refusal(got, self._kind)
         if why is None and not self._first.done():
@@ -116,7 +120,7 @@ class Listener:
             self._first.set_result(conn)
             for task in list(self._unproven):
                 if task is not asyncio.current_task():
-                    task.cancel()
+                    task.cancel("another connection proved the token first")
             return
         self._refuse(conn, peer, why or "a binding is attached already")
 
