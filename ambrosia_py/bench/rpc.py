@@ -10,10 +10,14 @@ figures to another instance go through two coordinators and the links between th
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import os
 import statistics
+import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import click
@@ -105,10 +109,12 @@ class RpcCaller(Immortal):
             self.rounds += 1
 
 
-def measure_remote(runner: ImmortalRunner, k_forks: int, k_pings: int) -> tuple[float, list[float]]:
+def measure_remote(
+    runner: ImmortalRunner, k_forks: int, k_pings: int, suffix: str = ""
+) -> tuple[float, list[float]]:
     """Forks per second to another instance (16 B), and awaited round trips to it."""
-    peer = runner.start(RpcPeer, "remote-peer")
-    caller = runner.start(RpcCaller, "remote-caller", peer="remote-peer")
+    peer = runner.start(RpcPeer, f"remote-peer{suffix}")
+    caller = runner.start(RpcCaller, f"remote-caller{suffix}", peer=f"remote-peer{suffix}")
     try:
         start = time.perf_counter()
         caller.impulse.burst(k_forks, 16)
@@ -149,45 +155,88 @@ def measure_round_trips(runner: ImmortalRunner, k: int) -> list[float]:
         svc.stop()
 
 
+@contextlib.contextmanager
+def _tls_links(directory: Path) -> Iterator[None]:
+    """Links over mutual TLS: a throwaway CA and one certificate (made with the
+    ``openssl`` command), given to the coordinators through their environment."""
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+    ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+    ca, ca_key = directory / "ca.pem", directory / "ca.key"
+    cert, key, csr = directory / "link.pem", directory / "link.key", directory / "link.csr"
+    openssl("req", "-x509", *ec, "-keyout", str(ca_key), "-out", str(ca), "-subj", "/CN=ca")
+    openssl("req", *ec, "-keyout", str(key), "-out", str(csr), "-subj", "/CN=link")
+    openssl(
+        *("x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key)),
+        *("-CAcreateserial", "-out", str(cert)),
+    )
+    env = {"AMBROSIA_TLS_CERT": cert, "AMBROSIA_TLS_KEY": key, "AMBROSIA_TLS_CA": ca}
+    saved = {name: os.environ.get(name) for name in env}
+    os.environ.update({name: str(path) for name, path in env.items()})
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 @click.command("rpc")
 @click.option("--calls", default=50_000, show_default=True, help="Forks per small-size run.")
 @click.option("--round-trips", default=2_000, show_default=True)
 @click.option("--runs", default=3, show_default=True, help="Fork runs per size (median shown).")
-def rpc_bench(calls: int, round_trips: int, runs: int) -> None:
+@click.option("--tls", is_flag=True, help="Links over mutual TLS (needs the openssl command).")
+@click.option("--remote-only", is_flag=True, help="Only the figures to another instance.")
+def rpc_bench(calls: int, round_trips: int, runs: int, tls: bool, remote_only: bool) -> None:
     """Durable self-call fork throughput and async/await round-trip latency."""
     console = Console(width=120)
-    with tempfile.TemporaryDirectory(prefix="ambrosia-bench-rpc-") as tmp:
+    with contextlib.ExitStack() as stack:
+        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="ambrosia-bench-rpc-"))
+        if tls:
+            stack.enter_context(_tls_links(Path(tmp)))
         runner = ImmortalRunner(Path(tmp))
         try:
-            table = Table(title="rpc: durable self-call forks through a real coordinator")
-            for col in ("args", "calls", "calls/s (median)", f"runs ({runs})"):
-                table.add_column(col, justify="right")
-            # Not reported: the first run in a process pays for imports and cold caches.
-            measure_forks(runner, 16, max(1, calls // 10), "warm-up")
-            # Two processes share two cores with whatever else runs: one run says little.
-            for size, k in ((16, calls), (1024, calls), (64 * 1024, max(1, calls // 25))):
-                rates = [measure_forks(runner, size, k, f"forks{size}-{i}") for i in range(runs)]
-                table.add_row(
-                    f"{size} B",
-                    f"{k:,}",
-                    f"{statistics.median(rates):,.0f}",
-                    ", ".join(f"{r:,.0f}" for r in rates),
+            if not remote_only:
+                _self_calls(console, runner, calls, round_trips, runs)
+            remote = [measure_remote(runner, calls, round_trips, f"-{i}") for i in range(runs)]
+            for forks, rtts in remote:
+                rtts.sort()
+                console.print(
+                    f"to another instance (two coordinators, an authenticated TCP link each way"
+                    f"{', TLS' if tls else ''}): {forks:,.0f} durable forks/s (16 B); "
+                    f"async/await round trip p50 {statistics.median(rtts) * 1e3:.2f} ms, "
+                    f"p99 {rtts[int(len(rtts) * 0.99) - 1] * 1e3:.2f} ms"
                 )
-            console.print(table)
-            rtts = sorted(measure_round_trips(runner, round_trips))
-            p50 = statistics.median(rtts) * 1e3
-            p99 = rtts[int(len(rtts) * 0.99) - 1] * 1e3
-            console.print(
-                f"async/await self-call round trip ({len(rtts):,} calls, two durable records "
-                f"each): p50 {p50:.2f} ms, p99 {p99:.2f} ms"
-            )
-            forks, remote = measure_remote(runner, calls, round_trips)
-            remote.sort()
-            console.print(
-                f"to another instance (two coordinators, a TCP link each way): {forks:,.0f} "
-                f"durable forks/s (16 B); async/await round trip p50 "
-                f"{statistics.median(remote) * 1e3:.2f} ms, "
-                f"p99 {remote[int(len(remote) * 0.99) - 1] * 1e3:.2f} ms"
-            )
         finally:
             runner.close()
+
+
+def _self_calls(
+    console: Console, runner: ImmortalRunner, calls: int, round_trips: int, runs: int
+) -> None:
+    table = Table(title="rpc: durable self-call forks through a real coordinator")
+    for col in ("args", "calls", "calls/s (median)", f"runs ({runs})"):
+        table.add_column(col, justify="right")
+    # Not reported: the first run in a process pays for imports and cold caches.
+    measure_forks(runner, 16, max(1, calls // 10), "warm-up")
+    # Two processes share two cores with whatever else runs: one run says little.
+    for size, k in ((16, calls), (1024, calls), (64 * 1024, max(1, calls // 25))):
+        rates = [measure_forks(runner, size, k, f"forks{size}-{i}") for i in range(runs)]
+        table.add_row(
+            f"{size} B",
+            f"{k:,}",
+            f"{statistics.median(rates):,.0f}",
+            ", ".join(f"{r:,.0f}" for r in rates),
+        )
+    console.print(table)
+    rtts = sorted(measure_round_trips(runner, round_trips))
+    p50 = statistics.median(rtts) * 1e3
+    p99 = rtts[int(len(rtts) * 0.99) - 1] * 1e3
+    console.print(
+        f"async/await self-call round trip ({len(rtts):,} calls, two durable records "
+        f"each): p50 {p50:.2f} ms, p99 {p99:.2f} ms"
+    )

@@ -136,12 +136,32 @@ _SECURITY: list[tuple[str, str, dict[str, Any]]] = [
             f"[env {SECRET_ENV}; default: DATA_DIR/link-secret, made on first use].",
         ),
     ),
-    ("tls_cert", "--tls-cert", dict(type=_file, help="TLS on links: this coordinator's cert.")),
-    ("tls_key", "--tls-key", dict(type=_file, help="Its private key (default: in the cert).")),
+    (
+        "tls_cert",
+        "--tls-cert",
+        dict(
+            type=_file,
+            envvar="AMBROSIA_TLS_CERT",
+            help="TLS on links: this coordinator's certificate [env AMBROSIA_TLS_CERT].",
+        ),
+    ),
+    (
+        "tls_key",
+        "--tls-key",
+        dict(
+            type=_file,
+            envvar="AMBROSIA_TLS_KEY",
+            help="Its private key (default: in the cert) [env AMBROSIA_TLS_KEY].",
+        ),
+    ),
     (
         "tls_ca",
         "--tls-ca",
-        dict(type=_file, help="Verify peers' certs against this CA (mutual TLS)."),
+        dict(
+            type=_file,
+            envvar="AMBROSIA_TLS_CA",
+            help="Verify peers' certs against this CA: mutual TLS [env AMBROSIA_TLS_CA].",
+        ),
     ),
     (
         "link_max_frame_mb",

@@ -225,6 +225,9 @@ class PeerLinks:
             ssl_handshake_timeout=self.settings.handshake_timeout_s if self._tls else None,
         )
         self._port = self._server.sockets[0].getsockname()[1]
+        if self._tls is not None:
+            mutual = self.settings.tls_ca is not None
+            log.info("links use TLS%s", ", mutual (certificates checked)" if mutual else "")
         return self._port
 
     def _flow(self, dialer: bool) -> FlowConnection:
