@@ -123,6 +123,8 @@ link_options = [
 
 
 _file = click.Path(dir_okay=False, path_type=Path)
+_SECONDS = click.FloatRange(min=0, min_open=True)
+_MAX_FRAME_MB = click.FloatRange(min=0.01, max=4095)  # a u32 length, and room for calls
 
 # The links' secret, TLS and limits: (parameter, option, click attributes).
 _SECURITY: list[tuple[str, str, dict[str, Any]]] = [
@@ -166,13 +168,18 @@ _SECURITY: list[tuple[str, str, dict[str, Any]]] = [
     (
         "link_max_frame_mb",
         "--link-max-frame-mb",
-        dict(type=float, default=100.0, show_default=True, help="Largest link frame accepted."),
+        dict(
+            type=_MAX_FRAME_MB,
+            default=100.0,
+            show_default=True,
+            help="Largest link frame accepted from an authenticated peer.",
+        ),
     ),
     (
         "link_handshake_timeout",
         "--link-handshake-timeout",
         dict(
-            type=float,
+            type=_SECONDS,
             default=DEFAULT_HANDSHAKE_TIMEOUT_S,
             show_default=True,
             help="Seconds a link connection has to authenticate.",
@@ -182,7 +189,7 @@ _SECURITY: list[tuple[str, str, dict[str, Any]]] = [
         "link_idle_timeout",
         "--link-idle-timeout",
         dict(
-            type=float,
+            type=_SECONDS,
             default=DEFAULT_IDLE_TIMEOUT_S,
             show_default=True,
             help="Close an accepted link silent this long (senders ping at a third of it).",
@@ -192,7 +199,7 @@ _SECURITY: list[tuple[str, str, dict[str, Any]]] = [
         "link_max_connections",
         "--link-max-connections",
         dict(
-            type=int,
+            type=click.IntRange(min=1),
             default=DEFAULT_MAX_CONNECTIONS,
             show_default=True,
             help="Most link connections accepted at once.",

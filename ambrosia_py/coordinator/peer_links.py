@@ -39,7 +39,15 @@ from ..flow import (
     WellKnown,
 )
 from .ic_core import Intake
-from .link_auth import AUTH_TOKEN, LinkAuthError, LinkChannel, LinkHandshake, Role, name_digest
+from .link_auth import (
+    AUTH_TOKEN,
+    TAG_SIZE,
+    LinkAuthError,
+    LinkChannel,
+    LinkHandshake,
+    Role,
+    name_digest,
+)
 from .link_config import PRE_AUTH_FRAME_LIMIT, LinkSettings, load_secret, tls_contexts
 from .links import LINK_TOKEN, Hello, LinkError, Outbox
 
@@ -301,10 +309,13 @@ class PeerLinks:
             log.info("link to %r open; sending from seq %d", dest, msg.seq)
             commits = asyncio.create_task(self._read_commits(dest, box, conn))
             keep_alive = settings.idle_timeout_s / 3
+            # A frame holds a token and a tag besides the calls (one larger call still
+            # goes alone, and is refused by a receiver whose limit it passes).
+            budget = min(MAX_FRAME_MESSAGES_BYTES, settings.max_frame_bytes - 16 - TAG_SIZE)
             try:
                 ready = self._output_ready[dest]
                 while not commits.done():
-                    frames = box.take(MAX_FRAME_MESSAGES_BYTES)
+                    frames = box.take(budget)
                     if frames:
                         await conn.send(*frames)
                         continue
