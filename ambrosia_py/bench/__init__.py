@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from .coordinator import coordinator
+from .ockam import ockam_bench
 from .rpc import rpc_bench
 from .wire import wire
 
@@ -17,5 +18,6 @@ def bench() -> None:
 bench.add_command(wire)
 bench.add_command(coordinator)
 bench.add_command(rpc_bench)
+bench.add_command(ockam_bench)
 
 __all__ = ["bench"]

@@ -28,11 +28,12 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import TypeVar
 
 import attrs
 
-from . import codec
+from . import bare, codec, pushes
 from .codec import (
     CreatePartitionedRequest,
     CreateStreamRequest,
@@ -83,6 +84,8 @@ class Stream:
 
 
 class _Pending:
+    """A request waiting for ``expect`` replies on its own return address."""
+
     __slots__ = ("expect", "future", "replies")
 
     def __init__(self, expect: int) -> None:
@@ -92,6 +95,109 @@ class _Pending:
             asyncio.get_running_loop().create_future()
         )
 
+    def received(self, raw: bytes, msg: TransportMessage | None) -> None:
+        if self.future.done():
+            return
+        if msg is None:
+            msg = decode_message(raw)
+        response = codec.decode_response(msg.payload)
+        if isinstance(response, Error):
+            self.future.set_exception(HubError(response.reason))
+            return
+        self.replies.append((msg, response))
+        if len(self.replies) >= self.expect:
+            self.future.set_result(self.replies)
+
+    def fail(self, error: BaseException) -> None:
+        if not self.future.done():
+            self.future.set_exception(error)
+
+
+class _Pushes:
+    """A pipelined run of pushes to one stream on one return address (``push_many``).
+
+    At most ``window`` are unconfirmed at any time. Confirms are handled in the
+    connection's reader as they arrive, without a task or a future per push, and the
+    pushes they make room for are written together once the read is handled (one
+    write, not one per frame). Request ids are ``first_id + k`` for payload ``k``.
+    """
+
+    def __init__(
+        self,
+        client: OckamClient,
+        stream: Stream,
+        me: Address,
+        first_id: int,
+        payloads: Sequence[bytes],
+        window: int,
+        on_confirm: Callable[[int, int], None] | None,
+    ) -> None:
+        self.client = client
+        self.payloads = payloads
+        self.window = max(1, window)
+        self.on_confirm = on_confirm
+        self.first_id = first_id
+        self.head = pushes.header(stream.route, (me,))
+        self.reply_head: bytes | None = None  # learnt from the first confirm
+        self.indexes: list[int | None] = [None] * len(payloads)
+        self.sent = 0
+        self.confirmed = 0
+        self.future: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
+        if not payloads:
+            self.future.set_result([])
+
+    def fill(self) -> None:
+        """Write pushes up to the window, as one write."""
+        stop = min(len(self.payloads), self.confirmed + self.window)
+        if self.sent >= stop or self.future.done():
+            return
+        head, first, payloads = self.head, self.first_id, self.payloads
+        out = []
+        for k in range(self.sent, stop):
+            out.append(frame(head + bare.data(pushes.push_payload(first + k, payloads[k]))))
+        self.sent = stop
+        self.client._writer.write(b"".join(out))
+
+    def received(self, raw: bytes, msg: TransportMessage | None) -> None:
+        if self.future.done():
+            return
+        confirm = None
+        if self.reply_head is not None and raw.startswith(self.reply_head):
+            confirm = pushes.read_confirm_at(raw, len(self.reply_head))
+        if confirm is None:  # the first confirm, or anything unexpected: the generic way
+            msg = msg if msg is not None else decode_message(raw)
+            response = codec.decode_response(msg.payload)
+            if isinstance(response, Error):
+                self.future.set_exception(HubError(response.reason))
+                return
+            if not isinstance(response, PushConfirm):
+                self.future.set_exception(HubError(f"push answered with {response!r}"))
+                return
+            confirm = (response.request_id, int(response.status), response.index)
+            self.reply_head = pushes.header(msg.onward_route, msg.return_route)
+        request_id, status, index = confirm
+        k = request_id - self.first_id
+        if not 0 <= k < self.sent or self.indexes[k] is not None:
+            self.future.set_exception(HubError(f"confirm for push {request_id} not in flight"))
+            return
+        if status != Status.OK:
+            self.future.set_exception(
+                HubError(f"push {request_id} refused (status {Status(status).name})")
+            )
+            return
+        self.indexes[k] = index
+        self.confirmed += 1
+        if self.on_confirm is not None:
+            self.on_confirm(k, index)
+        if self.confirmed == len(self.payloads):
+            self.future.set_result([i for i in self.indexes if i is not None])
+        else:
+            self.client._refill.add(self)
+
+    def fail(self, error: BaseException) -> None:
+        if not self.future.done():
+            self.future.set_exception(error)
+
 
 class OckamClient:
     """One TCP connection to a hub (see the module docstring)."""
@@ -99,7 +205,8 @@ class OckamClient:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._reader = reader
         self._writer = writer
-        self._pending: dict[bytes, _Pending] = {}
+        self._pending: dict[bytes, _Pending | _Pushes] = {}
+        self._refill: set[_Pushes] = set()  # batches with room in their window
         self._ids = itertools.count(1)
         self._closed: BaseException | None = None
         self._task = asyncio.ensure_future(self._read())
@@ -123,29 +230,33 @@ class OckamClient:
         try:
             while data := await self._reader.read(256 * 1024):
                 for raw in frames.feed(data):
-                    self._received(decode_message(raw))
+                    self._received(raw)
+                if self._refill:
+                    refill, self._refill = self._refill, set()
+                    for batch in refill:
+                        batch.fill()
         except (OckamError, ConnectionError, OSError) as exc:
             error = exc if isinstance(exc, ConnectionError) else ConnectionError(str(exc))
         finally:
             self._closed = error
             for pending in self._pending.values():
-                if not pending.future.done():
-                    pending.future.set_exception(error)
+                pending.fail(error)
             self._pending.clear()
 
-    def _received(self, msg: TransportMessage) -> None:
+    def _received(self, raw: bytes) -> None:
+        # The first hop of a reply's onward route is the return address of its request;
+        # a run of pushes is matched on its reply header without decoding the rest.
+        for pending in self._pending.values():
+            head = pending.reply_head if isinstance(pending, _Pushes) else None
+            if head is not None and raw.startswith(head):
+                pending.received(raw, None)
+                return
+        msg = decode_message(raw)
         if not msg.onward_route:
             return
-        pending = self._pending.get(msg.onward_route[0].value)
-        if pending is None or pending.future.done():
-            return
-        response = codec.decode_response(msg.payload)
-        if isinstance(response, Error):
-            pending.future.set_exception(HubError(response.reason))
-            return
-        pending.replies.append((msg, response))
-        if len(pending.replies) >= pending.expect:
-            pending.future.set_result(pending.replies)
+        waiter = self._pending.get(msg.onward_route[0].value)
+        if waiter is not None:
+            waiter.received(raw, msg)
 
     async def _request(
         self, route: Route, message: codec.Request, expect: int = 1, timeout: float = 10.0
@@ -153,12 +264,13 @@ class OckamClient:
         if self._closed is not None:
             raise ConnectionError(f"connection to the hub is closed ({self._closed})")
         me = Address.local(f"client.{next(self._ids)}")
-        pending = self._pending[me.value] = _Pending(expect)
+        pending = _Pending(expect)
+        self._pending[me.value] = pending
         try:
             self._send(route, me, message)
             if expect == 0:
                 return []
-            return await asyncio.wait_for(pending.future, timeout)
+            return await _within(pending.future, timeout)
         finally:
             self._pending.pop(me.value, None)
 
@@ -206,6 +318,37 @@ class OckamClient:
             raise HubError(f"push {request_id} refused (status {confirm.status.name})")
         return confirm.index
 
+    async def push_many(
+        self,
+        stream: Stream,
+        payloads: Sequence[bytes],
+        *,
+        window: int = 64,
+        timeout: float = 10.0,
+        on_confirm: Callable[[int, int], None] | None = None,
+    ) -> list[int]:
+        """Push every payload, up to ``window`` unconfirmed at once; their indexes, in order.
+
+        Each is confirmed only once the hub has it in its durable log; ``on_confirm(k,
+        index)`` is called as payload ``k``'s confirm arrives (so a caller keeps what was
+        confirmed if the connection drops part way). TimeoutError if ``timeout`` seconds
+        pass with no confirm at all; ConnectionError if the connection drops.
+        """
+        if self._closed is not None:
+            raise ConnectionError(f"connection to the hub is closed ({self._closed})")
+        first = next(self._ids)
+        # Request ids first .. first + n - 1 are this batch's: skip the counter past them.
+        self._ids = itertools.count(first + len(payloads) + 1)
+        me = Address.local(f"client.{first}")
+        batch = _Pushes(self, stream, me, first, payloads, window, on_confirm)
+        self._pending[me.value] = batch
+        try:
+            batch.fill()
+            return await _within(batch.future, timeout, progress=lambda: batch.confirmed)
+        finally:
+            self._pending.pop(me.value, None)
+            self._refill.discard(batch)
+
     async def pull(
         self, stream: Stream, index: int, limit: int, *, timeout: float = 10.0
     ) -> tuple[StreamMessage, ...]:
@@ -244,6 +387,37 @@ class OckamClient:
             else SavePartitionIndex(client_id, stream_name, partition, index)
         )
         await self._request((self.index_service,), request, expect=0)
+
+
+T = TypeVar("T")
+
+
+async def _within(
+    future: asyncio.Future[T], timeout: float, progress: Callable[[], int] | None = None
+) -> T:
+    """Await ``future``; TimeoutError after ``timeout`` s (without progress, if given).
+
+    One timer per request or batch, re-armed only when it fires, instead of
+    ``asyncio.wait_for`` and its bookkeeping per request.
+    """
+    loop = asyncio.get_running_loop()
+    last = progress() if progress is not None else 0
+    handle: asyncio.TimerHandle | None = None
+
+    def check() -> None:
+        nonlocal last, handle
+        now = progress() if progress is not None else last
+        if now != last:
+            last = now
+            handle = loop.call_later(timeout, check)
+        elif not future.done():
+            future.set_exception(TimeoutError(f"no reply from the hub within {timeout}s"))
+
+    handle = loop.call_later(timeout, check)
+    try:
+        return await future
+    finally:
+        handle.cancel()
 
 
 async def _connect_retrying(host: str, port: int, deadline: float) -> OckamClient:
@@ -314,27 +488,14 @@ class Publisher:
         indexes: list[int | None],
     ) -> None:
         todo = [k for k, index in enumerate(indexes) if index is None]
-        window = asyncio.Semaphore(self.window)
 
-        async def one(k: int) -> None:
-            try:
-                indexes[k] = await client.push(stream, payloads[k])
-                self.confirmed += 1
-            finally:
-                window.release()
+        def confirmed(j: int, index: int) -> None:
+            indexes[todo[j]] = index  # kept as it comes: a drop loses no confirm
+            self.confirmed += 1
 
-        tasks = []
-        try:
-            for k in todo:
-                await window.acquire()
-                if client._closed is not None:
-                    raise ConnectionError(str(client._closed))
-                tasks.append(asyncio.ensure_future(one(k)))
-            await asyncio.gather(*tasks)
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+        await client.push_many(
+            stream, [payloads[k] for k in todo], window=self.window, on_confirm=confirmed
+        )
 
     async def _recover(
         self,

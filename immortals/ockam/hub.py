@@ -21,7 +21,7 @@ import sys
 
 from ambrosia_py import Immortal, background, rpc
 
-from .routing import Address, AddressType, TransportMessage
+from .routing import Address, AddressType
 from .service import HubConfig, StreamHub
 from .transport import HubTransport, parse_host_port
 
@@ -33,9 +33,9 @@ log = logging.getLogger("immortals.ockam.hub")
 _transport: HubTransport | None = None
 
 
-def _send(replies: list[TransportMessage]) -> None:
+def _send(connection: bytes, wire: bytes) -> None:
     if _transport is not None:
-        _transport.send(replies)
+        _transport.write(connection, wire)
 
 
 def _report(peer: str, problems: list[str]) -> None:
@@ -66,18 +66,12 @@ class OckamHub(Immortal):
     def frames(self, peer: str, now_ms: int, frames: list[bytes]) -> None:
         """Handle the frames one read from ``peer`` brought, at (logged) time ``now_ms``."""
         via = Address(AddressType.TCP, peer.encode())
-        replies: list[TransportMessage] = []
-        problems: list[str] = []
-        for data in frames:
-            outcome = self.hub.handle(data, via, now_ms)
-            replies.extend(outcome.replies)
-            if outcome.problem is not None:
-                problems.append(outcome.problem)
+        replies = self.hub.handle_frames(frames, via, now_ms)
         self.frames_handled += len(frames)
-        if replies:
-            self.effect(_send, replies)
-        if problems:
-            self.effect(_report, peer, problems)
+        if replies.wire:
+            self.effect(_send, via.value, replies.wire)
+        if replies.problems:
+            self.effect(_report, peer, list(replies.problems))
 
     @background
     async def serve(self) -> None:

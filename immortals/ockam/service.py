@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import attrs
 
-from . import codec
+from . import bare, codec, pushes
 from .codec import (
     CreatePartitionedRequest,
     CreateStreamRequest,
@@ -50,15 +50,19 @@ from .routing import (
     AddressType,
     TransportMessage,
     decode_message,
+    encode_message,
     forward_via,
+    frame,
     hop,
     max_payload_size,
     reply_to,
 )
 from .segments import StreamLog
 
-__all__ = ["MAX_PARTITIONS", "HubConfig", "Outcome", "StreamHub"]
+__all__ = ["MAX_PARTITIONS", "HubConfig", "Outcome", "Replies", "StreamHub"]
 
+_ROUTES_PER_CONNECTION = 8  # routing headers remembered per connection (pipelined batches)
+_CONNECTIONS_CACHED = 256
 MAX_PARTITIONS = 1024  # a create asking for more is refused rather than run out of memory
 INVALID_REQUEST = "Invalid request"  # the released service's reason for an empty name
 
@@ -81,6 +85,25 @@ class Outcome:
     problem: str | None = None
 
 
+@attrs.frozen
+class Replies:
+    """What handling the frames of one read produced, ready for the connection."""
+
+    wire: bytes  # every reply, framed, in order, for the connection the frames came on
+    count: int
+    problems: tuple[str, ...] = ()
+
+
+@attrs.frozen
+class _Route:
+    """A routing header seen on a connection, resolved to a stream worker (a cache)."""
+
+    head: bytes  # the TransportMessage's bytes before its payload
+    config: HubConfig  # resolved under this configuration
+    key: tuple[str, int]
+    reply_head: bytes  # a reply's header after the connection's hop is dropped
+
+
 class StreamHub:
     """The hub's state and handlers (see the module docstring)."""
 
@@ -91,6 +114,83 @@ class StreamHub:
         self.indexes: dict[tuple[str, str, int], int] = {}  # next index to read
         self.generated = 0
         self.pushes = 0
+        self._routes: dict[bytes, list[_Route]] = {}  # per connection; not state
+
+    def __getstate__(self) -> dict[str, object]:
+        state = self.__dict__.copy()
+        state.pop("_routes", None)  # a cache: rebuilt from the frames themselves
+        return state
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+        self._routes = {}
+
+    # -- many frames, one connection ------------------------------------------------------
+
+    def handle_frames(self, frames: list[bytes], via: Address, now_ms: int) -> Replies:
+        """Handle the frames one read from connection ``via`` brought; replies as bytes.
+
+        The same as :meth:`handle` for each frame in turn (every reply's first hop is
+        ``via``, which the TCP hop put in front of the return route; it is dropped and
+        the rest framed). Pushes on a routing header already resolved on this
+        connection skip the generic decoding (:mod:`~immortals.ockam.pushes`); any
+        frame the fast path does not recognise takes the generic one.
+        """
+        out: list[bytes] = []
+        problems: list[str] = []
+        routes = self._routes.get(via.value)
+        if routes is None:
+            if len(self._routes) >= _CONNECTIONS_CACHED:  # forget the oldest connection
+                del self._routes[next(iter(self._routes))]
+            routes = self._routes[via.value] = []
+        for data in frames:
+            route = routes[0] if routes and data.startswith(routes[0].head) else None
+            if route is None and len(routes) > 1:
+                route = next((r for r in routes if data.startswith(r.head)), None)
+            if route is not None and route.config is self.config:
+                push = pushes.read_push_at(data, len(route.head))
+                if push is not None:
+                    out.append(self._push(route, push[0], push[1], now_ms))
+                    continue
+            outcome = self.handle(data, via, now_ms)
+            for message in outcome.replies:
+                out.append(frame(encode_message(hop(message, via))))
+            if outcome.problem is not None:
+                problems.append(outcome.problem)
+            self._learn(routes, data, via)
+        return Replies(b"".join(out), len(out), tuple(problems))
+
+    def _push(self, route: _Route, request_id: int, body: bytes, now_ms: int) -> bytes:
+        """A push on a known route: stored as :meth:`_stream_worker` does; its confirm framed."""
+        stream = self.streams[route.key]
+        index = stream.push(body, now_ms)
+        self.pushes += 1
+        self._retain(stream, now_ms)
+        return frame(route.reply_head + bare.data(pushes.confirm_payload(request_id, index)))
+
+    def _learn(self, routes: list[_Route], data: bytes, via: Address) -> None:
+        """Remember the header of a frame addressed to a stream worker (pushes follow)."""
+        try:
+            msg = decode_message(data)
+        except OckamError:
+            return
+        if not msg.onward_route or msg.onward_route[0].type != AddressType.LOCAL:
+            return
+        target = msg.onward_route[0]
+        name = target.value
+        key = self.addresses.get(name)
+        services = (self.config.stream_service.encode(), self.config.index_service.encode())
+        if key is None or name in services:
+            return
+        try:
+            reply_head = pushes.header(msg.return_route, (target,))
+        except (OckamError, ValueError):
+            return
+        head = pushes.header(msg.onward_route, msg.return_route)
+        if any(r.head == head for r in routes):
+            return
+        routes.insert(0, _Route(head, self.config, key, reply_head))
+        del routes[_ROUTES_PER_CONNECTION:]
 
     # -- entry point ---------------------------------------------------------------------
 

@@ -4,10 +4,11 @@ Each connection is read with the sans-IO :class:`~immortals.ockam.routing.FrameR
 (u16 big-endian length prefixes). All frames that one read yields go to the immortal as
 one impulse, with the peer's ``host:port`` and the wall-clock time of arrival: the
 coordinator logs them before any handler sees them, so the time is logged input too.
-Replies come back as effects of this incarnation (:meth:`HubTransport.send`): the first
-hop of a reply's onward route is the TCP address of the connection it came in on (the
-hop put it there), which picks the connection; the hop is dropped and the rest framed
-and written. A reply for a connection that has gone is dropped (the client retries).
+Replies come back as effects of this incarnation: the hub frames all replies to one
+read (every reply's first hop is the connection the frames came in on, which the TCP
+hop put there) and :meth:`HubTransport.write` writes them with one call, since a system
+call per reply would cost more than handling its frame. :meth:`HubTransport.send`
+routes single TransportMessages by their first hop. A reply for a connection that has gone is dropped (the client retries).
 Connections belong to one incarnation; after a crash clients reconnect.
 """
 
@@ -74,6 +75,18 @@ class HubTransport:
         finally:
             self._connections.pop(me.value, None)
             writer.close()
+
+    def write(self, connection: bytes, wire: bytes) -> None:
+        """Write framed replies to the connection named ``connection`` (an effect).
+
+        One write for all the replies to one read: a system call per reply would cost
+        more than handling the frame did.
+        """
+        writer = self._connections.get(connection)
+        if writer is None:
+            log.info("replies dropped: connection %s has gone", connection.decode(errors="replace"))
+            return
+        writer.write(wire)
 
     def send(self, replies: list[TransportMessage]) -> None:
         """Write replies to the connections their first hop names (an effect)."""
