@@ -57,6 +57,7 @@ from .commit import CommitPipeline
 from .ic_core import CheckpointArrived, CheckpointRequested, IcState, InitialArrived, Intake
 from .link_config import LinkSettings
 from .links import Inbox
+from .log_replay import replay_log
 from .peer_links import PeerLinks
 from .registry import Registry
 from .registry_files import clear_interrupted_first_start, prepare_start
@@ -119,75 +120,6 @@ def _resolve(config: CoordinatorConfig, registry: Registry) -> tuple[int, int, i
         config.receive_port or info.receive_port,
         config.send_port or info.send_port,
     )
-
-
-def _replayable(raw: wire.RawRecord) -> int:
-    """How many of a logged record's messages are replayable (not impulses)."""
-    return sum(
-        1
-        for m in wire.decode_messages(raw.body, 0, len(raw.body))
-        if isinstance(m, wire.IncomingReturnValue)
-        or (isinstance(m, wire.IncomingRpc) and m.rpc_type != wire.RpcType.IMPULSE)
-    )
-
-
-def _link_marks(raw: wire.RawRecord) -> dict[str, int]:
-    """Per link sender, the seq after its last message in this record (the watermarks)."""
-    if raw.tail is None:
-        return {}
-    return {w.name: w.last_seq + 1 for w in raw.tail.watermarks}
-
-
-@attrs.frozen
-class _Replayed:
-    next_seq: int
-    last_log: int
-    outputs: int  # replayable outputs of the binding in the replayed records
-    inbox: dict[str, int]  # per link sender, the seq after its last logged message
-
-
-async def _replay(
-    files: InstanceFiles,
-    binding: BindingLink,
-    state: IcState,
-    first_log: int,
-    *,
-    repair: bool,
-) -> _Replayed:
-    """Send every logged record from ``first_log`` on, verified, in wire form."""
-    logs = [n for n in files.log_numbers() if n >= first_log]
-    next_seq = state.next_seq
-    replayed = outputs = 0
-    inbox = dict(state.inbox)
-    for n in logs:
-        scan = files.scan_log(
-            n, committer_id=state.committer_id, next_seq=next_seq, last=n == logs[-1], repair=repair
-        )
-        for raw in scan:
-            await binding.send([wire.disk_to_wire(raw.header, raw.body)])
-            # Messages from other instances' links are replayable too, but they are not
-            # the binding's outputs: the watermarks say how many of them the record holds.
-            marks = _link_marks(raw)
-            from_links = sum(seq - inbox.get(name, 0) for name, seq in marks.items())
-            inbox.update(marks)
-            outputs += _replayable(raw) - from_links
-            replayed += 1
-        if scan.next_seq is not None:
-            next_seq = scan.next_seq
-        if scan.damage is not None:
-            d = scan.damage
-            verb = "cut" if repair else "found"
-            log.warning(
-                "%s a torn tail of %s: %d bytes at offset %d (%s)%s",
-                verb,
-                d.path.name,
-                d.dropped_bytes,
-                d.offset,
-                d.reason,
-                "" if d.kept is None else f"; the cut bytes are kept in {d.kept}",
-            )
-    log.info("replayed %d records from logs %s; next seq %d", replayed, logs, next_seq)
-    return _Replayed(next_seq, logs[-1] if logs else first_log, outputs, inbox)
 
 
 @attrs.frozen
@@ -401,7 +333,7 @@ class _Coordinator:
         )
         # Replay makes the binding regenerate its outputs; those already logged are dropped.
         self.intake.received_outputs = state.binding_outputs
-        replayed = await _replay(self.files, self.binding, state, checkpoint, repair=True)
+        replayed = await replay_log(self.files, self.binding, state, checkpoint, repair=True)
         self.next_seq = replayed.next_seq
         self.logged_outputs = state.logged_outputs + replayed.outputs
         self.intake.skip_below = self.logged_outputs
@@ -667,7 +599,7 @@ async def run_debug(
         if test_upgrade:
             await binding.control(state.committer_id, UpgradeService())
         try:
-            await _replay(files, binding, state, checkpoint, repair=False)
+            await replay_log(files, binding, state, checkpoint, repair=False)
         except CorruptLogError as exc:
             raise CoordinatorError(f"replay stopped: {exc}") from None
         # Whatever the binding sends now is what-if output: read and discard it.

@@ -1,0 +1,92 @@
+"""Recovery's replay: every logged record from a checkpoint's log on, verified, to the binding.
+
+Shared by the coordinator's recovery and ``ambrosia-py debug``. A torn tail of the last
+log is cut (recovery) or only reported (debug); damage before it stops with
+:class:`~ambrosia_py.coordinator.storage.CorruptLogError`. While replaying it counts the
+binding's replayable outputs and the link senders' watermarks, which the coordinator
+needs to de-duplicate what the binding regenerates.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import attrs
+
+from .. import wire
+from .binding_link import BindingLink
+from .ic_core import IcState
+from .storage import InstanceFiles
+
+__all__ = ["Replayed", "replay_log"]
+
+log = logging.getLogger("ambrosia_py.coordinator")
+
+
+def _replayable(raw: wire.RawRecord) -> int:
+    """How many of a logged record's messages are replayable (not impulses)."""
+    return sum(
+        1
+        for m in wire.decode_messages(raw.body, 0, len(raw.body))
+        if isinstance(m, wire.IncomingReturnValue)
+        or (isinstance(m, wire.IncomingRpc) and m.rpc_type != wire.RpcType.IMPULSE)
+    )
+
+
+def _link_marks(raw: wire.RawRecord) -> dict[str, int]:
+    """Per link sender, the seq after its last message in this record (the watermarks)."""
+    if raw.tail is None:
+        return {}
+    return {w.name: w.last_seq + 1 for w in raw.tail.watermarks}
+
+
+@attrs.frozen
+class Replayed:
+    next_seq: int
+    last_log: int
+    outputs: int  # replayable outputs of the binding in the replayed records
+    inbox: dict[str, int]  # per link sender, the seq after its last logged message
+
+
+async def replay_log(
+    files: InstanceFiles,
+    binding: BindingLink,
+    state: IcState,
+    first_log: int,
+    *,
+    repair: bool,
+) -> Replayed:
+    """Send every logged record from ``first_log`` on, verified, in wire form."""
+    logs = [n for n in files.log_numbers() if n >= first_log]
+    next_seq = state.next_seq
+    replayed = outputs = 0
+    inbox = dict(state.inbox)
+    for n in logs:
+        scan = files.scan_log(
+            n, committer_id=state.committer_id, next_seq=next_seq, last=n == logs[-1], repair=repair
+        )
+        for raw in scan:
+            await binding.send([wire.disk_to_wire(raw.header, raw.body)])
+            # Messages from other instances' links are replayable too, but they are not
+            # the binding's outputs: the watermarks say how many of them the record holds.
+            marks = _link_marks(raw)
+            from_links = sum(seq - inbox.get(name, 0) for name, seq in marks.items())
+            inbox.update(marks)
+            outputs += _replayable(raw) - from_links
+            replayed += 1
+        if scan.next_seq is not None:
+            next_seq = scan.next_seq
+        if scan.damage is not None:
+            d = scan.damage
+            verb = "cut" if repair else "found"
+            log.warning(
+                "%s a torn tail of %s: %d bytes at offset %d (%s)%s",
+                verb,
+                d.path.name,
+                d.dropped_bytes,
+                d.offset,
+                d.reason,
+                "" if d.kept is None else f"; the cut bytes are kept in {d.kept}",
+            )
+    log.info("replayed %d records from logs %s; next seq %d", replayed, logs, next_seq)
+    return Replayed(next_seq, logs[-1] if logs else first_log, outputs, inbox)
