@@ -8,8 +8,9 @@ Replies come back as effects of this incarnation: the hub frames all replies to 
 read (every reply's first hop is the connection the frames came in on, which the TCP
 hop put there) and :meth:`HubTransport.write` writes them with one call, since a system
 call per reply would cost more than handling its frame. :meth:`HubTransport.send`
-routes single TransportMessages by their first hop. A reply for a connection that has gone is dropped (the client retries).
-Connections belong to one incarnation; after a crash clients reconnect.
+routes single TransportMessages by their first hop. A reply for a connection that has
+gone is dropped (the client retries). Connections belong to one incarnation; after a
+crash clients reconnect.
 """
 
 from __future__ import annotations
