@@ -134,7 +134,9 @@ class StreamHub:
         ``via``, which the TCP hop put in front of the return route; it is dropped and
         the rest framed). Pushes on a routing header already resolved on this
         connection skip the generic decoding (:mod:`~immortals.ockam.pushes`); any
-        frame the fast path does not recognise takes the generic one.
+        frame the fast path does not recognise takes the generic one. Headers are learnt
+        only from reads of several frames: a lone frame is a request waiting for its
+        answer (each with its own return address), and learning it would only cost.
         """
         out: list[bytes] = []
         problems: list[str] = []
@@ -157,7 +159,8 @@ class StreamHub:
                 out.append(frame(encode_message(hop(message, via))))
             if outcome.problem is not None:
                 problems.append(outcome.problem)
-            self._learn(routes, data, via)
+            if len(frames) > 1:  # a pipelined read: more pushes on this route will follow
+                self._learn(routes, data, via)
         return Replies(b"".join(out), len(out), tuple(problems))
 
     def _push(self, route: _Route, request_id: int, body: bytes, now_ms: int) -> bytes:
