@@ -12,6 +12,7 @@ from click.testing import CliRunner
 
 from ambrosia_py.bench.ockam import HubProcess, measure_checkpoints, measure_pulls, measure_pushes
 from ambrosia_py.cli import main
+from immortals.ockam.segments import SEAL_MESSAGES
 
 
 def test_pushes_and_pulls_through_a_real_hub(tmp_path: Path) -> None:
@@ -29,11 +30,12 @@ def test_pushes_and_pulls_through_a_real_hub(tmp_path: Path) -> None:
 
 
 def test_checkpoints_write_segments_once(tmp_path: Path) -> None:
-    cp = measure_checkpoints(3000, 1100, tmp_path / "files")
-    assert cp["messages"] == 3000
-    # 3,000 messages of 100 B seal two segments of 1,024 (952 left open); 1,100 more seal two more.
-    assert cp["first_files"] == 2 and cp["second_files"] == 2
-    assert cp["first_files_bytes"] > 2 * 1024 * 100
+    stored, more = 2 * SEAL_MESSAGES + 100, SEAL_MESSAGES + 100
+    cp = measure_checkpoints(stored, more, tmp_path / "files")
+    assert cp["messages"] == stored
+    # Two full segments are sealed (100 messages left open); the next pushes seal one more.
+    assert cp["first_files"] == 2 and cp["second_files"] == 1
+    assert cp["first_files_bytes"] > 2 * SEAL_MESSAGES * 100
     # With state files the pickle holds references, not the sealed messages.
     assert cp["first_bytes"] < cp["inline_bytes"]
     for key in ("inline_s", "first_s", "second_s", "inline_bytes", "second_bytes"):

@@ -63,6 +63,7 @@ from .errors import (
     ImpulseDuringRecoveryError,
     UnknownMethodError,
 )
+from .files import sync_written
 from .immortal import CallFuture, Immortal, MethodSpec, Proxy
 
 __all__ = ["Dispatcher", "Mode"]
@@ -436,7 +437,16 @@ class Dispatcher:
         )
 
     def checkpoint(self) -> bytes:
-        """The checkpoint blob for the state right now (see :mod:`checkpoint`)."""
+        """The checkpoint blob for the state right now (see :mod:`checkpoint`).
+
+        Sealed state files written while pickling it (``files.py``) are made durable
+        (their directory fsynced, once) before the blob leaves.
+        """
+        blob = self._checkpoint_blob()
+        sync_written()
+        return blob
+
+    def _checkpoint_blob(self) -> bytes:
         if not self._waiting:
             self._base = self._snapshot_now()
             self._tail = []

@@ -25,7 +25,13 @@ from pathlib import Path
 
 import attrs
 
-__all__ = ["StateFiles", "current_state_files", "state_files_dir", "use_state_files"]
+__all__ = [
+    "StateFiles",
+    "current_state_files",
+    "state_files_dir",
+    "sync_written",
+    "use_state_files",
+]
 
 
 @attrs.frozen
@@ -51,8 +57,9 @@ class StateFiles:
         """Write ``name`` durably unless it exists (content-addressed: same name, same bytes).
 
         Returns whether it was written. The file is written under a temporary name,
-        fsynced, then renamed, and the directory fsynced, so a crash leaves either no
-        file or the whole file (mode 0600, directory 0700).
+        fsynced, then renamed, so a crash leaves either no file or the whole file (mode
+        0600, directory 0700). The directory is fsynced by :func:`sync_written`, once
+        for all the files a checkpoint wrote, before the checkpoint leaves the binding.
         """
         target = self.path / name
         if target.exists():
@@ -70,17 +77,27 @@ class StateFiles:
         finally:
             os.close(fd)
         os.replace(tmp, target)
-        dir_fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        _unsynced.add(self.path)  # the rename is durable once the directory is synced
         return True
 
 
 _current: contextvars.ContextVar[StateFiles | None] = contextvars.ContextVar(
     "ambrosia_state_files", default=None
 )
+
+
+_unsynced: set[Path] = set()  # directories with renames not yet made durable
+
+
+def sync_written() -> None:
+    """Make the files written since the last call durable: fsync their directories."""
+    while _unsynced:
+        path = _unsynced.pop()
+        dir_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
 
 
 def state_files_dir(data_dir: Path, instance: str) -> Path:

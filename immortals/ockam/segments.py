@@ -33,8 +33,8 @@ from ambrosia_py.binding.files import current_state_files
 
 __all__ = ["SEAL_BYTES", "SEAL_MESSAGES", "Segment", "SegmentError", "StreamLog"]
 
-SEAL_MESSAGES = 1024
-SEAL_BYTES = 256 * 1024
+SEAL_MESSAGES = 2048
+SEAL_BYTES = 512 * 1024
 _MAGIC = b"OCKSEG1\n"
 _HEAD = struct.Struct("<8sI")
 _CACHE_BYTES = 64 * 1024 * 1024
