@@ -73,7 +73,7 @@ import xxhash
 from .. import wire
 from ..wire.records import HEADER
 from .errors import CorruptLogError, StorageError
-from .modes import create_private
+from .modes import create_private, fsync_dir
 
 __all__ = ["LogScan", "TailDamage"]
 
@@ -401,7 +401,7 @@ def _keep(fd: int, path: Path, start: int, size: int) -> Path:
             os.fsync(out)
         finally:
             os.close(out)
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
         return kept
     raise AssertionError("unreachable")  # pragma: no cover
 
@@ -420,14 +420,6 @@ def _same_bytes(fd: int, start: int, size: int, other: Path) -> bool:
     except OSError:
         return False
     return True
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _truncate(path: Path, length: int) -> None:

@@ -14,7 +14,14 @@ import stat
 from collections.abc import Iterable
 from pathlib import Path
 
-__all__ = ["PRIVATE_DIR", "PRIVATE_FILE", "create_private", "make_private_dir", "tighten"]
+__all__ = [
+    "PRIVATE_DIR",
+    "PRIVATE_FILE",
+    "create_private",
+    "fsync_dir",
+    "make_private_dir",
+    "tighten",
+]
 
 PRIVATE_FILE = 0o600
 PRIVATE_DIR = 0o700
@@ -44,7 +51,7 @@ def make_private_dir(path: Path) -> bool:
                 raise
             continue  # created meanwhile by another process sharing the data dir
         os.chmod(directory, PRIVATE_DIR)  # mkdir's mode is filtered by the umask
-        _fsync_dir(directory.parent)
+        fsync_dir(directory.parent)
     return True
 
 
@@ -96,7 +103,8 @@ def tighten(paths: Iterable[Path]) -> tuple[list[tuple[Path, int]], list[str]]:
     return changed, failed
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """Make a directory's entries (a created, renamed or removed file) durable."""
     fd = os.open(path, _DIR_FLAGS)
     try:
         os.fsync(fd)

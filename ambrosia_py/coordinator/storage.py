@@ -27,7 +27,7 @@ from pathlib import Path
 
 from .errors import CorruptLogError, InstanceLockedError, StorageError
 from .logscan import LogScan, TailDamage
-from .modes import PRIVATE_FILE, create_private, make_private_dir
+from .modes import PRIVATE_FILE, create_private, fsync_dir, make_private_dir
 
 __all__ = [
     "CHECKPOINT_PREFIX",
@@ -50,16 +50,6 @@ LOCK_FILE = "serverkillFile"
 _LOG_NAME = re.compile(rf"{LOG_PREFIX}([1-9][0-9]*)")
 _CHECKPOINT_NAME = re.compile(rf"{CHECKPOINT_PREFIX}([1-9][0-9]*)")
 _IOV_MAX = 1024  # Linux's limit on buffers per writev
-_DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
-
-
-def _fsync_dir(path: Path) -> None:
-    """Make a directory's entries (a created, renamed or removed file) durable."""
-    fd = os.open(path, _DIR_FLAGS)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _views(parts: Sequence[bytes | bytearray | memoryview]) -> list[memoryview]:
@@ -113,7 +103,7 @@ class LogWriter:
         self._broken: str | None = None
         if not existed:
             # The new directory entry must survive a crash too, not just the data.
-            _fsync_dir(path.parent)
+            fsync_dir(path.parent)
 
     def append(self, parts: Sequence[bytes | bytearray | memoryview]) -> None:
         """Write ``parts`` at the end of the file and ``fdatasync`` it."""
@@ -286,7 +276,7 @@ class InstanceFiles:
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
-        _fsync_dir(self.path)
+        fsync_dir(self.path)
 
     def read_checkpoint(self, n: int) -> bytes:
         """The bytes of checkpoint ``n``."""
@@ -346,7 +336,7 @@ class InstanceFiles:
         for path in doomed:
             path.unlink()
         if doomed:
-            _fsync_dir(self.path)
+            fsync_dir(self.path)
         return doomed
 
 
