@@ -11,11 +11,9 @@ the recorded history deterministic.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,69 +21,17 @@ from pathlib import Path
 
 import pytest
 
+from ambrosia_py.bench.ockam import HubProcess
 from immortals.ockam.client import Consumer, HubError, OckamClient, Publisher
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Hub:
-    """One ``ambrosia-py run immortals.ockam.hub`` process (and its coordinator child)."""
-
-    def __init__(self, data_dir: Path, port: int) -> None:
-        self.data_dir = data_dir
-        self.port = port
-        self.log = data_dir / "hub.run.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        with self.log.open("ab") as log:
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "ambrosia_py.cli",
-                    "run",
-                    "immortals.ockam.hub",
-                    "--instance",
-                    "hub",
-                    "--data-dir",
-                    str(self.data_dir),
-                    "--listen",
-                    f"127.0.0.1:{self.port}",
-                ],
-                stdout=log,
-                stderr=log,
-            )
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                return
-            except OSError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(
-                        f"hub did not start:\n{self.log.read_text()[-3000:]}"
-                    ) from None
-                time.sleep(0.02)  # polling a condition, bounded by the deadline
-
-    def coordinator_pid(self) -> int | None:
-        assert self.proc is not None
-        try:
-            text = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text()
-        except OSError:
-            return None
-        pids = text.split()
-        return int(pids[0]) if pids else None
+class Hub(HubProcess):
+    """The bench's hub process, which tests also SIGKILL."""
 
     def kill(self, which: str) -> None:
         """SIGKILL the service process or its coordinator; wait until both are gone."""
         assert self.proc is not None
-        ic = self.coordinator_pid()
+        ic = self._coordinator_pid()
         victim = self.proc.pid if which == "service" or ic is None else ic
         os.kill(victim, signal.SIGKILL)
         self.proc.wait(30)
@@ -95,19 +41,6 @@ class Hub:
                 if time.monotonic() > deadline:
                     os.kill(ic, signal.SIGKILL)
                 time.sleep(0.01)  # polling a condition, bounded by the deadline
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            ic = self.coordinator_pid()
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-            if ic is not None and Path(f"/proc/{ic}").exists():
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(ic, signal.SIGKILL)
 
 
 def _state(pid: int) -> str:
@@ -119,7 +52,7 @@ def _state(pid: int) -> str:
 
 @pytest.fixture
 def hub(tmp_path: Path) -> object:
-    h = Hub(tmp_path / "data", _free_port())
+    h = Hub(tmp_path / "data")
     h.start()
     yield h
     h.stop()

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import attrs
 
+from ..coordinator.modes import fsync_dir
+
 __all__ = [
     "StateFiles",
     "current_state_files",
@@ -92,12 +94,7 @@ _unsynced: set[Path] = set()  # directories with renames not yet made durable
 def sync_written() -> None:
     """Make the files written since the last call durable: fsync their directories."""
     while _unsynced:
-        path = _unsynced.pop()
-        dir_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        fsync_dir(_unsynced.pop())
 
 
 def state_files_dir(data_dir: Path, instance: str) -> Path:

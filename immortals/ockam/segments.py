@@ -166,9 +166,6 @@ class Segment:
     def payload(self, i: int) -> bytes:
         return self.body().payload(i)
 
-    def time(self, i: int) -> int:
-        return int(self.body().times[i])
-
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Segment) and other.name == self.name
 
