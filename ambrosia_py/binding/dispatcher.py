@@ -16,8 +16,9 @@ logged replay messages*):
 * Checkpoints are taken the moment the coordinator asks, even with handlers suspended:
   see :mod:`checkpoint` for the state-plus-tail design.
 * A return value is taken only from the instance the call went to, for a call a handler
-  is awaiting; anything else is dropped, logged and never decoded. The test reads only
-  state that logged input built (the awaiting handlers), so it gives the same answer
+  is awaiting or made and will await (a reply that comes first is kept, undecoded, until
+  the await); anything else is dropped, logged and never decoded. The test reads only
+  state that logged input built (the handlers and their calls), so it gives the same answer
   live, in replay and when a checkpoint's tail is replayed. Exceptions are decoded with
   the awaited method's codec: a json method never unpickles a reply.
 """
@@ -81,7 +82,7 @@ class Mode(enum.Enum):
 class _Task:
     """A suspended ``async def`` handler."""
 
-    __slots__ = ("coro", "reply_to", "spec", "waiting_on")
+    __slots__ = ("coro", "issued", "reply_to", "spec", "waiting_on")
 
     def __init__(
         self, coro: Coroutine[Any, Any, Any], spec: MethodSpec, reply_to: tuple[str, int] | None
@@ -90,6 +91,7 @@ class _Task:
         self.spec = spec
         self.reply_to = reply_to
         self.waiting_on: CallFuture | None = None
+        self.issued: set[int] = set()  # calls it made and has not awaited yet
 
 
 def _class_name(cls: type) -> str:
@@ -123,6 +125,11 @@ class Dispatcher:
         self._call_seq = 0
         self._attached: set[str] = set()
         self._waiting: dict[int, _Task] = {}
+        # Calls a running handler made and has not awaited yet, and replies that came
+        # before their await (several calls in flight at once, answered out of order).
+        self._issued: dict[int, tuple[_Task, CallFuture]] = {}
+        self._early: dict[int, IncomingReturnValue] = {}
+        self._current: _Task | None = None  # the async handler running right now
         self._out: list[Message] = []
         self._effects: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
         self._in_handler = False
@@ -236,7 +243,7 @@ class Dispatcher:
         task = self._awaiting(msg, seq)
         if task is not None:  # a dropped reply changed nothing: it is not part of the tail
             self._tail.append(msg)
-            self._resume(task, msg)
+            self._step(task, *self._reply_outcome(task.waiting_on, msg))
 
     def _dispatch(self, msg: IncomingRpc) -> None:
         spec = type(self.immortal).rpc_methods().get(msg.method_id)
@@ -269,23 +276,44 @@ class Dispatcher:
         self._step(_Task(coro, spec, reply_to), None, None)
 
     def _step(self, task: _Task, value: Any, error: BaseException | None) -> None:
-        try:
-            with self._handler_context():
-                awaited = task.coro.throw(error) if error is not None else task.coro.send(value)
-                while not isinstance(awaited, CallFuture):
-                    awaited = task.coro.throw(
-                        DeterminismError(
-                            f"handler {task.spec.name!r} awaited {awaited!r}: handlers may only "
-                            "await calls to immortals; do I/O in a @background task"
+        """Run ``task`` on until it awaits a reply that has not come yet, or finishes."""
+        while True:
+            self._current = task
+            try:
+                with self._handler_context():
+                    awaited = task.coro.throw(error) if error is not None else task.coro.send(value)
+                    while not isinstance(awaited, CallFuture):
+                        awaited = task.coro.throw(
+                            DeterminismError(
+                                f"handler {task.spec.name!r} awaited {awaited!r}: handlers may "
+                                "only await calls to immortals; do I/O in a @background task"
+                            )
                         )
-                    )
-        except StopIteration as stop:
-            self._finish(task.spec, task.reply_to, stop.value, None)
-        except Exception as exc:
-            self._finish(task.spec, task.reply_to, None, exc)
-        else:
-            task.waiting_on = awaited
-            self._waiting[awaited.call_seq] = task
+            except StopIteration as stop:
+                self._done(task)
+                self._finish(task.spec, task.reply_to, stop.value, None)
+                return
+            except Exception as exc:
+                self._done(task)
+                self._finish(task.spec, task.reply_to, None, exc)
+                return
+            finally:
+                self._current = None
+            self._issued.pop(awaited.call_seq, None)
+            task.issued.discard(awaited.call_seq)
+            early = self._early.pop(awaited.call_seq, None)
+            if early is None:
+                task.waiting_on = awaited
+                self._waiting[awaited.call_seq] = task
+                return
+            value, error = self._reply_outcome(awaited, early)
+
+    def _done(self, task: _Task) -> None:
+        """A handler finished: calls it made and never awaited are no longer awaitable."""
+        for call_seq in sorted(task.issued):
+            self._issued.pop(call_seq, None)
+            if self._early.pop(call_seq, None) is not None:
+                log.info("%s finished without awaiting call %d", task.spec.name, call_seq)
 
     def _awaiting(self, reply: IncomingReturnValue, seq: int | None) -> _Task | None:
         """The handler awaiting ``reply``, or None: then the reply is dropped undecoded.
@@ -294,7 +322,17 @@ class Dispatcher:
         and a checkpoint's tail drop exactly what the live run dropped.
         """
         task = self._waiting.get(reply.call_seq)
-        if task is None or task.waiting_on is None:
+        issued = self._issued.get(reply.call_seq)
+        if task is None and issued is not None and reply.sender == issued[1].callee:
+            # Its handler will await it later: keep it (undecoded) until then. It is
+            # part of the checkpoint's tail, like any reply that changes what happens.
+            del self._issued[reply.call_seq]
+            self._early[reply.call_seq] = reply
+            self._tail.append(reply)
+            return None
+        if task is None and issued is not None:
+            why = f"call {reply.call_seq} went to {issued[1].callee!r}"
+        elif task is None or task.waiting_on is None:
             why = f"no handler awaits call {reply.call_seq}"
         elif reply.sender != task.waiting_on.callee:
             why = f"call {reply.call_seq} went to {task.waiting_on.callee!r}"
@@ -312,15 +350,17 @@ class Dispatcher:
         )
         return None
 
-    def _resume(self, task: _Task, reply: IncomingReturnValue) -> None:
-        assert task.waiting_on is not None
-        method_codec = task.waiting_on.method.codec
+    def _reply_outcome(
+        self, awaited: CallFuture | None, reply: IncomingReturnValue
+    ) -> tuple[Any, BaseException | None]:
+        """What the ``await`` of ``awaited`` gives: a value, or an exception to raise."""
+        assert awaited is not None
+        method_codec = awaited.method.codec
         if reply.return_type == ReturnType.EXCEPTION:
-            self._step(task, None, codec.decode_exception(method_codec, reply.value))
-        elif reply.return_type == ReturnType.NO_VALUE:
-            self._step(task, None, None)
-        else:
-            self._step(task, codec.decode_value(method_codec, reply.value), None)
+            return None, codec.decode_exception(method_codec, reply.value)
+        if reply.return_type == ReturnType.NO_VALUE:
+            return None, None
+        return codec.decode_value(method_codec, reply.value), None
 
     def _finish(
         self,
@@ -391,7 +431,11 @@ class Dispatcher:
         self._call_seq += 1
         self._outgoing(destination, spec, args, kwargs, RpcType.ASYNC_AWAIT, self._call_seq)
         callee = self.instance if destination in ("", self.instance) else destination
-        return CallFuture(self._call_seq, spec, callee)
+        future = CallFuture(self._call_seq, spec, callee)
+        if self._current is not None:  # an async handler: it may await this call later
+            self._issued[future.call_seq] = (self._current, future)
+            self._current.issued.add(future.call_seq)
+        return future
 
     def fork(
         self, destination: str, spec: MethodSpec, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -481,6 +525,8 @@ class Dispatcher:
         self._call_seq = snap.call_seq
         self._attached = set(snap.attached)
         self._waiting = {}
+        self._issued = {}
+        self._early = {}
         self._base = Snapshot(
             snap.class_name, snap.class_version, snap.state, snap.call_seq, snap.attached
         )
