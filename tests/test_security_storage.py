@@ -139,6 +139,9 @@ def test_a_lost_registry_is_refused_then_rebuilt_and_the_state_recovers(
     assert_one_line_refusal(refused, *needles)
     refused = cli("run", EXAMPLE, "--instance", INSTANCE, "--data-dir", data_dir)
     assert_one_line_refusal(refused, *needles)
+    replayed = cli("replay", EXAMPLE, "--instance", INSTANCE, "--data-dir", data_dir)
+    assert replayed.returncode == 1 and "Traceback" not in replayed.stderr, replayed.stderr
+    assert all(n in replayed.stderr.splitlines()[-1] for n in needles), replayed.stderr
     assert snapshot(data_dir) == before  # byte for byte
 
     rebuilt = cli("registry", "rebuild", "--data-dir", data_dir)

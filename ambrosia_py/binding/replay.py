@@ -22,7 +22,8 @@ import cloudpickle
 
 from .. import wire
 from ..coordinator.ic_core import IcState
-from ..coordinator.registry import Registry
+from ..coordinator.registry import REGISTRY_FILE, RegistryError
+from ..coordinator.registry_files import instance_directories, open_registry_for_start
 from ..coordinator.storage import InstanceFiles
 from ..wire import IncomingReturnValue, IncomingRpc, LogRecord
 from .checkpoint import decode_snapshot
@@ -58,7 +59,14 @@ class ReplayResult:
 
 
 def _instance_files(data_dir: Path, instance: str) -> InstanceFiles:
-    registry = Registry(data_dir)
+    """The instance's files, by its registry entry; a missing or damaged registry is a
+    clear error (the same refusal as ``run``'s), and replay never creates one."""
+    if not (Path(data_dir) / REGISTRY_FILE).exists() and not instance_directories(data_dir):
+        raise BindingError(f"no instance {instance!r} in {data_dir}: it has no registry")
+    try:
+        registry = open_registry_for_start(data_dir, instance)
+    except RegistryError as exc:
+        raise BindingError(str(exc)) from None
     try:
         info = registry.get(instance)
     finally:
