@@ -1,0 +1,99 @@
+"""The Wallaroo connector protocol: a connector and a worker as deterministic immortals.
+
+Sans-IO: ``frames`` holds the frame classes both dialects share, ``codec`` the two
+dialects (the seed's ``draft``, the default, and the released ``v3``), one table of tags
+and layouts each, with :func:`encode` and :func:`decode`; ``framing`` the incremental
+:class:`FrameReader`; ``errors`` the error hierarchy. Everything public is re-exported
+here.
+"""
+
+from __future__ import annotations
+
+from .codec import (
+    DEFAULT_MAX_FRAME_BYTES,
+    DIALECTS,
+    DRAFT_VERSION,
+    LENGTH_PREFIX_BYTES,
+    NOTHING_SEEN,
+    V3_VERSION,
+    Dialect,
+    DialectSpec,
+    decode,
+    encode,
+    end_of_stream,
+    stream_id_for,
+)
+from .errors import (
+    EncodeError,
+    FrameTooLargeError,
+    InvalidBoolError,
+    InvalidFlagsError,
+    InvalidTextError,
+    ProtocolError,
+    TrailingBytesError,
+    TruncatedFrameError,
+    TruncatedStreamError,
+    UnknownTagError,
+    WallarooError,
+)
+from .frames import (
+    Ack,
+    EosMessage,
+    Error,
+    Frame,
+    Hello,
+    Message,
+    MessageFlags,
+    Migrate,
+    MigrationAck,
+    Nack,
+    Notify,
+    NotifyAck,
+    Ok,
+    Restart,
+)
+from .framing import FrameReader
+
+__all__ = [
+    # codec
+    "DEFAULT_MAX_FRAME_BYTES",
+    "DIALECTS",
+    "DRAFT_VERSION",
+    "LENGTH_PREFIX_BYTES",
+    "NOTHING_SEEN",
+    "V3_VERSION",
+    "Dialect",
+    "DialectSpec",
+    "FrameReader",
+    "decode",
+    "encode",
+    "end_of_stream",
+    "stream_id_for",
+    # frames
+    "Ack",
+    "EosMessage",
+    "Error",
+    "Frame",
+    "Hello",
+    "Message",
+    "MessageFlags",
+    "Migrate",
+    "MigrationAck",
+    "Nack",
+    "Notify",
+    "NotifyAck",
+    "Ok",
+    "Restart",
+    # errors
+    "EncodeError",
+    "FrameTooLargeError",
+    "InvalidBoolError",
+    "InvalidFlagsError",
+    "InvalidTextError",
+    "ProtocolError",
+    "TrailingBytesError",
+    "TruncatedFrameError",
+    "TruncatedStreamError",
+    "UnknownTagError",
+    "WallarooError",
+]
