@@ -119,7 +119,7 @@ NOTHING_SEEN: Final = 2**64 - 1
 
 _I64_MIN: Final = -(2**63)
 _I64_MAX: Final = 2**63 - 1
-_KNOWN_FLAGS: Final = SENDER_FLAGS | LAYOUT_FLAGS
+_KNOWN_FLAGS: Final = int(SENDER_FLAGS | LAYOUT_FLAGS)  # int: ~ on a flag drops unknown bits
 
 
 # --- MESSAGE: its layout depends on the dialect and, in the draft, on its flags ----------
@@ -421,15 +421,13 @@ def decode(
     spec = DIALECTS[d]
     data = bytes(data)
     if len(data) < LENGTH_PREFIX_BYTES:
-        reason = f"{len(data)} bytes, the length prefix alone takes {LENGTH_PREFIX_BYTES}"
-        raise TruncatedStreamError(d.value, "Frame", "length", 0, reason)
+        raise TruncatedStreamError(d.value, 0, len(data), None, LENGTH_PREFIX_BYTES)
     size = int.from_bytes(data[:LENGTH_PREFIX_BYTES], spec.byte_order)
     if size > max_frame_bytes:
         raise FrameTooLargeError(d.value, 0, size, max_frame_bytes)
     present = len(data) - LENGTH_PREFIX_BYTES
     if present < size:
-        reason = f"the length says {size} bytes, {present} present"
-        raise TruncatedStreamError(d.value, "Frame", None, 0, reason)
+        raise TruncatedStreamError(d.value, 0, len(data), LENGTH_PREFIX_BYTES + size)
     if present > size:
         end = LENGTH_PREFIX_BYTES + size
         reason = f"{present - size} bytes after a frame of {size}"

@@ -106,7 +106,28 @@ class InvalidFlagsError(ProtocolError):
 
 
 class TruncatedStreamError(ProtocolError):
-    """The stream ended inside a frame."""
+    """The stream ended inside a frame: ``received`` of its ``declared`` bytes (length
+    prefix included) arrived; ``declared`` is None when the prefix itself is cut."""
+
+    def __init__(
+        self, dialect: str, offset: int, received: int, declared: int | None, prefix: int = 4
+    ) -> None:
+        if declared is None:
+            field, reason = "length", f"stream ended after {received} of a {prefix}-byte length"
+        else:
+            field, reason = None, f"stream ended after {received} of the frame's {declared} bytes"
+        super().__init__(dialect, "Frame", field, offset, reason)
+        self.received = received
+        self.declared = declared
+        self.prefix = prefix
+
+    def __reduce__(  # type: ignore[override]
+        self,
+    ) -> tuple[type[ProtocolError], tuple[str, int, int, int | None, int]]:
+        return (
+            type(self),
+            (self.dialect, self.offset, self.received, self.declared, self.prefix),
+        )
 
 
 class EncodeError(WallarooError, ValueError):

@@ -71,9 +71,14 @@ def _where(inst: object, attribute: attrs.Attribute[Any]) -> str:
     return f"{type(inst).__name__}.{attribute.name}"
 
 
+def _is_int(value: object) -> bool:
+    # bool is an int subclass, but True is no stream id.
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _uint(top: int, bits: int) -> Any:
     def check(inst: object, attribute: attrs.Attribute[int], value: int) -> None:
-        if not isinstance(value, int) or not 0 <= value <= top:
+        if not _is_int(value) or not 0 <= value <= top:
             raise ValueError(f"{_where(inst, attribute)} {value!r} is not a u{bits}")
 
     return check
@@ -106,7 +111,7 @@ def _u64_pairs(
 ) -> None:
     for i, (stream_id, point) in enumerate(value):
         for v in (stream_id, point):
-            if not isinstance(v, int) or not 0 <= v <= _U64:
+            if not _is_int(v) or not 0 <= v <= _U64:
                 raise ValueError(f"{_where(inst, attribute)}[{i}] holds {v!r}, not a u64")
 
 
@@ -116,7 +121,7 @@ def _u64_pairs(
 def _version(inst: object, attribute: attrs.Attribute[int | str], value: int | str) -> None:
     if isinstance(value, str):
         return
-    if not isinstance(value, int) or not 0 <= value <= _U128:
+    if not _is_int(value) or not 0 <= value <= _U128:
         raise ValueError(
             f"{_where(inst, attribute)} {value!r} is neither a 128-bit version nor a string"
         )
@@ -192,12 +197,12 @@ def _sender_flags(inst: object, attribute: attrs.Attribute[MessageFlags], value:
             f"{_where(inst, attribute)} holds {MessageFlags(value & LAYOUT_FLAGS)!r}: "
             "BOUNDARY follows from payload=None and EVENT_TIME from event_time"
         )
-    if value & ~SENDER_FLAGS:
+    if value & ~int(SENDER_FLAGS):  # an int: ~ on a flag keeps only defined bits
         raise ValueError(f"{_where(inst, attribute)} holds reserved bits 0x{value:04x}")
 
 
 def _event_time(inst: object, attribute: attrs.Attribute[int | None], value: int | None) -> None:
-    if value is not None and (not isinstance(value, int) or not _I64_MIN <= value <= _U64):
+    if value is not None and (not _is_int(value) or not _I64_MIN <= value <= _U64):
         raise ValueError(f"{_where(inst, attribute)} {value!r} is neither a u64 nor an i64")
 
 

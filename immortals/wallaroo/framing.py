@@ -142,14 +142,12 @@ class FrameReader:
         if not left:
             return
         at = self._boundary
+        declared = None
         if left >= LENGTH_PREFIX_BYTES:
-            (size,) = self._length.unpack_from(self._buf, at)
-            reason = f"stream ended {left} bytes into a frame of {LENGTH_PREFIX_BYTES + size}"
-        else:
-            reason = f"stream ended {left} bytes into a length prefix"
+            declared = LENGTH_PREFIX_BYTES + self._length.unpack_from(self._buf, at)[0]
         del self._buf[at:]
         self._error = TruncatedStreamError(
-            self._dialect.value, "Frame", None, self._offset + at, reason
+            self._dialect.value, self._offset + at, left, declared, LENGTH_PREFIX_BYTES
         )
         raise self._error
 
