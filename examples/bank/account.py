@@ -22,9 +22,10 @@ How transfers are driven (and why this way):
 - ``credit`` applies a transfer id at most once. A second delivery of an id would be a
   framework bug: it changes no balance but is recorded in ``duplicates`` so it shows.
 
-What the outside sees: a second ``@background`` task writes a JSON report of the state
-(balance, every debit, every credit, duplicates) to ``--report`` whenever it changed,
-atomically, stamped with this process's pid. It reads the state between two records, so
+What the outside sees: a second ``@background`` task writes a report of the state to
+``--report`` whenever it changed, atomically, stamped with this process's pid: a JSON line
+of figures (balance, debited, credited, duplicated), then a JSON line with every debit,
+credit and duplicate. It reads the state between two records, so
 a report shows what logged input built; after a restart the new incarnation writes the
 recovered state at once. A report written by an effect would not do: effects are
 suppressed in replay, so the last one before a crash could be lost for good.
@@ -52,10 +53,15 @@ def plan(seed: int, sender: str, peers: list[str], index: int) -> tuple[str, int
     return peers[h % len(peers)], 1 + (h >> 32) % MAX_AMOUNT
 
 
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    """Write ``data`` to ``path`` atomically: a reader sees the old report or the new."""
+def _write_report(path: Path, summary: dict[str, Any], ledger: dict[str, Any]) -> None:
+    """Write the report atomically: a reader sees the old one or the new one, whole.
+
+    Two JSON lines: the summary first, so a reader polling for progress parses only it,
+    then the ledger (every debit and credit), which grows with the transfers.
+    """
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, separators=(",", ":")))
+    lines = (json.dumps(part, separators=(",", ":")) for part in (summary, ledger))
+    tmp.write_text("\n".join(lines) + "\n")
     os.replace(tmp, path)
 
 
@@ -126,20 +132,23 @@ class Account(Immortal):
 
     # -- the outside world ---------------------------------------------------------------
 
-    def report(self) -> dict[str, Any]:
-        """The state as JSON-ready data (credits' indices become strings)."""
+    def summary(self) -> dict[str, Any]:
+        """The report's first line: the figures."""
         return {
             "instance": self.instance_name,
             "pid": os.getpid(),
             "opening": self.opening,
             "transfers": self.transfers,
             "balance": self.balance,
-            "debits": self.debits,
-            "credits": self.credits,
+            "debited": len(self.debits),
             "credited": sum(len(c) for c in self.credits.values()),
-            "duplicates": self.duplicates,
+            "duplicated": len(self.duplicates),
             "ticks": self.ticks,
         }
+
+    def ledger(self) -> dict[str, Any]:
+        """The report's second line: every transfer (credits' indices become strings)."""
+        return {"debits": self.debits, "credits": self.credits, "duplicates": self.duplicates}
 
     @background
     async def ticker(self) -> None:
@@ -161,5 +170,5 @@ class Account(Immortal):
         while True:
             if self.handled != written:
                 written = self.handled
-                _write_json(path, self.report())
+                _write_report(path, self.summary(), self.ledger())
             await asyncio.sleep(self.options.report_ms / 1000)

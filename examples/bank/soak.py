@@ -46,10 +46,10 @@ NAMES = ("a", "b", "c")
 KILL_KINDS = ("service", "coordinator", "both")
 # What an account's recovered state must repeat (its tick count may still move after the
 # last transfer: ticks already sent are handled, and change nothing else).
-LEDGER = ("opening", "transfers", "balance", "debits", "credits", "credited", "duplicates")
+LEDGER = ("opening", "transfers", "balance", "debits", "credits", "duplicates")
 RUN = [sys.executable, "-m", "ambrosia_py.cli", "run", str(ACCOUNT_PY)]
 
-Report = dict[str, Any]  # an account's report, as account.py writes it
+Report = dict[str, Any]  # an account's report (its two JSON lines in one), see account.py
 
 
 class SoakError(AssertionError):
@@ -260,12 +260,20 @@ class AccountProcess:
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=10)
 
-    def read_report(self) -> Report | None:
+    def read_report(self, ledger: bool = False) -> Report | None:
+        """The account's report: its summary line, and with ``ledger`` every transfer."""
         try:
-            data: Report = json.loads(self.report_path.read_text())
+            with self.report_path.open() as f:
+                data: Report = json.loads(f.readline())
+                if ledger:
+                    data.update(json.loads(f.readline()))
         except FileNotFoundError:
             return None
         return data
+
+    def exited(self) -> int | None:
+        """The exit status of the service process, if it ended (None: running)."""
+        return None if self.proc is None else self.proc.poll()
 
     def tail(self, lines: int = 25) -> str:
         try:
@@ -313,8 +321,8 @@ class Bank:
     def tails(self) -> str:
         return "\n".join(a.tail() for a in self.accounts.values())
 
-    def reports(self) -> dict[str, Report | None]:
-        return {name: a.read_report() for name, a in self.accounts.items()}
+    def reports(self, ledger: bool = False) -> dict[str, Report | None]:
+        return {name: a.read_report(ledger) for name, a in self.accounts.items()}
 
     def credited(self) -> int:
         return sum(r["credited"] for r in self.reports().values() if r is not None)
@@ -322,14 +330,20 @@ class Bank:
     def settled(self) -> bool:
         """Every transfer made and credited, as the reports say."""
         reports = self.reports()
-        return all(
-            r is not None and len(r["debits"]) == self.transfers[n] for n, r in reports.items()
-        ) and sum(r["credited"] for r in reports.values() if r is not None) >= sum(
-            self.transfers.values()
-        )
+        made = all(r is not None and r["debited"] == self.transfers[n] for n, r in reports.items())
+        return made and self.credited() >= sum(self.transfers.values())
 
     def wait(self, what: str, condition: Callable[[], bool]) -> None:
-        _wait_for(what, condition, self.settings.deadline_s, self.tails)
+        """Wait for ``condition``; an account that exits meanwhile (unkilled) is a failure."""
+
+        def check() -> bool:
+            for name, account in self.accounts.items():
+                status = account.exited()
+                if status is not None:
+                    raise SoakError(f"{name} exited by itself (status {status})\n{self.tails()}")
+            return condition()
+
+        _wait_for(what, check, self.settings.deadline_s, self.tails)
 
     def close(self) -> None:
         for account in self.accounts.values():
@@ -348,7 +362,7 @@ def run_soak(root: Path, settings: Settings, progress: Callable[[str], None] = p
         kills = _kill_while_transferring(bank, rng, progress)
         bank.wait("every transfer credited", bank.settled)
         final_restarts = _restart_all_and_compare(bank, rng) if settings.final_restart else 0
-        reports = {n: r for n, r in bank.reports().items() if r is not None}
+        reports = {n: r for n, r in bank.reports(ledger=True).items() if r is not None}
         result = audit(reports, bank.transfers)
     finally:
         bank.close()
@@ -389,12 +403,12 @@ def _at_least(bank: Bank, credited: int) -> Callable[[], bool]:
 
 def _restart_all_and_compare(bank: Bank, rng: random.Random) -> int:
     """Kill and restart every account; each must recover the state it last reported."""
-    before = bank.reports()
+    before = bank.reports(ledger=True)
     for name, account in bank.accounts.items():
         account.kill(rng.choice(KILL_KINDS), bank.settings.deadline_s)
         account.start(bank.settings.deadline_s)
         bank.wait(f"{name}'s report from its new incarnation", _reported_by(account))
-        old, new = before[name] or {}, account.read_report() or {}
+        old, new = before[name] or {}, account.read_report(ledger=True) or {}
         changed = [k for k in LEDGER if old.get(k) != new.get(k)]
         if changed:
             raise SoakError(f"{name}'s recovered state differs from its last report in {changed}")
