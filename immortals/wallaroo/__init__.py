@@ -3,7 +3,8 @@
 Sans-IO: ``frames`` holds the frame classes both dialects share, ``codec`` the two
 dialects (the seed's ``draft``, the default, and the released ``v3``), one table of tags
 and layouts each, with :func:`encode` and :func:`decode`; ``framing`` the incremental
-:class:`FrameReader`; ``errors`` the error hierarchy. Everything public is re-exported
+:class:`FrameReader`; ``states`` the connection and stream state machines as transition
+tables; ``errors`` the error hierarchy. Everything public is re-exported
 here.
 """
 
@@ -53,6 +54,17 @@ from .frames import (
     Restart,
 )
 from .framing import FrameReader
+from .states import (
+    ConnectionMachine,
+    ConnectionState,
+    Direction,
+    FrameKind,
+    Role,
+    StreamMachine,
+    StreamState,
+    UnexpectedFrameError,
+    kind_of,
+)
 
 __all__ = [
     # codec
@@ -84,6 +96,16 @@ __all__ = [
     "NotifyAck",
     "Ok",
     "Restart",
+    # states
+    "ConnectionMachine",
+    "ConnectionState",
+    "Direction",
+    "FrameKind",
+    "Role",
+    "StreamMachine",
+    "StreamState",
+    "UnexpectedFrameError",
+    "kind_of",
     # errors
     "EncodeError",
     "FrameTooLargeError",

@@ -1,0 +1,558 @@
+"""The connector protocol's state machines, table by table.
+
+Each table is checked against an independent statement of the seed's lists (written out
+here, kind by kind, from seed 000 *Protocol State Machine* and *Stream State Machine*,
+and the addendum 001's), for every frame kind in every state, both roles and both
+directions: valid ones give the listed next state, every other one raises
+UnexpectedFrameError naming state, frame and direction. Then the machines, the NACK
+stack, and random event sequences against a small model of the seed's rules.
+"""
+
+from __future__ import annotations
+
+import itertools
+import pickle
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import immortals.wallaroo as wallaroo
+from immortals.wallaroo import (
+    NOTHING_SEEN,
+    Ack,
+    EosMessage,
+    Error,
+    Hello,
+    Message,
+    MessageFlags,
+    Migrate,
+    MigrationAck,
+    Nack,
+    Notify,
+    NotifyAck,
+    Ok,
+    ProtocolError,
+    Restart,
+)
+from immortals.wallaroo.states import (
+    CONNECTION_TABLE,
+    CONNECTION_TRANSITIONS,
+    SENDERS,
+    STREAM_KINDS,
+    STREAM_TABLE,
+    STREAM_TRANSITIONS,
+    ConnectionMachine,
+    ConnectionState,
+    Direction,
+    FrameKind,
+    Role,
+    StreamMachine,
+    StreamState,
+    UnexpectedFrameError,
+    connection_step,
+    kind_of,
+    stream_step,
+)
+
+K = FrameKind
+CS = ConnectionState
+SS = StreamState
+C, W = Role.CONNECTOR, Role.WORKER
+SEND, RECV = Direction.SEND, Direction.RECEIVE
+
+# Who sends each kind, as the seed writes "Connector -> Worker".
+FROM = {
+    K.HELLO: "c",
+    K.OK: "w",
+    K.ERROR: "*",
+    K.NOTIFY: "c",
+    K.NOTIFY_ACK: "w",
+    K.NOTIFY_REFUSED: "w",
+    K.MESSAGE: "c",
+    K.MESSAGE_EOS: "c",
+    K.EOS_MESSAGE: "c",
+    K.ACK: "w",
+    K.NACK: "w",
+    K.RESTART: "w",
+    K.MIGRATE: "w",
+    K.MIGRATION_ACK: "c",
+}
+
+# The seed's connection lists, with the addendum and the gaps the module fills.
+CONNECTION = {
+    CS.CONNECTED: {K.HELLO: CS.HANDSHAKE, K.ERROR: CS.ERROR, K.MIGRATE: CS.MIGRATING},
+    CS.HANDSHAKE: {K.OK: CS.STREAMING, K.ERROR: CS.ERROR, K.MIGRATE: CS.MIGRATING},
+    CS.STREAMING: {
+        **dict.fromkeys(
+            [
+                K.NOTIFY,
+                K.NOTIFY_ACK,
+                K.NOTIFY_REFUSED,
+                K.MESSAGE,
+                K.MESSAGE_EOS,
+                K.EOS_MESSAGE,
+                K.ACK,
+                K.NACK,
+            ],
+            CS.STREAMING,
+        ),
+        K.RESTART: CS.DISCONNECTED,
+        K.ERROR: CS.ERROR,
+        K.MIGRATE: CS.MIGRATING,
+    },
+    CS.MIGRATING: {
+        **dict.fromkeys(
+            [K.NOTIFY, K.NOTIFY_REFUSED, K.MESSAGE, K.MESSAGE_EOS, K.ACK], CS.MIGRATING
+        ),
+        K.MIGRATION_ACK: CS.DISCONNECTED,
+        K.ERROR: CS.ERROR,
+    },
+    CS.ERROR: {},
+    CS.DISCONNECTED: {},
+}
+
+STREAM = {
+    SS.INTRO: {K.NOTIFY: SS.OPEN, K.ACK: SS.INTRO},
+    SS.OPEN: {
+        K.NOTIFY: SS.OPEN,
+        K.NOTIFY_ACK: SS.OPEN,
+        K.NOTIFY_REFUSED: SS.INTRO,
+        K.MESSAGE: SS.OPEN,
+        K.MESSAGE_EOS: SS.CLOSED,
+        K.EOS_MESSAGE: SS.CLOSED,
+        K.ACK: SS.OPEN,
+        K.NACK: SS.RESET,
+    },
+    SS.CLOSED: {K.NOTIFY: SS.OPEN, K.NACK: SS.RESET, K.ACK: SS.CLOSED},
+    SS.RESET: {
+        K.NOTIFY: SS.OPEN,
+        K.NOTIFY_ACK: SS.RESET,
+        K.ACK: SS.RESET,
+        K.NACK: SS.RESET,
+        K.MESSAGE: SS.RESET,
+        K.MESSAGE_EOS: SS.RESET,
+        K.EOS_MESSAGE: SS.RESET,
+    },
+}
+
+
+def _direction(role: Role, kind: FrameKind) -> set[Direction]:
+    """The directions in which ``role`` may meet ``kind`` at all."""
+    sender = FROM[kind]
+    if sender == "*":
+        return {SEND, RECV}
+    mine = (sender == "c") == (role is C)
+    return {SEND if mine else RECV}
+
+
+def _cases(states: list[object]) -> list[tuple[Role, object, FrameKind, Direction]]:
+    return list(itertools.product(Role, states, FrameKind, Direction))  # type: ignore[arg-type]
+
+
+# --- the tables ---------------------------------------------------------------------------
+
+
+def test_senders() -> None:
+    for kind, sender in FROM.items():
+        want = {"c": {C}, "w": {W}, "*": {C, W}}[sender]
+        assert SENDERS[kind] == want, kind
+    assert set(SENDERS) == set(FrameKind)
+
+
+def test_the_base_tables_are_the_seeds() -> None:
+    assert {s: dict(row) for s, row in CONNECTION_TRANSITIONS.items()} == CONNECTION
+    assert {s: dict(row) for s, row in STREAM_TRANSITIONS.items()} == STREAM
+    assert set(STREAM_KINDS) == {k for row in STREAM.values() for k in row}
+    assert K.HELLO not in STREAM_KINDS and K.MIGRATE not in STREAM_KINDS
+
+
+def test_the_tables_are_read_only() -> None:
+    with pytest.raises(TypeError):
+        CONNECTION_TABLE[(W, CS.ERROR, K.HELLO, RECV)] = CS.ERROR  # type: ignore[index]
+    with pytest.raises(TypeError):
+        STREAM_TRANSITIONS[SS.INTRO][K.MESSAGE] = SS.OPEN  # type: ignore[index]
+
+
+@pytest.mark.parametrize(("role", "state", "kind", "direction"), _cases(list(ConnectionState)))
+def test_connection_table(
+    role: Role, state: ConnectionState, kind: FrameKind, direction: Direction
+) -> None:
+    expected = CONNECTION[state].get(kind) if direction in _direction(role, kind) else None
+    assert CONNECTION_TABLE.get((role, state, kind, direction)) == expected
+    if expected is not None:
+        assert connection_step(role, state, kind, direction) is expected
+        return
+    with pytest.raises(UnexpectedFrameError) as info:
+        connection_step(role, state, kind, direction)
+    err = info.value
+    assert isinstance(err, ProtocolError)
+    assert (err.machine, err.role, err.state, err.kind, err.direction) == (
+        "connection",
+        role,
+        state,
+        kind,
+        direction,
+    )
+    assert err.stream_id is None
+    verb = "sent" if direction is SEND else "received"
+    text = str(err)
+    assert text.startswith(f"the {role.value} {verb} {kind.name} in connection state {state.name}")
+
+
+@pytest.mark.parametrize(("role", "state", "kind", "direction"), _cases(list(StreamState)))
+def test_stream_table(
+    role: Role, state: StreamState, kind: FrameKind, direction: Direction
+) -> None:
+    expected = STREAM[state].get(kind) if direction in _direction(role, kind) else None
+    assert STREAM_TABLE.get((role, state, kind, direction)) == expected
+    nacks = 1 if state is SS.RESET else 0
+    if expected is not None:
+        after, left = stream_step(role, state, nacks, kind, direction, 9)
+        assert after is expected
+        assert left == nacks + (kind is K.NACK) - (kind is K.NOTIFY and state is SS.RESET)
+        return
+    with pytest.raises(UnexpectedFrameError) as info:
+        stream_step(role, state, nacks, kind, direction, 9)
+    err = info.value
+    assert (err.machine, err.role, err.state, err.kind, err.direction, err.stream_id) == (
+        "stream",
+        role,
+        state,
+        kind,
+        direction,
+        9,
+    )
+    assert f"stream state {state.name} (stream 9)" in str(err)
+
+
+def test_tables_have_no_other_keys() -> None:
+    conn = {
+        (r, s, k, d)
+        for r, s, k, d in _cases(list(ConnectionState))
+        if d in _direction(r, k) and k in CONNECTION[s]  # type: ignore[index]
+    }
+    assert set(CONNECTION_TABLE) == conn
+    streams = {
+        (r, s, k, d)
+        for r, s, k, d in _cases(list(StreamState))
+        if d in _direction(r, k) and k in STREAM[s]  # type: ignore[index]
+    }
+    assert set(STREAM_TABLE) == streams
+
+
+# --- kinds and errors ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("frame", "kind"),
+    [
+        (Hello("0.0.1", b"", "p", "i"), K.HELLO),
+        (Ok(5), K.OK),
+        (Error("why"), K.ERROR),
+        (Notify(1, "s", 0), K.NOTIFY),
+        (NotifyAck(True, 1, NOTHING_SEEN), K.NOTIFY_ACK),
+        (NotifyAck(False, 1, 0), K.NOTIFY_REFUSED),
+        (Message(1, 2, b"x"), K.MESSAGE),
+        (Message(1, 2, None), K.MESSAGE),
+        (Message(1, 2, b"x", MessageFlags.EOS), K.MESSAGE_EOS),
+        (Message(1, 2, None, MessageFlags.EOS | MessageFlags.EPHEMERAL), K.MESSAGE_EOS),
+        (EosMessage(1), K.EOS_MESSAGE),
+        (Ack(3, ((1, 2),)), K.ACK),
+        (Nack(3, 1, 0), K.NACK),
+        (Restart("h:1"), K.RESTART),
+        (Migrate("h", 1), K.MIGRATE),
+        (MigrationAck(), K.MIGRATION_ACK),
+    ],
+)
+def test_kind_of(frame: object, kind: FrameKind) -> None:
+    assert kind_of(frame) is kind  # type: ignore[arg-type]
+
+
+def test_kind_of_refuses_what_is_not_a_frame() -> None:
+    with pytest.raises(TypeError, match="str is not a connector frame"):
+        kind_of("HELLO")  # type: ignore[arg-type]
+
+
+def test_error_messages_say_where_the_frame_is_valid() -> None:
+    with pytest.raises(UnexpectedFrameError) as info:
+        connection_step(W, CS.STREAMING, K.HELLO, RECV)
+    assert str(info.value) == (
+        "the worker received HELLO in connection state STREAMING: HELLO goes "
+        "connector -> worker, in connection state CONNECTED"
+    )
+    assert info.value.frame == "Hello" and info.value.reason == str(info.value)
+    assert info.value.dialect == "" and info.value.offset == -1 and info.value.field is None
+    with pytest.raises(UnexpectedFrameError) as info:
+        connection_step(W, CS.STREAMING, K.OK, RECV)  # a frame only the worker sends
+    assert "OK goes worker -> connector, in connection state HANDSHAKE" in str(info.value)
+    with pytest.raises(UnexpectedFrameError) as info:
+        connection_step(C, CS.ERROR, K.ERROR, SEND)
+    assert "ERROR goes either way, in connection state CONNECTED or HANDSHAKE or STREAMING or " \
+        "MIGRATING" in str(info.value)  # fmt: skip
+    with pytest.raises(UnexpectedFrameError) as info:
+        stream_step(W, SS.CLOSED, 0, K.MESSAGE, RECV, 77)
+    assert str(info.value) == (
+        "the worker received MESSAGE in stream state CLOSED (stream 77): MESSAGE goes "
+        "connector -> worker, in stream state OPEN or RESET"
+    )
+    with pytest.raises(UnexpectedFrameError) as info:
+        connection_step(C, CS.HANDSHAKE, K.HELLO, SEND)  # a second HELLO
+    assert "sent HELLO in connection state HANDSHAKE" in str(info.value)
+
+
+def test_errors_pickle_with_their_fields() -> None:
+    try:
+        stream_step(C, SS.INTRO, 0, K.MESSAGE, SEND, 5)
+    except UnexpectedFrameError as err:
+        back = pickle.loads(pickle.dumps(err))
+        assert type(back) is UnexpectedFrameError and str(back) == str(err)
+        assert (back.machine, back.role, back.state, back.kind, back.stream_id) == (
+            "stream",
+            C,
+            SS.INTRO,
+            K.MESSAGE,
+            5,
+        )
+    else:  # pragma: no cover
+        pytest.fail("no error")
+
+
+def test_public_names_are_exported() -> None:
+    names = {
+        "ConnectionMachine", "ConnectionState", "Direction", "FrameKind", "Role",
+        "StreamMachine", "StreamState", "UnexpectedFrameError", "kind_of",
+    }  # fmt: skip
+    assert names <= set(wallaroo.__all__)
+    for name in names:
+        assert getattr(wallaroo, name) is not None
+
+
+# --- the machines -----------------------------------------------------------------------
+
+
+def test_a_session_on_both_sides() -> None:
+    """The same frames, each side in its own role, keep both machines in step."""
+    worker, connector = ConnectionMachine(W), ConnectionMachine(C)
+    frames: list[tuple[Role, object]] = [
+        (C, Hello("0.0.1", b"c", "p", "i")),
+        (W, Ok(10)),
+        (C, Notify(1, "s", 0)),
+        (W, NotifyAck(True, 1, NOTHING_SEEN)),
+        (C, Message(1, 1, b"x")),
+        (W, Ack(1, ((1, 1),))),
+        (W, Migrate("h", 7)),
+        (C, Message(1, 2, None, MessageFlags.EOS)),
+        (W, Ack(1, ((1, 2),))),
+        (C, MigrationAck()),
+    ]
+    states = []
+    for sender, frame in frames:
+        mine, theirs = (connector, worker) if sender is C else (worker, connector)
+        a = mine.send(frame)  # type: ignore[arg-type]
+        b = theirs.receive(frame)  # type: ignore[arg-type]
+        assert a is b
+        states.append(a)
+    streaming, migrating = [CS.STREAMING] * 4, [CS.MIGRATING] * 3
+    assert states == [CS.HANDSHAKE, CS.STREAMING, *streaming, *migrating, CS.DISCONNECTED]
+
+
+def test_a_refused_frame_leaves_the_state() -> None:
+    m = ConnectionMachine(W)
+    with pytest.raises(UnexpectedFrameError):
+        m.receive(Notify(1, "s", 0))
+    assert m.state is CS.CONNECTED
+    m.receive(K.HELLO)
+    m.send(K.OK)
+    with pytest.raises(UnexpectedFrameError):
+        m.receive(K.HELLO)  # a second HELLO
+    assert m.state is CS.STREAMING
+    assert m.send(K.ERROR) is CS.ERROR
+    with pytest.raises(UnexpectedFrameError):
+        m.receive(K.MESSAGE)  # nothing is valid after ERROR
+    assert m.close() is CS.DISCONNECTED
+    assert repr(m) == "ConnectionMachine(WORKER, DISCONNECTED)"
+
+
+def test_restart_disconnects() -> None:
+    m = ConnectionMachine(C, CS.STREAMING)
+    assert m.receive(Restart("h:1")) is CS.DISCONNECTED
+
+
+def test_nacks_stack() -> None:
+    """Seed 000: each NACK needs its own NOTIFY; messages of a reset stream are ignored."""
+    s = StreamMachine(W, 3)
+    assert s.receive(Notify(3, "s", 0)) is SS.OPEN
+    assert s.send(Nack(5, 3, 0)) is SS.RESET and s.nacks == 1
+    assert s.send(K.NACK) is SS.RESET and s.nacks == 2
+    assert s.receive(Message(3, 9, b"x")) is SS.RESET  # ignored, not an error
+    assert s.receive(K.NOTIFY) is SS.RESET and s.nacks == 1
+    assert s.send(K.NOTIFY_ACK) is SS.RESET
+    assert s.receive(K.NOTIFY) is SS.OPEN and s.nacks == 0
+    assert s.receive(K.MESSAGE_EOS) is SS.CLOSED
+    assert s.send(K.NACK) is SS.RESET and s.nacks == 1
+    assert s.receive(K.NOTIFY) is SS.OPEN
+    assert repr(s) == "StreamMachine(WORKER, 3, OPEN, nacks=0)"
+
+
+def test_stream_machine_takes_only_stream_frames() -> None:
+    with pytest.raises(TypeError, match="HELLO names no stream"):
+        StreamMachine(W, 1).receive(K.HELLO)
+
+
+def test_refused_notify_and_late_acks() -> None:
+    s = StreamMachine(C, 1)
+    assert s.send(Notify(1, "s", 0)) is SS.OPEN
+    assert s.receive(NotifyAck(False, 1, 0)) is SS.INTRO
+    assert s.receive(K.ACK) is SS.INTRO  # a late ACK
+    with pytest.raises(UnexpectedFrameError):
+        s.send(Message(1, 1, b"x"))
+    with pytest.raises(UnexpectedFrameError):
+        s.send(EosMessage(1))
+
+
+def test_machines_pickle_compactly() -> None:
+    s = StreamMachine(W, 2**64 - 1, SS.RESET, 2)
+    back = pickle.loads(pickle.dumps(s))
+    assert (back.role, back.stream_id, back.state, back.nacks) == (W, 2**64 - 1, SS.RESET, 2)
+    c = pickle.loads(pickle.dumps(ConnectionMachine(C, CS.MIGRATING)))
+    assert (c.role, c.state) == (C, CS.MIGRATING)
+
+
+# --- random sequences against a model of the seed's rules ----------------------------------
+
+
+class StreamModel:
+    """The seed's stream rules written as plain conditions, one side's view."""
+
+    def __init__(self) -> None:
+        self.state = "intro"
+        self.stack = 0
+
+    def step(self, kind: FrameKind) -> bool:
+        """Apply ``kind``; False (and no change) where the seed does not allow it."""
+        s = self.state
+        if kind is K.NOTIFY:
+            if s == "reset":
+                self.stack -= 1
+                self.state = "open" if self.stack == 0 else "reset"
+            else:
+                self.state = "open"
+            return True
+        if kind is K.NACK and s != "intro":
+            self.stack += 1
+            self.state = "reset"
+            return True
+        if kind is K.ACK:
+            return True
+        if kind in (K.MESSAGE, K.MESSAGE_EOS, K.EOS_MESSAGE) and s in ("open", "reset"):
+            if s == "open" and kind is not K.MESSAGE:
+                self.state = "closed"
+            return True
+        if kind is K.NOTIFY_ACK and s in ("open", "reset"):
+            return True
+        if kind is K.NOTIFY_REFUSED and s == "open":
+            self.state = "intro"
+            return True
+        return False
+
+
+_STREAM_EVENTS = st.lists(
+    st.tuples(st.sampled_from(sorted(STREAM_KINDS, key=lambda k: k.value)), st.sampled_from(Role)),
+    max_size=60,
+)
+
+
+@settings(max_examples=300)
+@given(_STREAM_EVENTS, st.sampled_from(Role))
+def test_stream_machine_against_the_model(events: list[tuple[FrameKind, Role]], role: Role) -> None:
+    machine, model = StreamMachine(role, 1), StreamModel()
+    for kind, sender in events:
+        if sender not in SENDERS[kind]:
+            continue  # this sender never sends that kind: checked by the table tests
+        direction = SEND if sender is role else RECV
+        before = (machine.state, machine.nacks)
+        allowed = model.step(kind)
+        if allowed:
+            machine._step(kind, direction)
+        else:
+            with pytest.raises(UnexpectedFrameError):
+                machine._step(kind, direction)
+            assert (machine.state, machine.nacks) == before
+        assert machine.state.value == model.state
+        assert machine.nacks == model.stack
+        assert (machine.state is SS.RESET) == (machine.nacks > 0)
+
+
+class ConnectionModel:
+    """The seed's and the addendum's connection rules as plain conditions."""
+
+    STREAM_FRAMES = frozenset(
+        {K.NOTIFY, K.NOTIFY_ACK, K.NOTIFY_REFUSED, K.MESSAGE, K.MESSAGE_EOS, K.EOS_MESSAGE}
+        | {K.ACK, K.NACK}
+    )
+    IN_FLIGHT = frozenset({K.MESSAGE, K.MESSAGE_EOS, K.ACK, K.NOTIFY, K.NOTIFY_REFUSED})
+
+    def __init__(self) -> None:
+        self.state = "connected"
+
+    def step(self, kind: FrameKind) -> bool:
+        s = self.state
+        if s in ("error", "disconnected"):
+            return False
+        if kind is K.ERROR:
+            self.state = "error"
+        elif kind is K.MIGRATE and s != "migrating":
+            self.state = "migrating"
+        elif s == "connected" and kind is K.HELLO:
+            self.state = "handshake"
+        elif s == "handshake" and kind is K.OK:
+            self.state = "streaming"
+        elif s == "streaming" and kind in self.STREAM_FRAMES:
+            pass
+        elif s == "streaming" and kind is K.RESTART:
+            self.state = "disconnected"
+        elif s == "migrating" and kind in self.IN_FLIGHT:
+            pass
+        elif s == "migrating" and kind is K.MIGRATION_ACK:
+            self.state = "disconnected"
+        else:
+            return False
+        return True
+
+
+@settings(max_examples=300)
+@given(
+    st.lists(
+        st.one_of(
+            st.tuples(
+                st.sampled_from(sorted(FrameKind, key=lambda k: k.value)),
+                st.sampled_from(Role),
+            ),
+            st.just(("close", C)),
+        ),
+        max_size=40,
+    ),
+    st.sampled_from(Role),
+)
+def test_connection_machine_against_the_model(
+    events: list[tuple[FrameKind | str, Role]], role: Role
+) -> None:
+    machine, model = ConnectionMachine(role), ConnectionModel()
+    for kind, sender in events:
+        if kind == "close":
+            machine.close()
+            model.state = "disconnected"
+            continue
+        assert isinstance(kind, FrameKind)
+        if sender not in SENDERS[kind]:
+            continue
+        before = machine.state
+        send = machine.send if sender is role else machine.receive
+        if model.step(kind):
+            send(kind)
+        else:
+            with pytest.raises(UnexpectedFrameError):
+                send(kind)
+            assert machine.state is before
+        assert machine.state.value == model.state
