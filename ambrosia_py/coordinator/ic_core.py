@@ -30,7 +30,7 @@ from ..wire import (
     RpcBatch,
     TakeCheckpoint,
 )
-from .links import Inbox, LinkError, Outbox
+from .links import Inbox, LinkError, Outbox, OutboxBudget
 
 __all__ = [
     "CheckpointArrived",
@@ -294,7 +294,9 @@ class Intake:
     :attr:`skip_below`; a regenerated message whose index is below it is dropped.
 
     Output for other instances goes to one :class:`links.Outbox` per destination, where
-    the same numbering per destination lets the receiver drop what it already has.
+    the same numbering per destination lets the receiver drop what it already has; their
+    bytes together count against :attr:`outbox_budget` (``max_outbox_bytes``, None: no
+    limit), which says when the binding must wait for destinations to confirm.
     Input from other instances' links arrives through :meth:`link_input`, numbered per
     sender by :attr:`inbox`.
 
@@ -303,8 +305,9 @@ class Intake:
     without copying).
     """
 
-    def __init__(self, instance: str) -> None:
+    def __init__(self, instance: str, max_outbox_bytes: int | None = None) -> None:
         self.instance = instance
+        self.outbox_budget = OutboxBudget(max_outbox_bytes)
         self._reader = MessageReader()
         # Per message: its buffers, whether it is a replayable output of the binding, and
         # for input from a link its sender and the sender's seq after it.
@@ -343,7 +346,7 @@ class Intake:
     def restore_outboxes(self, outboxes: dict[str, OutboxState]) -> None:
         """Recovery: the output a checkpoint kept; replay regenerates what follows."""
         for dest, (next_seq, frames) in outboxes.items():
-            self.outboxes[dest] = Outbox(next_seq, frames)
+            self.outboxes[dest] = Outbox(next_seq, frames, self.outbox_budget)
             self.new_destinations.append(dest)
 
     def outbox_snapshot(self) -> dict[str, OutboxState]:
@@ -452,7 +455,7 @@ class Intake:
             )
         box = self.outboxes.get(destination)
         if box is None:
-            box = self.outboxes[destination] = Outbox()
+            box = self.outboxes[destination] = Outbox(budget=self.outbox_budget)
             self.new_destinations.append(destination)
         box.add(b"".join(bytes(p) for p in parts))
 

@@ -24,7 +24,7 @@ reference's ReplayFrom and Commit (all messages, replayable messages) are equal 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import attrs
 
@@ -38,6 +38,7 @@ __all__ = [
     "Inbox",
     "LinkError",
     "Outbox",
+    "OutboxBudget",
 ]
 
 LINK_MAGIC = b"AMBLINK1"
@@ -96,16 +97,64 @@ class Hello:
         return cls(names[0], names[1], incarnation)
 
 
+class OutboxBudget:
+    """The bytes all of one instance's outboxes hold, and when its binding must wait.
+
+    Output stays in an outbox until its destination confirms it durable, so while a
+    destination is down (or slow) it piles up in memory and in every checkpoint. Past
+    ``limit`` bytes over all outboxes the budget is :attr:`paused`: the coordinator stops
+    reading its binding, which then blocks writing more. It resumes only once commits
+    bring the total below :attr:`resume_below` (three quarters of the limit), so a
+    binding is not woken for every message a destination confirms. ``limit`` None: no
+    limit. ``on_resume`` runs when the budget stops being paused.
+
+    The limit bounds what the binding adds; one read of the binding's socket (and the one
+    message it may end inside) can still go past it before the pause takes effect.
+    """
+
+    RESUME_FRACTION = 0.75
+
+    def __init__(self, limit: int | None = None) -> None:
+        if limit is not None and limit <= 0:
+            raise ValueError(f"an outbox limit must be above 0 bytes, not {limit}")
+        self.limit = limit
+        self.resume_below = None if limit is None else int(limit * self.RESUME_FRACTION)
+        self.total = 0
+        self.paused = False
+        self.on_resume: Callable[[], None] | None = None
+
+    def added(self, size: int) -> None:
+        """``size`` bytes of output were queued (or restored from a checkpoint)."""
+        self.total += size
+        if self.limit is not None and self.total > self.limit:
+            self.paused = True
+
+    def released(self, size: int) -> None:
+        """``size`` bytes were confirmed durable by their destination and dropped."""
+        self.total -= size
+        assert self.total >= 0, f"outbox budget below zero ({self.total})"
+        if self.paused and self.resume_below is not None and self.total < self.resume_below:
+            self.paused = False
+            if self.on_resume is not None:
+                self.on_resume()
+
+
 class Outbox:
     """What this instance sent one destination and the destination may not have yet.
 
     ``next_seq`` numbers the next message; the buffer holds the framed incoming messages
     from ``first`` (the lowest seq the destination has not confirmed) to ``next_seq - 1``,
     consecutive, so a seq is found by its index. While connected, ``cursor`` is the next
-    seq to send on the connection.
+    seq to send on the connection. :attr:`size` is the bytes buffered, also counted in
+    ``budget`` (shared by an instance's outboxes) when one is given.
     """
 
-    def __init__(self, next_seq: int = 0, buffered: Iterable[tuple[int, bytes]] = ()) -> None:
+    def __init__(
+        self,
+        next_seq: int = 0,
+        buffered: Iterable[tuple[int, bytes]] = (),
+        budget: OutboxBudget | None = None,
+    ) -> None:
         entries = list(buffered)
         self.next_seq = next_seq
         self.first = next_seq - len(entries)
@@ -113,12 +162,17 @@ class Outbox:
             raise ValueError(f"buffered output must be seqs {self.first}..{next_seq - 1}")
         self._frames = [frame for _, frame in entries]
         self.cursor: int | None = None
+        self.budget = budget if budget is not None else OutboxBudget()
+        self.size = sum(len(frame) for frame in self._frames)
+        self.budget.added(self.size)
 
     def add(self, frame: bytes) -> int:
         """Queue one message (incoming form, framed); return its seq."""
         seq = self.next_seq
         self.next_seq += 1
         self._frames.append(frame)
+        self.size += len(frame)
+        self.budget.added(len(frame))
         return seq
 
     @property
@@ -155,8 +209,11 @@ class Outbox:
             )
         if seq > self.first:
             drop = min(seq, self.next_seq) - self.first
+            size = sum(len(frame) for frame in self._frames[:drop])
             del self._frames[:drop]
             self.first += drop
+            self.size -= size
+            self.budget.released(size)
 
     def take(self, max_bytes: int) -> list[bytes]:
         """Messages to send next on the connection (at least one if any), advancing it.
