@@ -24,6 +24,8 @@ from .link_config import (
     DEFAULT_HANDSHAKE_TIMEOUT_S,
     DEFAULT_IDLE_TIMEOUT_S,
     DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_OUTBOX_MB,
+    MAX_OUTBOX_ENV,
     SECRET_ENV,
     LinkSettings,
     LinkSetupError,
@@ -205,6 +207,19 @@ _SECURITY: list[tuple[str, str, dict[str, Any]]] = [
             help="Most link connections accepted at once.",
         ),
     ),
+    (
+        "max_outbox_mb",
+        "--max-outbox-mb",
+        dict(
+            type=click.FloatRange(min=0, min_open=True),
+            default=DEFAULT_MAX_OUTBOX_MB,
+            envvar=MAX_OUTBOX_ENV,
+            show_default=True,
+            help="Output other instances have not confirmed yet, over all of them, past "
+            "which the service waits (its coordinator stops reading it) until they do "
+            f"[env {MAX_OUTBOX_ENV}].",
+        ),
+    ),
 ]
 
 
@@ -231,6 +246,10 @@ def link_settings(**security: Any) -> LinkSettings:
         handshake_timeout_s=security.get("link_handshake_timeout", DEFAULT_HANDSHAKE_TIMEOUT_S),
         idle_timeout_s=security.get("link_idle_timeout", DEFAULT_IDLE_TIMEOUT_S),
         max_connections=security.get("link_max_connections", DEFAULT_MAX_CONNECTIONS),
+        # At least a byte: a limit of a few bytes still works (one message at a time).
+        max_outbox_bytes=max(
+            1, int(security.get("max_outbox_mb", DEFAULT_MAX_OUTBOX_MB) * 1024 * 1024)
+        ),
     )
 
 

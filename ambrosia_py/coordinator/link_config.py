@@ -24,6 +24,8 @@ __all__ = [
     "DEFAULT_HANDSHAKE_TIMEOUT_S",
     "DEFAULT_IDLE_TIMEOUT_S",
     "DEFAULT_MAX_CONNECTIONS",
+    "DEFAULT_MAX_OUTBOX_MB",
+    "MAX_OUTBOX_ENV",
     "DEFAULT_SECRET_NAME",
     "MIN_SECRET_BYTES",
     "PRE_AUTH_FRAME_LIMIT",
@@ -46,6 +48,10 @@ PRE_AUTH_FRAME_LIMIT = 1024
 DEFAULT_HANDSHAKE_TIMEOUT_S = 10.0
 DEFAULT_IDLE_TIMEOUT_S = 300.0
 DEFAULT_MAX_CONNECTIONS = 128
+# Output not yet confirmed by its destinations, over all of them, before the binding waits
+# (links.OutboxBudget); docs/security.md, *Outbox limit*.
+DEFAULT_MAX_OUTBOX_MB = 256.0
+MAX_OUTBOX_ENV = "AMBROSIA_MAX_OUTBOX_MB"
 
 
 class LinkSetupError(Exception):
@@ -59,7 +65,8 @@ class LinkSettings:
     ``max_frame_bytes`` bounds frames from authenticated peers; ``idle_timeout_s`` closes
     an accepted link that sent nothing for that long (dialers send a keep-alive at a
     third of it); ``max_connections`` bounds accepted link connections, authenticated or
-    not.
+    not; ``max_outbox_bytes`` bounds the output kept for destinations that have not
+    confirmed it (past it the binding is not read until they do).
     """
 
     secret_file: Path | None = None
@@ -70,6 +77,7 @@ class LinkSettings:
     handshake_timeout_s: float = DEFAULT_HANDSHAKE_TIMEOUT_S
     idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
     max_connections: int = DEFAULT_MAX_CONNECTIONS
+    max_outbox_bytes: int = int(DEFAULT_MAX_OUTBOX_MB * 1024 * 1024)
 
     @property
     def tls(self) -> bool:
