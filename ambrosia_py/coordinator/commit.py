@@ -12,35 +12,41 @@ The rule that matters is unchanged: a record is forwarded to the binding only af
 durable everything written before the call; a record written while a sync is in flight
 waits for the next one. A crash in between leaves at most a partial last record, which
 recovery cuts as a torn tail.
+
+Forwarding here means handing the record to the coordinator's forwarder
+(:mod:`.forwarding`), which never waits for the binding: the pipeline must keep logging,
+and ``on_durable`` (the Commit to the senders in the record) must run, while a binding
+is blocked, or two instances waiting on each other's outbox limit would deadlock.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from typing import Generic, TypeVar
 
 from .. import wire
 from .storage import LogWriter
 
 __all__ = ["CommitPipeline"]
 
-Forward = Callable[[list[wire.Payload]], Awaitable[None]]
-# a written record: its file, its wire form, its size, what to run once it is durable
-_Written = tuple[LogWriter, list[wire.Payload], int, Callable[[], None] | None]
+R = TypeVar("R")  # what is forwarded for a record: its wire form (and where it lies)
 
 
-class CommitPipeline:
+class CommitPipeline(Generic[R]):
     """Records written to a log, made durable by a sync stage, then forwarded in order.
 
     ``append`` writes one record and returns once it is in the file (not yet durable);
     ``flush`` returns once everything appended so far is durable and forwarded. At most
     ``max_unsynced`` bytes wait for a sync at any time (``append`` waits for room).
+    ``forward`` should not wait for the binding (see the module docstring).
     """
 
-    def __init__(self, forward: Forward, *, max_unsynced: int) -> None:
+    def __init__(self, forward: Callable[[R], Awaitable[None]], *, max_unsynced: int) -> None:
         self._forward = forward
         self._max_unsynced = max_unsynced
-        self._written: list[_Written] = []
+        # per written record: its file, what to forward, its size, what to run once durable
+        self._written: list[tuple[LogWriter, R, int, Callable[[], None] | None]] = []
         self._unsynced_bytes = 0
         self._appended = 0  # records appended so far
         self._done = 0  # records durable and forwarded so far
@@ -52,15 +58,16 @@ class CommitPipeline:
         self,
         writer: LogWriter,
         disk_parts: list[wire.Payload],
-        wire_record: list[wire.Payload],
+        wire_record: R,
         on_durable: Callable[[], None] | None = None,
         *,
         alone: bool = False,
     ) -> None:
-        """Write one record (its disk form) and queue its wire form for forwarding.
+        """Write one record (its disk form) and queue ``wire_record`` for forwarding.
 
-        ``on_durable`` runs once the record is durable and forwarded. With ``alone`` (no
-        more input is waiting) and nothing in flight, there is nothing to overlap: the
+        ``on_durable`` runs once the record is durable, before it is forwarded: it tells
+        the senders, and durability, not delivery, is what that promises. With ``alone``
+        (no more input is waiting) and nothing in flight, there is nothing to overlap: the
         record is written and synced right away, on the calling thread, and forwarded at
         once — the latency path, with no hop through worker threads.
         """
@@ -71,9 +78,9 @@ class CommitPipeline:
                 # thread hops cost more than the fsync itself (p50 round trip 1.4 -> 0.9 ms
                 # with the forwarding fast path). Input arriving meanwhile is read after it.
                 writer.append(disk_parts)
-                await self._forward(wire_record)
                 if on_durable is not None:
                     on_durable()
+                await self._forward(wire_record)
             except BaseException as exc:
                 self._error = exc
                 raise
@@ -125,9 +132,9 @@ class CommitPipeline:
                         await asyncio.to_thread(writer.sync)
                         synced.add(id(writer))
                 for _, record, _, done in batch:
-                    await self._forward(record)
                     if done is not None:
                         done()
+                    await self._forward(record)
                 async with self._changed:
                     self._unsynced_bytes -= sum(size for _, _, size, _ in batch)
                     self._done += len(batch)

@@ -19,7 +19,7 @@ reference ambrosia.md, *Start-up* and *The two local sockets*):
   input; a committer task packs everything pending into one record and writes it in a
   worker thread — input keeps arriving meanwhile and forms the next record — while a
   second stage (:mod:`commit`) ``fdatasync``s what was written and only then forwards the
-  same bytes to the binding. The binding only ever sees durable input.
+  same bytes to the binding (:mod:`forwarding`). The binding only ever sees durable input.
 * Checkpoints: when the binding sends TakeCheckpoint or the log passes its size trigger,
   the committer moves to log N+1 and sends TakeCheckpoint (a seq -1 record) between the
   last record of log N and the first of log N+1, so the binding's answer is the state at
@@ -54,6 +54,7 @@ from ..wire import (
 from .binding_auth import BindingAuth, open_gate
 from .binding_link import BindingLink, connect_binding
 from .commit import CommitPipeline
+from .forwarding import Forwarded, Forwarder, LogPlace, OutboxGate
 from .ic_core import CheckpointArrived, CheckpointRequested, IcState, InitialArrived, Intake
 from .link_config import LinkSettings
 from .links import Inbox
@@ -136,7 +137,8 @@ class _Coordinator:
         self.config = config
         self.registry = registry
         self.files = files
-        self.intake = Intake(config.instance)
+        self.intake = Intake(config.instance, config.link_settings.max_outbox_bytes)
+        self._outbox_gate = OutboxGate(self.intake.outbox_budget, self.intake.outboxes)
         self.binding: BindingLink | None = None
         self.committer_id = 0
         self.next_seq = 0
@@ -161,9 +163,8 @@ class _Coordinator:
     # -- reading the binding -------------------------------------------------------------
 
     async def room_for_input(self) -> None:
-        """Back-pressure for links: while the commit loop runs, a link reader waits when
-        this much input is pending, and TCP slows the sending coordinator down (its
-        output stays buffered there)."""
+        """While the commit loop runs, the readers of the binding and of links wait while
+        this much input is pending; TCP then slows their senders down."""
         while self._committing and self.intake.pending_bytes > self._max_pending:
             self._room.clear()
             await self._room.wait()
@@ -180,8 +181,12 @@ class _Coordinator:
                 # sock_recv returns at once while data is waiting: yield, so the committer
                 # can start the next record while input keeps arriving (group commit).
                 await asyncio.sleep(0)
-                # No back-pressure here: the binding may be blocked writing to us while we
-                # wait to forward records to it; only reading on keeps both moving.
+                # Back-pressure once links are open (replay needs every output read): the
+                # outbox limit, and room for pending input. Safe only as the commit loop
+                # never waits for the binding (forwarding.py).
+                if self.links is not None:
+                    await self._outbox_gate.wait()
+                    await self.room_for_input()
             self.intake.close()
         except wire.ProtocolError as exc:
             log.error("bad input from the binding: %s", exc)
@@ -243,41 +248,34 @@ class _Coordinator:
 
     async def _write(
         self, body: list[wire.Payload], outputs: int, marks: dict[str, int] | None = None
-    ) -> bytes:
-        """Make one record durable (write + fdatasync in a worker); return its wire header."""
+    ) -> Forwarded:
+        """Make one record durable (write + fdatasync in a worker); return it to forward."""
         assert self.writer is not None
         wire_header, disk_parts = self._next_record(body, outputs, marks or {})
+        place = LogPlace.next_in(self.writer, disk_parts)
         await asyncio.to_thread(self.writer.append, disk_parts)
         if marks:
             self._made_durable(marks)
-        return wire_header
+        return [wire_header, *body], place
 
     def _made_durable(self, marks: dict[str, int]) -> None:
         self.intake.inbox.made_durable(marks)
         if self.links is not None:
             self.links.durable(marks)
 
-    async def _forward(self, record: list[wire.Payload]) -> None:
-        """Hand a durable record to the binding once the one before it has left."""
-        assert self.binding is not None
-        await self.binding.drain()
-        self.binding.write(record)
-
-    async def _log_pending(self, limit: int | None = None) -> list[list[wire.Payload]]:
+    async def _log_pending(self, limit: int | None = None) -> list[Forwarded]:
         """Make pending input durable, up to message number ``limit``; return the records."""
         records = []
         while self.intake.pending and (limit is None or self.intake.dequeued < limit):
             room = None if limit is None else limit - self.intake.dequeued
             body, outputs, marks = self.intake.take(self.config.max_record_bytes, room)
-            records.append([await self._write(body, outputs, marks), *body])
+            records.append(await self._write(body, outputs, marks))
         return records
 
     async def _commit_checkpoint(self, n: int, arrived: CheckpointArrived) -> None:
         """Write checkpoint n once everything queued before it is durable, then commit it."""
-        assert self.binding is not None
-        for record in await self._log_pending(arrived.enqueued):
-            await self.binding.drain()
-            self.binding.write(record)
+        for item in await self._log_pending(arrived.enqueued):
+            self.forwarder.put(*item)
         start = self._log_start[n]
         state = IcState(
             self.committer_id,
@@ -315,12 +313,10 @@ class _Coordinator:
         self._open_log(1)
         # Record 0 (the initial message) is durable before checkpoint 1 is committed, and
         # so is whatever the binding sent before its checkpoint; all are forwarded after.
-        header = await self._write([initial], 0)
-        records = await self._log_pending(arrived.enqueued)
+        records = [await self._write([initial], 0), *await self._log_pending(arrived.enqueued)]
         await self._commit_checkpoint(1, arrived)
-        await self.binding.send([header, initial])
-        for record in records:
-            await self.binding.send(record)
+        for item in records:
+            self.forwarder.put(*item)
 
     async def recover(self, checkpoint: int) -> None:
         assert self.binding is not None
@@ -394,21 +390,22 @@ class _Coordinator:
         self._awaiting_checkpoint = self.log_number
         self._roll_requested = False
         log.info("rolled to log %d; asking for checkpoint %d", self.log_number, self.log_number)
-        await self.binding.control(self.committer_id, TakeCheckpoint())
+        self.forwarder.control(self.committer_id, TakeCheckpoint())  # after the old log
 
     async def commit_loop(self) -> None:
         """Group commit: one record per round, durable before it is forwarded."""
-        pipeline = CommitPipeline(self._forward, max_unsynced=2 * self.config.max_record_bytes)
+        pipeline = CommitPipeline(self.forwarder, max_unsynced=2 * self.config.max_record_bytes)
         self._committing = True
         try:
             await self._commit_rounds(pipeline)
             await pipeline.flush()
+            await self.forwarder.flush()
         finally:
             self._committing = False
             self._room.set()
             await pipeline.close()
 
-    async def _commit_rounds(self, pipeline: CommitPipeline) -> None:
+    async def _commit_rounds(self, pipeline: CommitPipeline[Forwarded]) -> None:
         while True:
             if self._arrived is not None and self._awaiting_checkpoint is not None:
                 arrived, self._arrived = self._arrived, None
@@ -432,7 +429,7 @@ class _Coordinator:
                 await pipeline.append(
                     self.writer,
                     disk_parts,
-                    [wire_header, *body],
+                    ([wire_header, *body], LogPlace.next_in(self.writer, disk_parts)),
                     functools.partial(self._made_durable, marks) if marks else None,
                     alone=alone,
                 )
@@ -492,6 +489,8 @@ class _Coordinator:
             ),
             open_gate(self.config.data_dir, self.config.instance, self.config.binding_auth),
         )
+        # Every record after start-up's direct sends (checkpoint, replay) goes through it.
+        self.forwarder = Forwarder(self.binding, self.stop)
         try:
             info = self.registry.get(self.config.instance)
             assert info is not None
@@ -502,6 +501,7 @@ class _Coordinator:
             await self._open_links()
             await self.commit_loop()
         finally:
+            await self.forwarder.close()
             if self.links is not None:
                 await self.links.close()
             if self.writer is not None:
@@ -509,7 +509,7 @@ class _Coordinator:
             self.binding.close()
             for listener in listeners:
                 listener.close()
-        if self._failure is not None:
+        if self._failure is not None or self.forwarder.error is not None:
             return 1
         log.info("binding disconnected; log %d ends at seq %d", self.log_number, self.next_seq - 1)
         return 0
