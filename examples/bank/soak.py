@@ -199,7 +199,14 @@ class AccountProcess:
         self.starts = 0
 
     def start(self, deadline_s: float) -> None:
-        """Run the same command again and wait for its coordinator's ready line."""
+        """Run the same command again; wait until its binding has attached.
+
+        Attached, not just started: a service SIGKILLed after it proved the token on the
+        coordinator's receive port but before it attached to the send port leaves the
+        coordinator waiting for it for good, holding the instance's lock (a coordinator
+        bug, see examples/bank/README.md). Kills still land anywhere after that,
+        recovery included.
+        """
         self.starts += 1
         with self.log.open("ab") as log:
             log.write(f"=== soak: start {self.starts} of {self.name} ===\n".encode())
@@ -212,19 +219,22 @@ class AccountProcess:
             )
         proc = self.proc
 
-        def ready() -> bool:
+        def attached() -> bool:
             with self.log.open("rb") as f:
                 f.seek(offset)
-                for line in f.read().decode(errors="replace").splitlines():
-                    if line.startswith("ready "):
-                        fields = dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
-                        self.ic_pid = int(fields["pid"])
-                        return True
+                lines = f.read().decode(errors="replace").splitlines()
+            for line in lines:
+                if line.startswith("ready "):
+                    fields = dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
+                    self.ic_pid = int(fields["pid"])
+                elif self.ic_pid and line.endswith(" INFO binding attached"):
+                    return True
             if proc.poll() is not None:
                 raise SoakError(f"{self.name} exited ({proc.returncode})\n{self.tail()}")
             return False
 
-        _wait_for(f"{self.name}'s coordinator ready", ready, deadline_s, self.tail)
+        self.ic_pid = 0
+        _wait_for(f"{self.name}'s binding attached", attached, deadline_s, self.tail)
 
     def kill(self, kind: str, deadline_s: float) -> None:
         """SIGKILL the service process, the coordinator or both; wait until both are gone.
@@ -243,7 +253,8 @@ class AccountProcess:
                 os.kill(pid, signal.SIGKILL)
         proc, ic_pid = self.proc, self.ic_pid
         _wait_for(
-            f"{self.name} gone after killing its {kind}",
+            f"{self.name}'s service ({proc.pid}) and coordinator ({ic_pid}) gone after "
+            f"SIGKILL of its {kind}",
             lambda: proc.poll() is not None and _gone(ic_pid),
             deadline_s,
             self.tail,
