@@ -24,8 +24,9 @@ seeded from the proxy's seed and the connection's number:
     recent chunk is written into the stream again. The framing (or the frame counter in
     the tags, or TLS's record numbers) must reject it; nothing may be delivered twice.
 ``reorder``
-    a chunk is held back and written after the next one, which breaks the stream the
-    same way.
+    a chunk is held back and written after the next one (if none comes within
+    ``max_delay``, its tail goes out before its head), which breaks the stream the same
+    way: whole frames swapped fail the tags' frame counter, anything else the framing.
 
 Every fault injected is counted by kind (:meth:`FaultProxy.counts`), and each connection
 keeps its own record (:attr:`FaultProxy.connections`): the port the proxy dialed the
@@ -249,8 +250,11 @@ class FaultProxy:
                     try:
                         async with asyncio.timeout(faults.max_delay):
                             data = await reader.read(READ_SIZE)
-                    except TimeoutError:  # nothing came to swap it with: let it go
-                        await self._write(writer, held)
+                    except TimeoutError:  # nothing came to swap it with: swap its halves
+                        at = rng.randrange(1, len(held)) if len(held) > 1 else 0
+                        if at:
+                            self._note(conn, direction, "reorder", offset - len(held) + at)
+                        await self._write(writer, held[at:] + held[:at])
                         held = None
                         continue
                 if not data:
@@ -279,7 +283,7 @@ class FaultProxy:
                 payload = bytes(chunk)
                 recent.append(payload)
                 if held is None and draws[2] < faults.reorder:
-                    held = payload
+                    held = payload  # goes out after the next chunk, or after its own tail
                     continue
                 if draws[3] < faults.split and len(payload) > 1:
                     self._note(conn, direction, "split", start)
