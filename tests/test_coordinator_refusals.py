@@ -15,8 +15,10 @@ from tests.fake_binding import (
     frame,
     incoming_fork,
     incoming_impulse,
+    ready_token,
     self_fork,
     self_impulse,
+    start_coordinator,
 )
 
 DEADLINE = 30
@@ -75,6 +77,31 @@ def test_a_second_coordinator_for_the_instance_is_refused(tmp_path: Path) -> Non
         assert f"pid {ic.proc.pid}" in second.stderr
         assert "svc" in second.stderr
         one_by_one(binding, 1)  # the first is unaffected
+
+
+def test_a_binding_that_dies_between_its_two_connections_lets_the_instance_start_again(
+    tmp_path: Path,
+) -> None:
+    """Killed after proving the token on the receive port, before the send port: the
+    coordinator stops and releases the instance instead of waiting for good."""
+    for attempt in range(2):
+        proc = start_coordinator(tmp_path, "svc")
+        assert proc.stdout is not None and proc.stderr is not None
+        line = proc.stdout.readline()
+        fields = dict(kv.split("=") for kv in line.split() if "=" in kv)
+        half = FakeBinding(
+            int(fields["receive_port"]),
+            int(fields["send_port"]),
+            ready_token(fields, tmp_path, "svc"),
+        ).connect_receive()
+        half.close()  # what a SIGKILL of the service process leaves
+        assert proc.wait(timeout=DEADLINE) == 2, attempt
+        assert "closed its connection to the receive port before it attached" in (
+            proc.stderr.read()
+        )
+    with coordinator(tmp_path, "svc") as (_ic, binding):  # the same command starts it
+        start(binding)
+        one_by_one(binding, 2)
 
 
 def test_a_torn_tail_is_cut_and_reported(tmp_path: Path) -> None:

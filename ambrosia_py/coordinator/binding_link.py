@@ -17,13 +17,14 @@ import concurrent.futures
 import contextlib
 import logging
 import socket
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from .. import wire
 from ..wire import CONTROL_SEQ, Message
 from .binding_auth import PREAMBLE_SIZE, Socket, TokenGate
 
-__all__ = ["BindingLink", "Listener", "connect_binding"]
+__all__ = ["BindingGoneError", "BindingLink", "Listener", "connect_binding"]
 
 log = logging.getLogger("ambrosia_py.coordinator")
 
@@ -31,6 +32,11 @@ READ_SIZE = 256 * 1024
 _IOV_MAX = 1024  # buffers per sendmsg call
 PREAMBLE_TIMEOUT = 5.0  # seconds a connection has to prove the token
 MAX_UNPROVEN = 16  # connections proving the token at once; a new one evicts the oldest
+
+
+class BindingGoneError(ConnectionError):
+    """The binding went away while attaching: the coordinator stops (and releases the
+    instance) rather than wait for good for a connection that will never come."""
 
 
 class Listener:
@@ -241,6 +247,47 @@ class BindingLink:
         self._sender.shutdown(wait=False)
 
 
+async def _unless_closed(
+    accepting: Awaitable[socket.socket], first: socket.socket
+) -> socket.socket:
+    """The send port's connection, unless the binding closes its first one meanwhile.
+
+    A binding killed between its two connections would otherwise leave the coordinator
+    waiting for good, holding the instance's lock, so the same command could not start
+    it again. The binding sends nothing before both are attached (the coordinator speaks
+    first), so the first connection turning readable means it closed; a peek confirms it
+    without taking a byte that belongs to the protocol.
+    """
+    loop = asyncio.get_running_loop()
+    closed: asyncio.Future[None] = loop.create_future()
+
+    def readable() -> None:
+        try:
+            data = first.recv(1, socket.MSG_PEEK)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        loop.remove_reader(first)
+        if not data and not closed.done():
+            closed.set_result(None)
+
+    loop.add_reader(first, readable)
+    accept = asyncio.ensure_future(accepting)
+    waits: set[asyncio.Future[Any]] = {accept, closed}
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        loop.remove_reader(first)
+    if accept.done():
+        return accept.result()
+    accept.cancel()
+    raise BindingGoneError(
+        "the binding closed its connection to the receive port before it attached to the "
+        "send port (it died while starting); stopping, so it can be started again"
+    )
+
+
 async def connect_binding(
     host: str,
     receive_port: int,
@@ -264,7 +311,7 @@ async def connect_binding(
         first = await receive.accept()
         first.setblocking(False)
         await send.listen(host, send_port)
-        second = await send.accept()
+        second = await _unless_closed(send.accept(), first)
     except BaseException:
         receive.close()
         send.close()
