@@ -324,6 +324,26 @@ def test_a_secret_file_that_others_can_read_is_refused(tmp_path: Path) -> None:
     short = _write_secret(tmp_path / "short", b"x" * 8)
     with pytest.raises(LinkSetupError, match="8 bytes"):
         load_secret(LinkSettings(secret_file=short), tmp_path)
+    # The coordinator reads it at start: one line, before it listens for a binding.
+    started = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ambrosia_py.cli",
+            "coordinator",
+            "--instance",
+            "x",
+            "--data-dir",
+            str(tmp_path / "d1"),
+            "--secret-file",
+            str(secret),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE,
+    )
+    assert started.returncode == 2 and started.stdout == "", started
+    assert started.stderr.count("\n") == 1 and "chmod 600" in started.stderr
     # The default: made once, 0600, the same for every coordinator of the directory.
     made = load_secret(LinkSettings(), tmp_path / "d2")
     assert len(made) == 32 and load_secret(LinkSettings(), tmp_path / "d2") == made

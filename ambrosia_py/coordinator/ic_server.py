@@ -56,7 +56,7 @@ from .binding_link import BindingLink, connect_binding
 from .commit import CommitPipeline
 from .forwarding import Forwarded, Forwarder, LogPlace, OutboxGate
 from .ic_core import CheckpointArrived, CheckpointRequested, IcState, InitialArrived, Intake
-from .link_config import LinkSettings
+from .link_config import LinkSettings, load_secret, tls_contexts
 from .links import Inbox
 from .log_replay import replay_log
 from .peer_links import PeerLinks
@@ -546,6 +546,9 @@ async def run_coordinator(
     # start over existing history), before anything is listened on or written.
     registry = prepare_start(config.data_dir, config.instance)
     try:
+        # Read now, so a bad secret or TLS file stops start-up, not links after recovery.
+        load_secret(config.link_settings, config.data_dir)
+        tls_contexts(config.link_settings)
         version, _, _ = _resolve(config, registry)
         files = InstanceFiles(config.data_dir, config.instance, version)
         files.create()
