@@ -6,7 +6,8 @@ Three accounts (``examples/bank/account.py``), as on three machines: each runs u
 ``ambrosia-py run`` with its own data directory and coordinator, a fixed ``--link-port``,
 ``--link-to`` for the other two, and its own copy of one cluster secret (mode 0600). While
 the transfers run, the soak SIGKILLs a random account's service process, its coordinator,
-or both, waits until both are gone, and runs the same command again. Kills are spaced by
+or both, waits until both are gone, and runs the same command again (up once its binding
+has attached: :meth:`AccountProcess.start` says why). Kills are spaced by
 progress (the number of transfers credited, from the accounts' reports), at points drawn
 from a seeded ``random.Random``, so they land in the middle of the transfers.
 
