@@ -1,0 +1,593 @@
+"""The worker's side of the connector protocol, sans-IO: its state and its handlers.
+
+:class:`WorkerCore` is the whole state of a Wallaroo worker (its configuration, its
+connections, its streams and the application's state) and the handlers that change it:
+the bytes of whole frames and the events of a connection in, the frames to write out.
+It touches no socket, clock or randomness, so the worker immortal
+(:mod:`immortals.wallaroo.worker`) replays it exactly. The rules are the seed's (000,
+001) and, where the seed is vague, the released worker's (reference):
+
+- HELLO must carry the dialect's version (draft: :data:`.codec.DRAFT_VERSION`; v3:
+  ``"0.0.1"``) and the configured cookie, exactly; otherwise ERROR ("Unknown protocol
+  version: ..." / "Bad cookie") and a close. OK grants ``max_credits``; the draft's OK
+  also lists (stream id, point of reference) for every stream with a point (seed 000,
+  C1), as many as fit in a frame.
+- Every frame after OK costs one credit; a frame with none left is an ERROR. At the end
+  of each read's frames, an ACK tops the credits back up to ``max_credits`` once they
+  have fallen to ``refill_credits``, and carries (stream id, point) for every stream a
+  MESSAGE or EOS moved in that read (credits 0 when no refill is due).
+- A stream has one owner across all connections. NOTIFY is answered NOTIFY_ACK in both
+  dialects (the draft with the addendum's tag 4): ``(true, point)`` when the stream is
+  free or already this connection's (a reintroduction, seed 000), ``(false, point)``
+  when another connection holds it or the connection is migrating. The point is the
+  last message id the worker holds (durable, as everything it handled is), or
+  ``NOTHING_SEEN`` for a stream never seen; the connector resumes after it.
+- A MESSAGE whose id is at or below the stream's point is dropped (de-duplication); one
+  flagged EPHEMERAL or UNSTABLE_REFERENCE (draft) carries no identity, so it is applied
+  as it comes and leaves the point alone. A boundary (no payload) moves the point
+  without calling the application. A MESSAGE for a stream not open on this connection
+  (never notified, closed by EOS, held elsewhere) is an ERROR; for a stream this worker
+  NACKed, it is ignored until the NOTIFY (seed 000).
+- EOS (draft: a MESSAGE flagged EOS, applied first; v3: EOS_MESSAGE) closes the stream,
+  releases it and acknowledges its final point.
+- Any frame not valid in its connection's or stream's state (a second HELLO, a frame
+  only a worker sends), a frame that does not decode or is over the size limit: ERROR
+  naming what and where, then close. The ERROR is preceded by an ACK of whatever the
+  read moved before the bad frame, so the connector knows what is safe.
+- :meth:`WorkerCore.nack` rewinds a stream to a point (draft: NACK; v3 has none, so an
+  ACK with the lower point, which the released connector takes as a rewind).
+  :meth:`WorkerCore.move` sends MIGRATE (draft, seed 001) or RESTART (v3) naming
+  another worker; before RESTART an ACK gives every stream's final point.
+
+ACKs are replies, and replies leave only through the immortal's effects, which run after
+the record holding the frames is durable: an ACKed point is never ahead of the log.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterable
+from typing import Any, Final
+
+import attrs
+
+from .codec import (
+    DEFAULT_MAX_FRAME_BYTES,
+    DRAFT_VERSION,
+    LENGTH_PREFIX_BYTES,
+    NOTHING_SEEN,
+    V3_VERSION,
+    Dialect,
+    decode_tagged,
+    encode,
+)
+from .errors import FrameTooLargeError, ProtocolError
+from .frames import (
+    Ack,
+    EosMessage,
+    Error,
+    Frame,
+    Hello,
+    Message,
+    MessageFlags,
+    Migrate,
+    Nack,
+    Notify,
+    NotifyAck,
+    Ok,
+    Restart,
+)
+from .states import (
+    ConnectionMachine,
+    ConnectionState,
+    FrameKind,
+    Role,
+    StreamMachine,
+    StreamState,
+    UnexpectedFrameError,
+    kind_of,
+)
+
+__all__ = [
+    "App",
+    "NoCreditsError",
+    "Replies",
+    "Send",
+    "StreamNotOpenError",
+    "WorkerConfig",
+    "WorkerCore",
+    "load_app",
+]
+
+App = Callable[[dict[str, Any], bytes], None]
+"""The application: called once per message, in log order, with the worker's app state."""
+
+_W = Role.WORKER
+_CS, _SS, _K = ConnectionState, StreamState, FrameKind
+_LIVE: Final = frozenset({_CS.STREAMING, _CS.MIGRATING})  # where frames cost credits
+_NO_IDENTITY: Final = MessageFlags.EPHEMERAL | MessageFlags.UNSTABLE_REFERENCE
+_MAX_REASON: Final = 2000  # characters of an ERROR reason (the seed: "a short reason")
+_OK_POINTS: Final = (DEFAULT_MAX_FRAME_BYTES - 5) // 16  # pairs that fit a default-size OK
+_U32: Final = 2**32 - 1
+
+
+def load_app(spec: str) -> App | None:
+    """The function ``module:function`` names; None for ``""`` (no application).
+
+    ValueError naming the spec for anything else.
+    """
+    if not spec:
+        return None
+    module_name, colon, name = spec.partition(":")
+    if not colon or not module_name or not name:
+        raise ValueError(f"--app {spec!r} is not module:function")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"--app {spec!r}: cannot import {module_name}: {exc}") from None
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        raise ValueError(f"--app {spec!r}: {module_name} has no function {name!r}")
+    return fn  # type: ignore[no-any-return]
+
+
+def _positive(inst: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if not 1 <= value <= _U32:
+        raise ValueError(f"{attribute.name} {value} must be 1..{_U32}")
+
+
+@attrs.frozen
+class WorkerConfig:
+    """What the worker is told at start (logged, so replay sees the same)."""
+
+    cookie: bytes = b""
+    dialect: Dialect = attrs.field(default=Dialect.DRAFT, converter=Dialect)
+    max_credits: int = attrs.field(default=1000, validator=_positive)
+    """Credits granted by OK and topped up to by each refill."""
+    refill_credits: int = attrs.field(default=500)
+    """A refill is due once a connection's credits have fallen to this."""
+    max_frame_bytes: int = attrs.field(default=DEFAULT_MAX_FRAME_BYTES, validator=_positive)
+    app: str = ""
+    """``module:function`` of the application; empty: messages are only tracked."""
+    adopt_points: bool = False
+    """A stream never seen here starts from the point its NOTIFY carries (a migration
+    target: the state of seed 001's step 5 travels through the connector)."""
+
+    @refill_credits.validator
+    def _refill_below_max(self, attribute: attrs.Attribute[int], value: int) -> None:
+        if not 0 <= value < self.max_credits:
+            raise ValueError(f"refill_credits {value} must be 0..max_credits-1")
+
+
+class NoCreditsError(ProtocolError):
+    """A frame that came when the connection had no credits left (reference)."""
+
+    def __init__(self, dialect: str, frame: str, offset: int) -> None:
+        super().__init__(dialect, frame, None, offset, "no credits left")
+
+    def __reduce__(self) -> tuple[type[ProtocolError], tuple[str, str, int]]:  # type: ignore[override]
+        return (type(self), (self.dialect, self.frame, self.offset))
+
+
+class StreamNotOpenError(ProtocolError):
+    """A MESSAGE or EOS for a stream not open on its connection: never notified, closed
+    by EOS, or held by another connection (seed 000, *Streaming*; reference)."""
+
+    def __init__(self, dialect: str, frame: str, offset: int, stream_id: int, why: str) -> None:
+        reason = f"stream {stream_id} is not open on this connection: {why}"
+        super().__init__(dialect, frame, "stream_id", offset, reason)
+        self.stream_id = stream_id
+        self.why = why
+
+    def __reduce__(self) -> tuple[type[ProtocolError], tuple[str, str, int, int, str]]:  # type: ignore[override]
+        return (type(self), (self.dialect, self.frame, self.offset, self.stream_id, self.why))
+
+
+@attrs.frozen
+class Send:
+    """Frames for one connection, encoded in order, and whether to close it after."""
+
+    conn: str
+    wire: bytes
+    close: bool = False
+
+
+@attrs.frozen
+class Replies:
+    """What a handler produced: writes per connection, and problems worth logging."""
+
+    sends: tuple[Send, ...] = ()
+    problems: tuple[str, ...] = ()
+
+
+_NOTHING: Final = Replies()
+
+
+class _Connection:
+    __slots__ = ("credits", "machine", "name", "offset", "peer")
+
+    def __init__(self, peer: str) -> None:
+        self.peer = peer
+        self.machine = ConnectionMachine(_W)
+        self.credits = 0
+        self.offset = 0  # stream offset of the next byte: errors name where
+        self.name = ""  # HELLO's program and instance names, for operators
+
+    def __getstate__(self) -> tuple[str, ConnectionMachine, int, int, str]:
+        return (self.peer, self.machine, self.credits, self.offset, self.name)
+
+    def __setstate__(self, s: tuple[str, ConnectionMachine, int, int, str]) -> None:
+        self.peer, self.machine, self.credits, self.offset, self.name = s
+
+
+class _Stream:
+    __slots__ = ("machine", "name", "owner", "point")
+
+    def __init__(self, stream_id: int, name: str) -> None:
+        self.name = name
+        self.owner: str | None = None  # the connection it is open on
+        self.machine = StreamMachine(_W, stream_id)  # its owner's session's view
+        self.point: int | None = None  # last message id held; None: nothing yet
+
+    def __getstate__(self) -> tuple[str, str | None, StreamMachine, int | None]:
+        return (self.name, self.owner, self.machine, self.point)
+
+    def __setstate__(self, s: tuple[str, str | None, StreamMachine, int | None]) -> None:
+        self.name, self.owner, self.machine, self.point = s
+
+    @property
+    def wire_point(self) -> int:
+        return NOTHING_SEEN if self.point is None else self.point
+
+
+class _Batch:
+    """What handling one connection's frames builds: its replies and the points moved."""
+
+    __slots__ = ("acks", "close", "frames", "problems")
+
+    def __init__(self) -> None:
+        self.frames: list[Frame] = []
+        self.acks: dict[int, int] = {}
+        self.close = False
+        self.problems: list[str] = []
+
+
+class WorkerCore:
+    """The worker's state and handlers (see the module docstring)."""
+
+    def __init__(self, config: WorkerConfig | None = None) -> None:
+        self.config = config or WorkerConfig()
+        self.incarnation = ""
+        self.connections: dict[str, _Connection] = {}
+        self.streams: dict[int, _Stream] = {}
+        self.app_state: dict[str, Any] = {}
+        self.applied = 0  # messages given to the application
+        self.duplicates = 0  # messages dropped by de-duplication
+        self._app: App | None = None
+        self._app_spec: str | None = None  # what _app was loaded from; a cache
+
+    def __getstate__(self) -> dict[str, object]:
+        state = self.__dict__.copy()
+        state.pop("_app", None)  # a function: loaded again from config.app
+        state.pop("_app_spec", None)
+        return state
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+        self._app = None
+        self._app_spec = None
+
+    # -- connection events ---------------------------------------------------------------
+
+    def start(self, incarnation: str, config: WorkerConfig) -> Replies:
+        """A new incarnation: connections of earlier ones are gone, their streams free."""
+        dropped = len(self.connections)
+        for conn in list(self.connections):
+            self._drop(conn)
+        self.incarnation = incarnation
+        self.config = config
+        if not dropped:
+            return _NOTHING
+        return Replies((), (f"{dropped} connections of the last incarnation dropped",))
+
+    def opened(self, conn: str, peer: str) -> Replies:
+        """A connection was accepted (seed 000: state CONNECTED)."""
+        again = conn in self.connections
+        self._drop(conn)
+        self.connections[conn] = _Connection(peer)
+        return (
+            Replies((), (f"connection {conn} opened twice; the first dropped",))
+            if again
+            else _NOTHING
+        )
+
+    def closed(self, conn: str) -> Replies:
+        """The connection's transport is gone: its streams are free again."""
+        self._drop(conn)
+        return _NOTHING
+
+    def too_large(self, conn: str, offset: int, size: int) -> Replies:
+        """The transport refused a length over the limit (seed 000, B1): ERROR, close."""
+        c = self.connections.get(conn)
+        if c is None:
+            return _NOTHING
+        cfg = self.config
+        err = FrameTooLargeError(cfg.dialect.value, offset, size, cfg.max_frame_bytes)
+        batch = _Batch()
+        self._fail(c, batch, str(err))
+        return self._finish(conn, c, batch)
+
+    def frames(self, conn: str, frames: list[bytes]) -> Replies:
+        """Handle the frames one read brought on ``conn`` (each its tag and body, as the
+        transport split them); the replies go out in one write.
+
+        Frames for a connection already closed are discarded (seed 000: data after an
+        ERROR is discarded).
+        """
+        c = self.connections.get(conn)
+        if c is None:
+            return _NOTHING
+        cfg = self.config
+        dialect, limit = cfg.dialect, cfg.max_frame_bytes
+        batch = _Batch()
+        for raw in frames:
+            offset = c.offset  # of the length prefix: where the frame starts
+            c.offset += LENGTH_PREFIX_BYTES + len(raw)
+            try:
+                if len(raw) > limit:
+                    raise FrameTooLargeError(dialect.value, offset, len(raw), limit)
+                frame = decode_tagged(raw, dialect, offset + LENGTH_PREFIX_BYTES)
+                self._frame(conn, c, frame, offset, batch)
+            except UnexpectedFrameError as err:
+                self._fail(c, batch, f"{err} (frame at stream offset {offset})")
+            except ProtocolError as err:
+                self._fail(c, batch, str(err))
+            if batch.close:
+                break
+        return self._finish(conn, c, batch)
+
+    # -- operators' commands -------------------------------------------------------------
+
+    def nack(self, stream_id: int, point: int | None) -> Replies:
+        """Rewind ``stream_id`` to ``point`` (None: to its start): later ids are taken again.
+
+        Draft: a NACK to the connection holding the stream (it must NOTIFY again; seed
+        000, *Acks and Nacks*). v3: an ACK with the lower point (reference). A stream no
+        connection holds just resumes from ``point`` at its next NOTIFY. ValueError for
+        an unknown stream or a point ahead of the stream's.
+        """
+        s = self.streams.get(stream_id)
+        if s is None:
+            raise ValueError(f"no stream {stream_id}")
+        if point is not None and (s.point is None or point > s.point):
+            raise ValueError(f"stream {stream_id} is at {s.point}; cannot NACK ahead to {point}")
+        owner = self.connections.get(s.owner) if s.owner is not None else None
+        if owner is None or s.owner is None:
+            s.point = point
+            return _NOTHING
+        if owner.machine.state is not _CS.STREAMING:
+            raise ValueError(f"stream {stream_id}'s connection is {owner.machine.state.value}")
+        grant = self.config.max_credits - owner.credits
+        frame: Frame
+        if self.config.dialect is Dialect.DRAFT:
+            frame = Nack(grant, stream_id, 0 if point is None else point)
+            s.machine.send(frame)
+        else:
+            frame = Ack(grant, ((stream_id, NOTHING_SEEN if point is None else point),))
+        owner.machine.send(frame)
+        owner.credits += grant
+        s.point = point
+        return Replies((Send(s.owner, self._encode([frame])),))
+
+    def move(self, host: str, port: int) -> Replies:
+        """Send every streaming connection to ``host:port``: MIGRATE (draft, seed 001) or,
+        in v3, an ACK of every stream's final point then RESTART and a close."""
+        sends = []
+        for conn, c in list(self.connections.items()):
+            if c.machine.state is not _CS.STREAMING:
+                continue
+            if self.config.dialect is Dialect.DRAFT:
+                frames: list[Frame] = [Migrate(host, port)]
+                c.machine.send(frames[0])
+                sends.append(Send(conn, self._encode(frames)))
+                continue
+            points = [(sid, s.point) for sid, s in self.streams.items() if s.owner == conn]
+            frames = [Ack(0, [(sid, p) for sid, p in points if p is not None])]
+            frames.append(Restart(f"{host}:{port}"))
+            for frame in frames:
+                c.machine.send(frame)
+            sends.append(Send(conn, self._encode(frames), close=True))
+            self._drop(conn)
+        return Replies(tuple(sends))
+
+    # -- reading the state (for operators; not a handler) -----------------------------------
+
+    def status(self) -> dict[str, Any]:
+        """A summary for operators: configuration, connections, streams, app state."""
+        return {
+            "incarnation": self.incarnation,
+            "dialect": self.config.dialect.value,
+            "applied": self.applied,
+            "duplicates": self.duplicates,
+            "connections": {
+                conn: {"peer": c.peer, "state": c.machine.state.value, "credits": c.credits}
+                for conn, c in self.connections.items()
+            },
+            "streams": {
+                str(sid): {
+                    "name": s.name,
+                    "owner": s.owner,
+                    "state": s.machine.state.value,
+                    "point": s.point,
+                }
+                for sid, s in self.streams.items()
+            },
+            "app_state": self.app_state,
+        }
+
+    # -- one frame ---------------------------------------------------------------------------
+
+    def _frame(self, conn: str, c: _Connection, frame: Frame, offset: int, batch: _Batch) -> None:
+        kind = kind_of(frame)
+        if c.machine.state in _LIVE and kind is not _K.ERROR:
+            if c.credits <= 0:
+                raise NoCreditsError(self.config.dialect.value, type(frame).__name__, offset)
+            c.credits -= 1
+        c.machine.receive(kind)  # what a worker never receives stops here
+        if isinstance(frame, Message):
+            self._message(conn, frame, kind, offset, batch)
+        elif isinstance(frame, Notify):
+            self._notify(conn, c, frame, batch)
+        elif isinstance(frame, EosMessage):
+            s = self._owned(conn, frame.stream_id, kind, offset)
+            if s.machine.receive(kind) is _SS.CLOSED:
+                self._close_stream(frame.stream_id, s, batch)
+        elif isinstance(frame, Hello):
+            self._hello(c, frame, batch)
+        elif isinstance(frame, Error):
+            batch.problems.append(f"{conn} ({c.peer}) sent ERROR: {frame.reason}")
+            batch.close = True
+        else:  # MIGRATION_ACK: the connector is on its new worker (seed 001, step 10)
+            batch.close = True
+
+    def _hello(self, c: _Connection, hello: Hello, batch: _Batch) -> None:
+        cfg = self.config
+        version = DRAFT_VERSION if cfg.dialect is Dialect.DRAFT else V3_VERSION
+        if hello.version != version:
+            shown = hex(hello.version) if isinstance(hello.version, int) else hello.version
+            self._fail(c, batch, f"Unknown protocol version: {shown}")
+        elif hello.cookie != cfg.cookie:
+            self._fail(c, batch, "Bad cookie")
+        else:
+            c.name = f"{hello.program_name}/{hello.instance_name}"
+            c.credits = cfg.max_credits
+            points: tuple[tuple[int, int], ...] = ()
+            if cfg.dialect is Dialect.DRAFT:  # seed 000, C1: as many as fit in a frame
+                known = ((sid, s.point) for sid, s in self.streams.items())
+                points = tuple((sid, p) for sid, p in known if p is not None)[:_OK_POINTS]
+            ok = Ok(cfg.max_credits, points)
+            c.machine.send(ok)
+            batch.frames.append(ok)
+
+    def _notify(self, conn: str, c: _Connection, notify: Notify, batch: _Batch) -> None:
+        sid = notify.stream_id
+        s = self.streams.get(sid)
+        if s is None:
+            s = self.streams[sid] = _Stream(sid, notify.stream_name)
+            nothing = 0 if self.config.dialect is Dialect.DRAFT else NOTHING_SEEN
+            if self.config.adopt_points and notify.point_of_reference != nothing:
+                s.point = notify.point_of_reference
+        if c.machine.state is _CS.MIGRATING or s.owner not in (None, conn):
+            refusal = NotifyAck(False, sid, s.wire_point)
+            c.machine.send(refusal)
+            batch.frames.append(refusal)
+            return
+        s.machine.receive(notify)
+        s.owner = conn
+        if notify.stream_name != s.name:
+            batch.problems.append(f"stream {sid} renamed from {s.name!r} to {notify.stream_name!r}")
+            s.name = notify.stream_name
+        ack = NotifyAck(True, sid, s.wire_point)
+        s.machine.send(ack)
+        c.machine.send(ack)
+        batch.frames.append(ack)
+
+    def _message(self, conn: str, m: Message, kind: FrameKind, offset: int, batch: _Batch) -> None:
+        sid = m.stream_id
+        s = self._owned(conn, sid, kind, offset)
+        if s.machine.state is _SS.RESET:  # NACKed: ignored until the NOTIFY (seed 000)
+            s.machine.receive(kind)
+            return
+        if m.flags & _NO_IDENTITY:
+            if m.payload is not None:
+                self._apply(m.payload, batch)
+        elif s.point is None or m.message_id > s.point:
+            if m.payload is not None:
+                self._apply(m.payload, batch)
+            s.point = m.message_id
+            batch.acks[sid] = m.message_id
+        else:
+            self.duplicates += 1
+        if s.machine.receive(kind) is _SS.CLOSED:
+            self._close_stream(sid, s, batch)
+
+    def _owned(self, conn: str, sid: int, kind: FrameKind, offset: int) -> _Stream:
+        """The stream ``sid`` if it is open on ``conn``; else StreamNotOpenError."""
+        s = self.streams.get(sid)
+        if s is not None and s.owner == conn:
+            return s
+        if s is None:
+            why = "never notified"
+        elif s.owner is not None:
+            why = "open on another connection"
+        elif s.machine.state is _SS.CLOSED:
+            why = "closed by EOS; a NOTIFY reopens it"
+        else:
+            why = "not notified on this connection"
+        frame = "EosMessage" if kind is _K.EOS_MESSAGE else "Message"
+        at = offset + LENGTH_PREFIX_BYTES + 1  # the stream id leads both bodies
+        raise StreamNotOpenError(self.config.dialect.value, frame, at, sid, why)
+
+    def _close_stream(self, sid: int, s: _Stream, batch: _Batch) -> None:
+        s.owner = None  # released: free for any connection's NOTIFY
+        if s.point is not None:
+            batch.acks[sid] = s.point
+
+    def _apply(self, payload: bytes, batch: _Batch) -> None:
+        app = self._app
+        if self._app_spec != self.config.app:
+            app = self._app = load_app(self.config.app)
+            self._app_spec = self.config.app
+        self.applied += 1
+        if app is None:
+            return
+        try:
+            app(self.app_state, payload)
+        except Exception as exc:  # the message counts as handled: a poison one never wedges
+            batch.problems.append(f"the application raised {exc!r}; the message is skipped")
+
+    # -- ends of a batch -------------------------------------------------------------------
+
+    def _fail(self, c: _Connection, batch: _Batch, reason: str) -> None:
+        """Answer ERROR (after an ACK of what the read moved) and close (seed 000)."""
+        if len(reason) > _MAX_REASON:
+            reason = reason[: _MAX_REASON - 3] + "..."
+        if batch.acks and c.machine.state in _LIVE:
+            ack = Ack(0, tuple(batch.acks.items()))
+            c.machine.send(ack)
+            batch.frames.append(ack)
+            batch.acks.clear()
+        batch.frames.append(Error(reason))
+        if c.machine.state not in (_CS.ERROR, _CS.DISCONNECTED):
+            c.machine.send(_K.ERROR)
+        batch.problems.append(f"{c.peer}: ERROR {reason}")
+        batch.close = True
+
+    def _finish(self, conn: str, c: _Connection, batch: _Batch) -> Replies:
+        if not batch.close and c.machine.state in _LIVE:
+            cfg = self.config
+            grant = cfg.max_credits - c.credits if c.credits <= cfg.refill_credits else 0
+            if grant or batch.acks:
+                ack = Ack(grant, tuple(batch.acks.items()))
+                c.machine.send(ack)
+                c.credits += grant
+                batch.frames.append(ack)
+        if batch.close:
+            self._drop(conn)
+        if not batch.frames and not batch.close:
+            return Replies((), tuple(batch.problems)) if batch.problems else _NOTHING
+        send = Send(conn, self._encode(batch.frames), batch.close)
+        return Replies((send,), tuple(batch.problems))
+
+    def _drop(self, conn: str) -> None:
+        if self.connections.pop(conn, None) is None:
+            return
+        for s in self.streams.values():
+            if s.owner == conn:
+                s.owner = None
+                s.machine = StreamMachine(_W, s.machine.stream_id)  # its session ended
+
+    def _encode(self, frames: Iterable[Frame]) -> bytes:
+        # What we send is bounded by the default limit (a peer's), not by what we accept.
+        d, limit = self.config.dialect, max(self.config.max_frame_bytes, DEFAULT_MAX_FRAME_BYTES)
+        return b"".join(encode(f, d, max_frame_bytes=limit) for f in frames)
