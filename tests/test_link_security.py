@@ -294,6 +294,30 @@ def test_a_listener_without_the_secret_gets_no_output(tmp_path: Path) -> None:
         receiver.close()
 
 
+def test_a_receiver_that_confirms_nothing_is_left_and_dialed_again(tmp_path: Path) -> None:
+    """A receiver that takes calls and then goes quiet (stopped, or cut off without a
+    FIN) is closed after the idle timeout and dialed again; the call is sent again."""
+    receiver = Receiver(tmp_path, "server")
+    dest = b"server"
+    fork = frame(0, zz(len(dest)) + dest + b"\x00" + zz(5) + b"\x01" + b"again!")
+    try:
+        with coordinator(tmp_path, "client", "--link-idle-timeout", "1") as (ic, binding):
+            _first_start(binding)
+            binding.send(fork)
+            first = receiver.accept("client", "server", 0)
+            sent = first.frame()
+            assert sent.endswith(b"again!")
+            assert first.closed_by_peer()  # no Commit came: the dialer gave up on it
+            first.close()
+            second = receiver.accept("client", "server", 0)
+            assert second.frame() == sent
+            second.close()
+            ic.kill()
+            assert "'server' confirmed none of the 1 messages sent to it for 1 s" in ic.stderr()
+    finally:
+        receiver.close()
+
+
 def test_a_wrong_secret_file_on_one_side_stops_links_not_the_instance(tmp_path: Path) -> None:
     """Two data directories (as on two machines); the client has another secret."""
     secret = _write_secret(tmp_path / "secret")

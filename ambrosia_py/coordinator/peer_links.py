@@ -336,8 +336,26 @@ class PeerLinks:
             conn.close()
 
     async def _read_commits(self, dest: str, box: Outbox, conn: _Conn) -> None:
+        """Apply the receiver's Commits. A receiver that confirms nothing for the idle
+        timeout while messages sent to it wait (stopped, or cut off without a FIN) has the
+        link closed, and the dialer reconnects; a quiet link with nothing owed stays."""
+        idle = self.settings.idle_timeout_s
+        loop = asyncio.get_running_loop()
+        owed_since = loop.time()
         while True:
-            msg, _ = wire.decode_message(await conn.next_frame(), 0, wire.Direction.TO_BINDING)
+            try:
+                payload = await conn.next_frame(idle=idle / 3)
+            except TimeoutError:
+                owed = (box.cursor or box.first) - box.first
+                if not owed:
+                    owed_since = loop.time()
+                elif loop.time() - owed_since >= idle:
+                    raise LinkError(
+                        f"{dest!r} confirmed none of the {owed} messages sent to it for {idle:g} s"
+                    ) from None
+                continue
+            owed_since = loop.time()
+            msg, _ = wire.decode_message(payload, 0, wire.Direction.TO_BINDING)
             if not isinstance(msg, wire.Commit):
                 raise LinkError(f"expected Commit from {dest!r}, got {type(msg).__name__}")
             box.commit(msg.seq)
