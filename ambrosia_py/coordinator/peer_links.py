@@ -457,7 +457,8 @@ class PeerLinks:
             task.add_done_callback(self._tasks.discard)
 
     async def _commit(self, conn: _Conn, seq: int) -> None:
-        with contextlib.suppress(OSError, ConnectionError):
+        # A link closing under a Commit is normal: the sender reconnects and asks again.
+        with contextlib.suppress(OSError, ConnectionError, FlowError):
             await conn.send(wire.encode_message(wire.Commit(seq, seq)))
 
     async def close(self) -> None:

@@ -6,8 +6,8 @@ Three accounts (``examples/bank/account.py``), as on three machines: each runs u
 ``ambrosia-py run`` with its own data directory and coordinator, a fixed ``--link-port``,
 ``--link-to`` for the other two, and its own copy of one cluster secret (mode 0600). While
 the transfers run, the soak SIGKILLs a random account's service process, its coordinator,
-or both, waits until both are gone, and runs the same command again (up once its binding
-has attached: :meth:`AccountProcess.start` says why). Kills are spaced by
+or both, waits until both are gone, and runs the same command again (up once its
+coordinator is ready). Kills are spaced by
 progress (the number of transfers credited, from the accounts' reports), at points drawn
 from a seeded ``random.Random``, so they land in the middle of the transfers.
 
@@ -200,13 +200,9 @@ class AccountProcess:
         self.starts = 0
 
     def start(self, deadline_s: float) -> None:
-        """Run the same command again; wait until its binding has attached.
-
-        Attached, not just started: a service SIGKILLed after it proved the token on the
-        coordinator's receive port but before it attached to the send port leaves the
-        coordinator waiting for it for good, holding the instance's lock (a coordinator
-        bug, see examples/bank/README.md). Kills still land anywhere after that,
-        recovery included.
+        """Run the same command again; wait until its coordinator is ready (its pid is
+        needed to kill it). Kills land anywhere after that: while the binding attaches
+        (between its two connections), during recovery, or later.
         """
         self.starts += 1
         with self.log.open("ab") as log:
@@ -220,7 +216,7 @@ class AccountProcess:
             )
         proc = self.proc
 
-        def attached() -> bool:
+        def ready() -> bool:
             with self.log.open("rb") as f:
                 f.seek(offset)
                 lines = f.read().decode(errors="replace").splitlines()
@@ -228,14 +224,13 @@ class AccountProcess:
                 if line.startswith("ready "):
                     fields = dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
                     self.ic_pid = int(fields["pid"])
-                elif self.ic_pid and line.endswith(" INFO binding attached"):
                     return True
             if proc.poll() is not None:
                 raise SoakError(f"{self.name} exited ({proc.returncode})\n{self.tail()}")
             return False
 
         self.ic_pid = 0
-        _wait_for(f"{self.name}'s binding attached", attached, deadline_s, self.tail)
+        _wait_for(f"{self.name}'s coordinator ready", ready, deadline_s, self.tail)
 
     def kill(self, kind: str, deadline_s: float) -> None:
         """SIGKILL the service process, the coordinator or both; wait until both are gone.
