@@ -122,11 +122,12 @@ def _expected(count: int) -> tuple[list[str], list[str], dict[str, int]]:
 class _Linked:
     """The server and the client, in their own data directories, linked through proxies."""
 
-    def __init__(self, tmp_path: Path, server: RunningImmortal, client: RunningImmortal):
-        self.tmp_path = tmp_path
+    def __init__(
+        self, server: RunningImmortal, client: RunningImmortal, proxies: dict[str, FaultProxy]
+    ) -> None:
         self.server = server
         self.client = client
-        self.proxies: dict[str, FaultProxy] = {}  # by the instance the proxy leads to
+        self.proxies = proxies  # by the instance each leads to
 
     def counts(self) -> dict[str, int]:
         total: collections.Counter[str] = collections.Counter(dict.fromkeys(KINDS, 0))
@@ -205,9 +206,7 @@ def _linked(
     try:
         server = runners[0].start(HelloServer, "server")
         client = runners[1].start(Caller, "client", count=count)
-        pair = _Linked(tmp_path, server, client)
-        pair.proxies = proxies
-        yield pair
+        yield _Linked(server, client, proxies)
     finally:
         for runner in runners:
             runner.close()
@@ -216,8 +215,8 @@ def _linked(
 
 
 def _check_exactly_once(pair: _Linked, count: int) -> None:
-    """Every call answered once with the greeting number of its single run, every fork
-    run once; the server's log replays to the same state (nothing else was logged)."""
+    """Every call answered once with the greeting number of its single run (so the
+    server ran the messages in order, none twice, none lost), every fork run once."""
     replies, refusals, greeted = _expected(count)
     state = pair.wait(pair.client, lambda s: s["done"])
     assert (state["replies"], state["refusals"]) == (replies, refusals), pair.report()
@@ -246,6 +245,15 @@ def _closed_lines(text: str) -> list[str]:
     return [line for line in text.splitlines() if " closed: " in line]
 
 
+def _rejections(logs: str) -> dict[str, int]:
+    """Why links were closed, numbers masked, most frequent first (printed under -s)."""
+    why: collections.Counter[str] = collections.Counter()
+    for line in _closed_lines(logs):
+        reason = line.split(" closed: ", 1)[1]
+        why[re.sub(r"0x[0-9a-f]+|\d+", "N", reason)[:70]] += 1
+    return dict(why.most_common())
+
+
 @pytest.mark.parametrize("seed", [1, 2])
 def test_plain_links_stay_exactly_once_under_heavy_faults(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int
@@ -262,14 +270,6 @@ def test_plain_links_stay_exactly_once_under_heavy_faults(
         print(f"plain, seed {seed}: {COUNT} messages checked; faults {counts}")
         print(f"rejections logged: {_rejections(logs)}")
     _check_log_replays(tmp_path, COUNT)
-
-
-def _rejections(logs: str) -> dict[str, int]:
-    why: collections.Counter[str] = collections.Counter()
-    for line in _closed_lines(logs):
-        reason = line.split(" closed: ", 1)[1]
-        why[re.sub(r"[0-9a-fx]{6,}|\d+", "N", reason)[:70]] += 1
-    return dict(why.most_common())
 
 
 def _openssl(*args: str) -> None:
