@@ -92,21 +92,29 @@ __all__ = [
 ]
 
 
-class Role(enum.Enum):
+class _Member(enum.Enum):
+    """An enum hashed by identity: its members are singletons (pickling gives the same
+    object back), and Enum's own ``__hash__`` is Python code run on every table lookup
+    of a frame."""
+
+    __hash__ = object.__hash__
+
+
+class Role(_Member):
     """Which side's machine: the connector's or the worker's."""
 
     CONNECTOR = "connector"
     WORKER = "worker"
 
 
-class Direction(enum.Enum):
+class Direction(_Member):
     """Whether the side whose machine it is sends the frame or receives it."""
 
     SEND = "send"
     RECEIVE = "receive"
 
 
-class ConnectionState(enum.Enum):
+class ConnectionState(_Member):
     """A connection's states (seed 000 and addendum 001, *Protocol State Machine*)."""
 
     CONNECTED = "connected"
@@ -117,7 +125,7 @@ class ConnectionState(enum.Enum):
     DISCONNECTED = "disconnected"
 
 
-class StreamState(enum.Enum):
+class StreamState(_Member):
     """A stream's states during a session (seed 000, *Stream State Machine*)."""
 
     INTRO = "intro"
@@ -126,7 +134,7 @@ class StreamState(enum.Enum):
     RESET = "reset"
 
 
-class FrameKind(enum.Enum):
+class FrameKind(_Member):
     """A frame class, refined where a field decides the next state (see the module)."""
 
     HELLO = "HELLO"
@@ -202,8 +210,8 @@ def kind_of(frame: Frame) -> FrameKind:
     """The kind of ``frame``: its class, refined by MESSAGE's EOS flag and NOTIFY_ACK's
     success. TypeError for what is not a frame."""
     cls = type(frame)
-    if cls is Message:
-        return K.MESSAGE_EOS if frame.eos else K.MESSAGE  # type: ignore[union-attr]
+    if cls is Message:  # flags are mostly 0, and a test of an IntFlag's bits is slow
+        return K.MESSAGE_EOS if frame.flags and frame.eos else K.MESSAGE  # type: ignore[union-attr]
     if cls is NotifyAck:
         return K.NOTIFY_ACK if frame.success else K.NOTIFY_REFUSED  # type: ignore[union-attr]
     kind = _PLAIN_KIND.get(cls)

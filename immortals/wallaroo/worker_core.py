@@ -498,7 +498,7 @@ class WorkerCore:
         if s.machine.state is _SS.RESET:  # NACKed: ignored until the NOTIFY (seed 000)
             s.machine.receive(kind)
             return
-        if m.flags & _NO_IDENTITY:
+        if m.flags and m.flags & _NO_IDENTITY:  # IntFlag's & is slow: most flags are 0
             if m.payload is not None:
                 self._apply(m.payload, batch)
         elif s.point is None or m.message_id > s.point:

@@ -1,0 +1,90 @@
+"""Operate a running worker through its ``--control`` port.
+
+    python -m immortals.wallaroo.worker_ctl --control 127.0.0.1:7101 --cookie C status
+    python -m immortals.wallaroo.worker_ctl --control ... nack STREAM [POINT]
+    python -m immortals.wallaroo.worker_ctl --control ... move HOST:PORT
+
+``status`` prints the worker's state as JSON (connections, streams with their points of
+reference, the application's state). ``nack`` rewinds a stream (its name, or its id in
+decimal) to POINT, or to its start without one: a NACK in the draft, an ACK with the
+lower point in v3. ``move`` sends every streaming connector to another worker: MIGRATE
+in the draft (seed 001), RESTART in v3. Both are impulses: the worker logs them like
+frames, and answers once it has handled them.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+from typing import Any
+
+import click
+
+from .transport import parse_host_port
+
+__all__ = ["request"]
+
+
+def request(control: str, cookie: str, body: dict[str, Any], timeout: float = 10.0) -> Any:
+    """Send one request to the worker's control port and return its JSON answer.
+
+    OSError (or TimeoutError) if the port cannot be reached or does not answer in time.
+    """
+    host, port = parse_host_port(control)
+    with socket.create_connection((host, port), timeout=timeout) as sock:
+        sock.sendall(json.dumps({**body, "cookie": cookie}).encode() + b"\n")
+        with sock.makefile("rb") as answers:
+            line = answers.readline()
+    if not line:
+        raise ConnectionError(f"{control} closed the connection without an answer")
+    return json.loads(line)
+
+
+@click.group()
+@click.option("--control", required=True, help="The worker's --control HOST:PORT.")
+@click.option("--cookie", default="", help="The worker's --cookie.")
+@click.option("--timeout", default=10.0, show_default=True, help="Seconds to wait.")
+@click.pass_context
+def main(ctx: click.Context, control: str, cookie: str, timeout: float) -> None:
+    """Operate a Wallaroo worker: read its state, NACK a stream, move its connectors."""
+    ctx.obj = (control, cookie, timeout)
+
+
+def _run(ctx: click.Context, body: dict[str, Any]) -> None:
+    control, cookie, timeout = ctx.obj
+    try:
+        answer = request(control, cookie, body, timeout)
+    except (OSError, ValueError) as exc:
+        raise click.ClickException(f"{control}: {exc}") from None
+    click.echo(json.dumps(answer, indent=2, sort_keys=True))
+    if not answer.get("ok"):
+        sys.exit(1)
+
+
+@main.command()
+@click.pass_context
+def status(ctx: click.Context) -> None:
+    """The worker's connections, streams and application state."""
+    _run(ctx, {"op": "status"})
+
+
+@main.command()
+@click.argument("stream")
+@click.argument("point", type=int, required=False)
+@click.pass_context
+def nack(ctx: click.Context, stream: str, point: int | None) -> None:
+    """Rewind STREAM to POINT (to its start without one)."""
+    _run(ctx, {"op": "nack", "stream": stream, "point": point})
+
+
+@main.command()
+@click.argument("target")
+@click.pass_context
+def move(ctx: click.Context, target: str) -> None:
+    """Send every streaming connector to TARGET (HOST:PORT)."""
+    _run(ctx, {"op": "move", "target": target})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,515 @@
+"""The worker immortal end to end: ``ambrosia-py run immortals.wallaroo.worker`` over TCP.
+
+Real processes on loopback. The client speaks v3 as the released Python connector does
+(``machida/lib/wallaroo/experimental/connectors.py``): HELLO with version "0.0.1" and
+the cookie, a NOTIFY per stream with the id the released connector derives (the first
+16 hex digits of SHA-256 of the name) and its point of reference, MESSAGEs spending
+credits, waiting for ACK refills, EOS; it resumes each stream after the point NOTIFY_ACK
+gives. Every byte it sends is built here by hand with ``struct``, not by our encoder.
+
+While two word streams flow, the worker's service process, its coordinator, or both
+are SIGKILLed mid-stream (right after a batch of messages was sent, before its ACK) and
+restarted; the client reconnects, says HELLO, re-notifies and resumes (and, to exercise
+de-duplication, resends a few messages at or below the point). The word counts in the
+application's state must equal exactly-once processing of the text, and ``ambrosia-py
+replay --verify`` must find the recorded history deterministic. A wrong cookie and a
+socket sending garbage are refused with ERROR while a healthy connection streams on.
+Every wait has a deadline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import random
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from immortals.wallaroo.worker_ctl import request
+
+ROOT = Path(__file__).resolve().parents[1]
+COOKIE = "e2e-cookie"
+NOTHING_SEEN = 2**64 - 1
+DEADLINE = 120.0  # seconds for a whole exchange to finish
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _proc_state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except OSError:
+        return "X"
+
+
+class WorkerProcess:
+    """One ``ambrosia-py run immortals.wallaroo.worker`` and its coordinator child."""
+
+    def __init__(self, data_dir: Path, *extra: str) -> None:
+        self.data_dir = data_dir
+        self.port = _free_port()
+        self.control = f"127.0.0.1:{_free_port()}"
+        self.extra = extra
+        self.log = data_dir / "worker.run.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def start(self, timeout: float = 60.0) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        argv = [sys.executable, "-m", "ambrosia_py.cli", "run", "immortals.wallaroo.worker"]
+        argv += ["--instance", "worker", "--data-dir", str(self.data_dir)]
+        argv += ["--listen", f"127.0.0.1:{self.port}", "--control", self.control]
+        argv += ["--cookie", COOKIE, "--dialect", "v3", *self.extra]
+        argv += ["--app", "tests.wallaroo_apps:word_count"]
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        with self.log.open("ab") as log:
+            self.proc = subprocess.Popen(argv, stdout=log, stderr=log, cwd=ROOT, env=env)
+        self.starts += 1
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                request(self.control, COOKIE, {"op": "status"}, timeout=2)
+                return
+            except (OSError, ValueError):
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"the worker did not start:\n{self.tail()}") from None
+                time.sleep(0.02)  # polling a condition, bounded by the deadline
+
+    def tail(self) -> str:
+        return self.log.read_text(errors="replace")[-3000:]
+
+    def status(self) -> dict[str, Any]:
+        answer = request(self.control, COOKIE, {"op": "status"})
+        assert answer["ok"], answer
+        return dict(answer["status"])
+
+    def _coordinator_pid(self) -> int | None:
+        assert self.proc is not None
+        pid = self.proc.pid
+        try:
+            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        except OSError:
+            return None
+        return int(children[0]) if children else None
+
+    def kill(self, which: str) -> None:
+        """SIGKILL the service process, its coordinator, or both; wait until both are gone."""
+        assert self.proc is not None
+        ic = self._coordinator_pid()
+        victims = {"service": [self.proc.pid], "coordinator": [ic], "both": [ic, self.proc.pid]}
+        for pid in victims[which]:
+            if pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        self.proc.wait(30)
+        if ic is not None:
+            deadline = time.monotonic() + 30
+            while Path(f"/proc/{ic}").exists() and _proc_state(ic) not in ("Z", "X"):
+                if time.monotonic() > deadline:
+                    os.kill(ic, signal.SIGKILL)
+                time.sleep(0.01)  # polling a condition, bounded by the deadline
+
+    def stop(self) -> None:
+        """SIGINT (the binding stops its coordinator); anything left is killed."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        ic = self._coordinator_pid()
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        if ic is not None and Path(f"/proc/{ic}").exists():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(ic, signal.SIGKILL)
+
+
+@pytest.fixture
+def worker(tmp_path: Path) -> Iterator[WorkerProcess]:
+    w = WorkerProcess(tmp_path / "data", "--max-credits", "100", "--refill-credits", "50")
+    w.start()
+    try:
+        yield w
+    finally:
+        w.stop()
+
+
+# --- v3 as the released connector writes it, byte by byte -------------------------------
+
+
+def _short(text: bytes) -> bytes:
+    return struct.pack(">H", len(text)) + text
+
+
+def _frame(tag: int, body: bytes) -> bytes:
+    return struct.pack(">IB", 1 + len(body), tag) + body
+
+
+def v3_hello(cookie: str) -> bytes:
+    body = _short(b"0.0.1") + _short(cookie.encode()) + _short(b"e2e") + _short(b"client")
+    return _frame(0, body)
+
+
+def v3_notify(stream_id: int, name: str, point: int) -> bytes:
+    return _frame(
+        3, struct.pack(">Q", stream_id) + _short(name.encode()) + struct.pack(">Q", point)
+    )
+
+
+def v3_message(stream_id: int, message_id: int, payload: bytes) -> bytes:
+    # stream id, message id, event time (i64), an empty key, then the payload
+    return _frame(5, struct.pack(">QQqH", stream_id, message_id, 0, 0) + payload)
+
+
+def v3_eos(stream_id: int) -> bytes:
+    return _frame(8, struct.pack(">Q", stream_id))
+
+
+def released_stream_id(name: str) -> int:
+    return int(hashlib.sha256(name.encode()).hexdigest()[:16], 16)
+
+
+class Closed(Exception):
+    """The worker closed the connection (or sent ERROR)."""
+
+
+class V3Client:
+    """One connection, reading frames by hand: OK, ERROR, NOTIFY_ACK, ACK."""
+
+    def __init__(self, port: int, cookie: str = COOKIE, timeout: float = 10.0) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+        self.buf = b""
+        self.credits = 0
+        self.acked: dict[int, int] = {}
+        self.errors: list[str] = []
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def read_frame(self) -> tuple[int, bytes]:
+        while True:
+            if len(self.buf) >= 4:
+                (size,) = struct.unpack(">I", self.buf[:4])
+                if len(self.buf) >= 4 + size:
+                    tag, body = self.buf[4], self.buf[5 : 4 + size]
+                    self.buf = self.buf[4 + size :]
+                    return tag, body
+            data = self.sock.recv(65536)
+            if not data:
+                raise Closed("connection closed")
+            self.buf += data
+
+    def next_event(self) -> tuple[str, Any]:
+        """The next frame, with ACKs applied: ("ok", credits), ("notify_ack", (success,
+        stream, point)), ("ack", pairs). ERROR raises Closed."""
+        tag, body = self.read_frame()
+        if tag == 1:
+            (self.credits,) = struct.unpack(">I", body)
+            return "ok", self.credits
+        if tag == 2:
+            (n,) = struct.unpack(">H", body[:2])
+            self.errors.append(body[2 : 2 + n].decode())
+            raise Closed(f"ERROR {self.errors[-1]}")
+        if tag == 4:
+            success, sid, point = struct.unpack(">BQQ", body)
+            return "notify_ack", (bool(success), sid, point)
+        if tag == 6:
+            credits, count = struct.unpack(">II", body[:8])
+            self.credits += credits
+            pairs = [struct.unpack(">QQ", body[8 + 16 * i : 24 + 16 * i]) for i in range(count)]
+            for sid, point in pairs:
+                self.acked[sid] = point
+            return "ack", pairs
+        raise AssertionError(f"unexpected tag {tag}")
+
+    def handshake(self) -> int:
+        self.send(v3_hello(COOKIE))
+        kind, credits = self.next_event()
+        assert kind == "ok"
+        return int(credits)
+
+    def notify(self, name: str, point: int) -> int:
+        """NOTIFY, then the point NOTIFY_ACK says to resume after (ACKs meanwhile kept)."""
+        sid = released_stream_id(name)
+        self.send(v3_notify(sid, name, point))
+        self.credits -= 1
+        while True:
+            kind, value = self.next_event()
+            if kind == "notify_ack":
+                success, stream, resume = value
+                assert success and stream == sid, value
+                return int(resume)
+
+    def wait_credits(self) -> None:
+        while self.credits <= 0:
+            self.next_event()
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def text(lines: int, seed: int) -> list[bytes]:
+    rng = random.Random(seed)
+    words = [f"w{k}" for k in range(40)]
+    return [" ".join(rng.choices(words, k=rng.randint(1, 9))).encode() for _ in range(lines)]
+
+
+def stream_words(
+    port: int,
+    streams: dict[str, list[bytes]],
+    after_send: Callable[[int], None] = lambda sent: None,
+    resend: int = 0,
+) -> dict[str, Any]:
+    """Send every stream's lines (message id = line number, from 1), interleaved, then
+    EOS each; reconnect and resume from NOTIFY_ACK's point whenever the connection
+    goes. ``after_send(total sent)`` runs after each batch (a kill lands there);
+    ``resend`` more messages at or below the point are sent again after a reconnect."""
+    deadline = time.monotonic() + DEADLINE
+    ids = {name: released_stream_id(name) for name in streams}
+    done: set[str] = set()
+    known: dict[int, int] = {}  # the last point an ACK gave, across connections
+    sent = connections = 0
+    while len(done) < len(streams):
+        assert time.monotonic() < deadline, f"not finished: {done}"
+        try:
+            client = V3Client(port)
+        except OSError:
+            time.sleep(0.05)  # the worker is restarting: retry, bounded by the deadline
+            continue
+        connections += 1
+        try:
+            client.handshake()
+            nxt = {}
+            for name in streams:
+                if name in done:
+                    continue
+                resume = client.notify(name, known.get(ids[name], NOTHING_SEEN))
+                nxt[name] = 1 if resume == NOTHING_SEEN else resume + 1
+                if connections > 1:
+                    nxt[name] = max(1, nxt[name] - resend)
+            while nxt:
+                assert time.monotonic() < deadline, "not finished"
+                client.wait_credits()
+                batch = []
+                for name in list(nxt):
+                    lines, mid = streams[name], nxt[name]
+                    if mid <= len(lines):
+                        batch.append(v3_message(ids[name], mid, lines[mid - 1]))
+                        nxt[name] += 1
+                    else:
+                        batch.append(v3_eos(ids[name]))
+                        del nxt[name]
+                    if len(batch) >= client.credits:
+                        break
+                client.credits -= len(batch)
+                client.send(b"".join(batch))
+                sent += len(batch)
+                after_send(sent)
+            while any(client.acked.get(ids[n]) != len(streams[n]) for n in streams):
+                assert time.monotonic() < deadline, "final ACKs missing"
+                client.next_event()
+            done.update(streams)
+        except (Closed, OSError):
+            pass  # the worker went: reconnect and resume
+        finally:
+            known.update(client.acked)
+            client.close()
+    return {"connections": connections, "sent": sent}
+
+
+def expected_counts(streams: dict[str, list[bytes]]) -> dict[str, int]:
+    counts: Counter[str] = Counter()
+    for lines in streams.values():
+        for line in lines:
+            counts.update(line.decode().split())
+    return dict(counts)
+
+
+# --- the tests --------------------------------------------------------------------------
+
+
+def test_word_count_exactly_once_through_sigkills(worker: WorkerProcess) -> None:
+    streams = {"alpha": text(2500, 1), "beta": text(2000, 2)}
+    total = sum(len(lines) for lines in streams.values())
+    plan = [(total // 5, "service"), (2 * total // 5, "coordinator"), (3 * total // 5, "both")]
+    kills: list[str] = []
+
+    def maybe_kill(sent: int) -> None:
+        if plan and sent >= plan[0][0]:
+            _, which = plan.pop(0)
+            worker.kill(which)  # batches sent, their ACKs not yet read
+            kills.append(which)
+            worker.start()
+
+    result = stream_words(worker.port, streams, maybe_kill, resend=3)
+    print(f"connections {result['connections']}, frames sent {result['sent']}")
+    assert kills == ["service", "coordinator", "both"]
+    assert result["connections"] >= 4
+
+    status = worker.status()
+    assert status["app_state"]["messages"] == total
+    assert status["app_state"]["counts"] == expected_counts(streams)
+    for name, lines in streams.items():
+        s = status["streams"][str(released_stream_id(name))]
+        assert (s["name"], s["point"], s["state"], s["owner"]) == (name, len(lines), "closed", None)
+    assert status["duplicates"] > 0  # the resends were dropped
+
+    worker.stop()
+    replay = subprocess.run(
+        [
+            *(sys.executable, "-m", "ambrosia_py.cli", "replay", "immortals.wallaroo.worker"),
+            *("--instance", "worker", "--data-dir", str(worker.data_dir), "--verify"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert replay.returncode == 0, replay.stdout + replay.stderr
+    assert "deterministic" in replay.stdout
+
+
+def test_a_restarted_worker_resumes_a_reopened_stream(worker: WorkerProcess) -> None:
+    """After EOS and a restart, NOTIFY_ACK gives the stream's final point."""
+    lines = text(50, 3)
+    stream_words(worker.port, {"gamma": lines})
+    worker.kill("both")
+    worker.start()
+    client = V3Client(worker.port)
+    try:
+        client.handshake()
+        assert client.notify("gamma", NOTHING_SEEN) == 50
+    finally:
+        client.close()
+
+
+def _refused(port: int, data: bytes) -> str:
+    """Send ``data`` on a fresh connection; the ERROR's reason, once the worker closes."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    client = V3Client.__new__(V3Client)
+    client.sock, client.buf, client.credits, client.acked, client.errors = sock, b"", 0, {}, []
+    try:
+        sock.sendall(data)
+        with pytest.raises(Closed):
+            while True:
+                client.next_event()
+        assert client.errors, "closed without an ERROR"
+        assert sock.recv(1) == b""  # and closed after it
+        return client.errors[0]
+    finally:
+        sock.close()
+
+
+def test_bad_input_is_refused_while_a_healthy_connection_streams(worker: WorkerProcess) -> None:
+    lines = text(1200, 4)
+    healthy = V3Client(worker.port)
+    try:
+        healthy.handshake()
+        sid = released_stream_id("delta")
+        assert healthy.notify("delta", NOTHING_SEEN) == NOTHING_SEEN
+        nxt = 1
+
+        def send_some(n: int) -> None:
+            nonlocal nxt
+            for _ in range(n):
+                healthy.wait_credits()
+                healthy.send(v3_message(sid, nxt, lines[nxt - 1]))
+                healthy.credits -= 1
+                nxt += 1
+
+        send_some(300)
+        assert _refused(worker.port, v3_hello("wrong")) == "Bad cookie"
+        send_some(300)
+        reason = _refused(worker.port, b"\x00\x00\x00\x05\xffjunk")
+        assert reason == "v3 Frame.tag at offset 4: unknown tag 0xff"
+        reason = _refused(worker.port, v3_hello(COOKIE) + b"\x7f\xff\xff\xff")  # 2 GiB
+        assert "Frame.length" in reason and "over the limit of 4194304" in reason
+        reason = _refused(worker.port, v3_hello(COOKIE) + v3_message(99, 1, b"x"))
+        assert "stream 99 is not open on this connection: never notified" in reason
+        reason = _refused(worker.port, v3_hello(COOKIE) + v3_hello(COOKIE))
+        assert "received HELLO in connection state STREAMING" in reason
+        send_some(len(lines) - 600)
+        healthy.wait_credits()
+        healthy.send(v3_eos(sid))
+        deadline = time.monotonic() + DEADLINE
+        while healthy.acked.get(sid) != len(lines):
+            assert time.monotonic() < deadline
+            healthy.next_event()
+    finally:
+        healthy.close()
+    status = worker.status()
+    assert status["app_state"]["messages"] == len(lines)
+    assert status["app_state"]["counts"] == expected_counts({"delta": lines})
+    assert status["duplicates"] == 0
+
+
+def test_a_connector_ignoring_credits_is_refused(worker: WorkerProcess) -> None:
+    """Thousands of frames sent at once on 100 credits: refused before the last."""
+    sid = released_stream_id("epsilon")
+    flood = b"".join(v3_message(sid, i, b"w") for i in range(1, 5001))
+    reason = _refused(worker.port, v3_hello(COOKIE) + v3_notify(sid, "epsilon", 0) + flood)
+    assert "no credits left" in reason
+    status = worker.status()
+    assert 99 <= status["app_state"]["messages"] < 5000
+
+
+def test_operators_move_connectors_with_restart(worker: WorkerProcess) -> None:
+    client = V3Client(worker.port)
+    try:
+        client.handshake()
+        sid = released_stream_id("zeta")
+        client.notify("zeta", NOTHING_SEEN)
+        client.send(b"".join(v3_message(sid, i, b"z") for i in range(1, 6)))
+        client.credits -= 5
+        deadline = time.monotonic() + DEADLINE
+        while client.acked.get(sid) != 5:
+            assert time.monotonic() < deadline
+            client.next_event()
+        answer = request(worker.control, COOKIE, {"op": "move", "target": "10.1.2.3:7000"})
+        assert answer == {"ok": True, "connections": 1}
+        frames = []
+        with contextlib.suppress(Closed):
+            while True:
+                frames.append(client.read_frame())
+        # The final points, then RESTART naming the other worker, then the close.
+        assert frames[-1] == (7, struct.pack(">I", 13) + b"10.1.2.3:7000")
+        assert client.sock.recv(1) == b""
+    finally:
+        client.close()
+    answer = request(worker.control, COOKIE, {"op": "nack", "stream": "zeta", "point": 2})
+    assert answer == {"ok": True, "stream_id": released_stream_id("zeta"), "point": 2}
+    answer = request(worker.control, "wrong", {"op": "status"})
+    assert answer == {"ok": False, "error": "Bad cookie"}
+    status = worker.status()
+    assert status["streams"][str(released_stream_id("zeta"))]["point"] == 2
+    assert status["connections"] == {}
+    ctl = [sys.executable, "-m", "immortals.wallaroo.worker_ctl", "--control", worker.control]
+    shown = subprocess.run(
+        [*ctl, "--cookie", COOKIE, "status"], capture_output=True, text=True, timeout=60
+    )
+    assert shown.returncode == 0 and '"name": "zeta"' in shown.stdout, shown.stderr
+    refused = subprocess.run(
+        [*ctl, "--cookie", COOKIE, "nack", "nosuch", "1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert refused.returncode == 1 and "no stream named 'nosuch'" in refused.stdout
