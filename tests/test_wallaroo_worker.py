@@ -149,6 +149,15 @@ def dialect(request: pytest.FixtureRequest) -> Iterator[Dialect]:
     yield request.param
 
 
+def test_public_names_are_exported() -> None:
+    import immortals.wallaroo as wallaroo
+
+    names = {"WallarooWorker", "WorkerConfig", "WorkerCore", "NoCreditsError"}
+    names.add("StreamNotOpenError")
+    assert names <= set(wallaroo.__all__)
+    assert wallaroo.WorkerCore is WorkerCore and wallaroo.NoCreditsError is NoCreditsError
+
+
 # --- handshake --------------------------------------------------------------------------
 
 

@@ -36,6 +36,24 @@ from typing import Any
 
 import pytest
 
+from immortals.wallaroo import (
+    DRAFT_VERSION,
+    Ack,
+    Dialect,
+    Error,
+    Frame,
+    FrameReader,
+    Hello,
+    Message,
+    Migrate,
+    MigrationAck,
+    Nack,
+    Notify,
+    NotifyAck,
+    Ok,
+    encode,
+    end_of_stream,
+)
 from immortals.wallaroo.worker_ctl import request
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,8 +78,9 @@ def _proc_state(pid: int) -> str:
 class WorkerProcess:
     """One ``ambrosia-py run immortals.wallaroo.worker`` and its coordinator child."""
 
-    def __init__(self, data_dir: Path, *extra: str) -> None:
+    def __init__(self, data_dir: Path, *extra: str, dialect: str = "v3") -> None:
         self.data_dir = data_dir
+        self.dialect = dialect
         self.port = _free_port()
         self.control = f"127.0.0.1:{_free_port()}"
         self.extra = extra
@@ -74,7 +93,7 @@ class WorkerProcess:
         argv = [sys.executable, "-m", "ambrosia_py.cli", "run", "immortals.wallaroo.worker"]
         argv += ["--instance", "worker", "--data-dir", str(self.data_dir)]
         argv += ["--listen", f"127.0.0.1:{self.port}", "--control", self.control]
-        argv += ["--cookie", COOKIE, "--dialect", "v3", *self.extra]
+        argv += ["--cookie", COOKIE, "--dialect", self.dialect, *self.extra]
         argv += ["--app", "tests.wallaroo_apps:word_count"]
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         with self.log.open("ab") as log:
@@ -513,3 +532,85 @@ def test_operators_move_connectors_with_restart(worker: WorkerProcess) -> None:
         timeout=60,
     )
     assert refused.returncode == 1 and "no stream named 'nosuch'" in refused.stdout
+
+
+# --- the draft dialect: NACK and the addendum's migration -------------------------------
+
+
+class DraftClient:
+    """A draft connection written with our codec (interoperability is v3's business)."""
+
+    def __init__(self, port: int) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        self.reader = FrameReader(Dialect.DRAFT)
+
+    def send(self, *frames: Frame) -> None:
+        self.sock.sendall(b"".join(encode(f, Dialect.DRAFT) for f in frames))
+
+    def expect(self, cls: type[Any]) -> Any:
+        """The next frame of class ``cls``, skipping ACKs (Closed if the worker closes)."""
+        deadline = time.monotonic() + DEADLINE
+        while time.monotonic() < deadline:
+            frame = self.reader.next_frame()
+            if frame is None:
+                data = self.sock.recv(65536)
+                if not data:
+                    raise Closed("connection closed")
+                self.reader.feed(data)
+            elif isinstance(frame, cls):
+                return frame
+            elif not isinstance(frame, Ack):
+                raise AssertionError(f"expected {cls.__name__}, got {frame!r}")
+        raise AssertionError(f"no {cls.__name__} before the deadline")
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_draft_nack_and_migration(tmp_path: Path) -> None:
+    worker = WorkerProcess(tmp_path / "data", dialect="draft")
+    worker.start()
+    client = DraftClient(worker.port)
+    try:
+        client.send(Hello(DRAFT_VERSION, COOKIE.encode(), "e2e", "draft"))
+        assert client.expect(Ok) == Ok(1000)
+        sid = released_stream_id("eta")
+        client.send(Notify(sid, "eta", 0))
+        assert client.expect(NotifyAck) == NotifyAck(True, sid, NOTHING_SEEN)
+        client.send(*[Message(sid, i, b"w%d" % i) for i in range(1, 11)])
+        while client.expect(Ack).acks != ((sid, 10),):
+            pass
+        # The operator rewinds the stream: NACK, then a NOTIFY resumes after its point.
+        answer = request(worker.control, COOKIE, {"op": "nack", "stream": "eta", "point": 7})
+        assert answer["ok"], answer
+        assert client.expect(Nack) == Nack(11, sid, 7)  # the 11 frames spent
+        client.send(Notify(sid, "eta", 0))
+        assert client.expect(NotifyAck) == NotifyAck(True, sid, 7)
+        client.send(*[Message(sid, i, b"w%d" % i) for i in range(8, 13)])
+        while client.expect(Ack).acks != ((sid, 12),):
+            pass
+        # Seed 001: MIGRATE; the connector ends its streams, the worker ACKs them, then
+        # MIGRATION_ACK and the worker closes the old connection.
+        answer = request(worker.control, COOKIE, {"op": "move", "target": "127.0.0.1:9"})
+        assert answer == {"ok": True, "connections": 1}
+        assert client.expect(Migrate) == Migrate("127.0.0.1", 9)
+        client.send(end_of_stream(Dialect.DRAFT, sid, 13))
+        while client.expect(Ack).acks != ((sid, 13),):
+            pass
+        client.send(MigrationAck())
+        with pytest.raises(Closed):
+            client.expect(Error)
+    finally:
+        client.close()
+    status = worker.status()
+    assert status["connections"] == {}
+    eta = {"name": "eta", "owner": None, "state": "closed", "point": 13}
+    assert status["streams"][str(sid)] == eta
+    assert status["app_state"]["messages"] == 15  # 1..10, then 8..12 again after the NACK
+    again = DraftClient(worker.port)
+    try:
+        again.send(Hello(DRAFT_VERSION, COOKIE.encode(), "e2e", "draft"))
+        assert again.expect(Ok) == Ok(1000, ((sid, 13),))  # seed 000, C1
+    finally:
+        again.close()
+        worker.stop()

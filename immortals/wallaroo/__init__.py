@@ -4,8 +4,10 @@ Sans-IO: ``frames`` holds the frame classes both dialects share, ``codec`` the t
 dialects (the seed's ``draft``, the default, and the released ``v3``), one table of tags
 and layouts each, with :func:`encode` and :func:`decode`; ``framing`` the incremental
 :class:`FrameReader`; ``states`` the connection and stream state machines as transition
-tables; ``errors`` the error hierarchy. Everything public is re-exported
-here.
+tables; ``errors`` the error hierarchy. The worker: ``worker_core`` its sans-IO state and
+handlers, ``worker`` the immortal (``ambrosia-py run immortals.wallaroo.worker``),
+``transport`` its TCP edges, ``worker_ctl`` the operators' client. ``docs/wallaroo.md``
+tells the whole story. Everything public is re-exported here.
 """
 
 from __future__ import annotations
@@ -65,6 +67,8 @@ from .states import (
     UnexpectedFrameError,
     kind_of,
 )
+from .worker import WallarooWorker
+from .worker_core import NoCreditsError, StreamNotOpenError, WorkerConfig, WorkerCore
 
 __all__ = [
     # codec
@@ -106,13 +110,19 @@ __all__ = [
     "StreamState",
     "UnexpectedFrameError",
     "kind_of",
+    # the worker
+    "WallarooWorker",
+    "WorkerConfig",
+    "WorkerCore",
     # errors
     "EncodeError",
     "FrameTooLargeError",
     "InvalidBoolError",
     "InvalidFlagsError",
     "InvalidTextError",
+    "NoCreditsError",
     "ProtocolError",
+    "StreamNotOpenError",
     "TrailingBytesError",
     "TruncatedFrameError",
     "TruncatedStreamError",
