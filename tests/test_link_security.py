@@ -318,6 +318,26 @@ def test_a_receiver_that_confirms_nothing_is_left_and_dialed_again(tmp_path: Pat
         receiver.close()
 
 
+def test_a_frame_that_stops_mid_way_closes_the_link_well_before_the_idle_timeout(
+    tmp_path: Path,
+) -> None:
+    """A flipped bit in a frame's length (no checksum covers it) leaves the receiver
+    waiting for bytes that never come: a frame begun must keep arriving."""
+    options = ("--link-handshake-timeout", "0.5", "--link-idle-timeout", "300")
+    with coordinator(tmp_path, "server", *options) as (ic, binding):
+        _first_start(binding)
+        peer = Peer(tmp_path, "server")
+        peer.open()
+        assert peer.control() == (REPLAY_FROM, 0, 0)
+        peer.sock.sendall(struct.pack("<I", 4096) + bytes(8) + b"only part of it")
+        assert peer.closed_by_peer()  # within the socket's deadline, far below 300 s
+        peer.close()
+        binding.close()
+        assert ic.proc.wait(timeout=DEADLINE) == 0
+        log = ic.stderr()
+    assert "a frame stayed incomplete for 0.5 s with" in log
+
+
 def test_a_wrong_secret_file_on_one_side_stops_links_not_the_instance(tmp_path: Path) -> None:
     """Two data directories (as on two machines); the client has another secret."""
     secret = _write_secret(tmp_path / "secret")

@@ -84,11 +84,16 @@ class _Conn:
     """One TCP connection with its flow state and, once authenticated, its tags."""
 
     def __init__(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, flow: FlowConnection
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        flow: FlowConnection,
+        stall_s: float,
     ):
         self.reader = reader
         self.writer = writer
         self.flow = flow
+        self.stall_s = stall_s
         self.address = _address(writer)
         self.channel: LinkChannel | None = None
         self._events: list[object] = []
@@ -96,7 +101,21 @@ class _Conn:
     async def next_event(self) -> object:
         while not self._events:
             size = READ_SIZE if self.channel is not None else PRE_AUTH_READ_SIZE
-            data = await self.reader.read(size)
+            if not self.flow.buffered:
+                data = await self.reader.read(size)
+            else:
+                # A frame has begun: its bytes must keep coming. A flipped bit in a length
+                # (which no checksum covers) would otherwise have us wait, pings and all,
+                # for bytes that never come, until the idle timeout.
+                try:
+                    async with asyncio.timeout(self.stall_s):
+                        data = await self.reader.read(size)
+                except TimeoutError:
+                    raise LinkError(
+                        f"a frame stayed incomplete for {self.stall_s:g} s with "
+                        f"{self.flow.buffered} bytes held (a damaged length, or a peer "
+                        "stopped mid-frame)"
+                    ) from None
             self._events.extend(self.flow.receive_data(data))
             if not data and not self._events:
                 return ConnectionClosed(clean=False)
@@ -272,6 +291,7 @@ class PeerLinks:
                     # A peer that breaks the protocol or fails the handshake is always
                     # worth a line.
                     log.warning("link to %r at %s:%d closed: %s", dest, addr[0], addr[1], exc)
+                    problem = f"link to {dest!r} at {addr[0]}:{addr[1]} closed: {exc}"
                 except (OSError, ConnectionError) as exc:  # TimeoutError, ssl.SSLError too
                     problem = f"link to {dest!r} at {addr[0]}:{addr[1]}: {exc or type(exc)}"
                 finally:
@@ -295,7 +315,7 @@ class PeerLinks:
                 ssl_handshake_timeout=settings.handshake_timeout_s if self._tls else None,
             )
         writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        conn = _Conn(reader, writer, self._flow(dialer=True))
+        conn = _Conn(reader, writer, self._flow(dialer=True), settings.handshake_timeout_s)
         try:
             async with asyncio.timeout(settings.handshake_timeout_s):
                 await conn.handshake()
@@ -363,8 +383,8 @@ class PeerLinks:
     # --- receiving ------------------------------------------------------------------------
 
     async def _accepted(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        conn = _Conn(reader, writer, self._flow(dialer=False))
         settings = self.settings
+        conn = _Conn(reader, writer, self._flow(dialer=False), settings.handshake_timeout_s)
         if self._accepted_count >= settings.max_connections:
             log.warning(
                 "link connection from %s refused: %d link connections are open already "
