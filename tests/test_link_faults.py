@@ -26,7 +26,6 @@ import pytest
 
 from ambrosia_py import Immortal, rpc
 from ambrosia_py.binding.replay import replay_instance
-from ambrosia_py.coordinator.ic_cli import coordinator_argv
 from ambrosia_py.coordinator.link_auth import (
     CHALLENGE_SIZE,
     CONFIRM_SIZE,
@@ -175,7 +174,6 @@ def _write_secret(path: Path) -> Path:
 @contextmanager
 def _linked(
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
     plan: FaultPlan,
     count: int,
     seed: int,
@@ -197,12 +195,10 @@ def _linked(
             *("--secret-file", str(secret), *TIMEOUTS, *(extra or {}).get(name, ())),
         )
 
-    def argv(instance: str, data_dir: Path, *more: str) -> list[str]:
-        return coordinator_argv(instance, data_dir, *more, *options[instance])
-
-    # ImmortalRunner takes no coordinator options; its command line gets them here.
-    monkeypatch.setattr("ambrosia_py.testing.runner.coordinator_argv", argv)
-    runners = [ImmortalRunner(tmp_path / d, timeout=DEADLINE) for d in ("a", "b")]
+    runners = [
+        ImmortalRunner(tmp_path / d, timeout=DEADLINE, coordinator_options=options[name])
+        for d, name in (("a", "server"), ("b", "client"))
+    ]
     try:
         server = runners[0].start(HelloServer, "server")
         client = runners[1].start(Caller, "client", count=count)
@@ -255,12 +251,10 @@ def _rejections(logs: str) -> dict[str, int]:
 
 
 @pytest.mark.parametrize("seed", [1, 2])
-def test_plain_links_stay_exactly_once_under_heavy_faults(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int
-) -> None:
+def test_plain_links_stay_exactly_once_under_heavy_faults(tmp_path: Path, seed: int) -> None:
     """Without TLS the flow checksum catches flipped bits and broken framing, and the
     per-frame tags catch whole frames replayed or reordered."""
-    with _linked(tmp_path, monkeypatch, HEAVY, COUNT, seed) as pair:
+    with _linked(tmp_path, HEAVY, COUNT, seed) as pair:
         _check_exactly_once(pair, COUNT)
         counts = pair.counts()
         assert all(counts[kind] > 0 for kind in KINDS), pair.report()
@@ -307,13 +301,11 @@ needs_openssl = pytest.mark.skipif(
 
 @needs_openssl
 @pytest.mark.parametrize("seed", [1])
-def test_tls_links_stay_exactly_once_under_heavy_faults(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int
-) -> None:
+def test_tls_links_stay_exactly_once_under_heavy_faults(tmp_path: Path, seed: int) -> None:
     """Over mutual TLS, frames carry no checksum: TLS's record integrity catches every
     flipped, replayed or reordered byte before the flow reader or the tags see it."""
     extra = _mutual_tls(tmp_path, ("server", "client"))
-    with _linked(tmp_path, monkeypatch, HEAVY_TLS, COUNT, seed, extra) as pair:
+    with _linked(tmp_path, HEAVY_TLS, COUNT, seed, extra) as pair:
         _check_exactly_once(pair, COUNT)
         counts = pair.counts()
         assert all(counts[kind] > 0 for kind in KINDS), pair.report()
@@ -334,7 +326,6 @@ def test_tls_links_stay_exactly_once_under_heavy_faults(
 )
 def test_a_flip_in_the_handshake_is_refused_and_retried_never_accepted(
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
     direction: str,
     window: tuple[int, int],
 ) -> None:
@@ -349,7 +340,7 @@ def test_a_flip_in_the_handshake_is_refused_and_retried_never_accepted(
         backward=flips if direction == "backward" else Faults(),
         faulty_connections=faulty,
     )
-    with _linked(tmp_path, monkeypatch, plan, count, seed=7) as pair:
+    with _linked(tmp_path, plan, count, seed=7) as pair:
         _check_exactly_once(pair, count)
         for acceptor, proxy in pair.proxies.items():
             records = proxy.records()

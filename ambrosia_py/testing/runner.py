@@ -15,7 +15,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +57,7 @@ class RunningImmortal:
         instance: str,
         timeout: float,
         options: dict[str, Any] | None = None,
+        coordinator_options: Sequence[str] = (),
     ) -> None:
         options = options or {}
         self.service = service
@@ -69,7 +70,7 @@ class RunningImmortal:
         self.ic_log = data_dir / f"{instance}.coordinator.log"
         with self.ic_log.open("ab") as log_file:
             self.ic = subprocess.Popen(
-                coordinator_argv(instance, data_dir),
+                coordinator_argv(instance, data_dir, *coordinator_options),
                 stdout=subprocess.PIPE,
                 stderr=log_file,
                 text=True,
@@ -190,9 +191,18 @@ class RunningImmortal:
 class ImmortalRunner:
     """Starts immortals in one data directory and cleans up after the test."""
 
-    def __init__(self, data_dir: Path, timeout: float = DEFAULT_TIMEOUT) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        timeout: float = DEFAULT_TIMEOUT,
+        coordinator_options: Sequence[str] = (),
+    ) -> None:
+        """``coordinator_options``: more command-line options for every coordinator it
+        starts (``--link-to``, ``--secret-file``, ...), as ``ambrosia-py coordinator``
+        takes them."""
         self.data_dir = data_dir
         self.timeout = timeout
+        self.coordinator_options = tuple(coordinator_options)
         self._running: list[RunningImmortal] = []
 
     def start(
@@ -203,7 +213,12 @@ class ImmortalRunner:
         ``options`` set the service's options (its nested ``Options`` class) by name.
         """
         running = RunningImmortal(
-            service, self.data_dir, instance or service.__name__.lower(), self.timeout, options
+            service,
+            self.data_dir,
+            instance or service.__name__.lower(),
+            self.timeout,
+            options,
+            self.coordinator_options,
         )
         self._running.append(running)
         return running
