@@ -209,7 +209,7 @@ def test_a_new_incarnation_drops_every_connection(dialect: Dialect) -> None:
     a = w.connect()
     a.send(Notify(1, "s"), msg(dialect, 1, 1))
     replies = w.core.start("i2", w.core.config)
-    assert replies.problems == ("1 connections of the last incarnation dropped",)
+    assert replies.problems == ("the last incarnation's connections dropped: 1",)
     assert w.core.connections == {} and w.stream(1).owner is None
     assert a.send(msg(dialect, 1, 2)) == []  # a frame of the old incarnation: discarded
 

@@ -346,6 +346,10 @@ def test_operators_move_connectors_with_restart(worker: WorkerProcess) -> None:
     assert answer == {"ok": True, "stream_id": released_stream_id("zeta"), "point": 2}
     answer = request(worker.control, "wrong", {"op": "status"})
     assert answer == {"ok": False, "error": "Bad cookie"}
+    answer = request(worker.control, COOKIE, {"op": "nack", "stream": "zeta", "point": "x"})
+    assert answer["ok"] is False and answer["error"].startswith("bad nack request")
+    answer = request(worker.control, COOKIE, {"op": "move", "target": "nowhere"})
+    assert answer == {"ok": False, "error": "'nowhere' is not HOST:PORT"}
     status = worker.status()
     assert status["streams"][str(released_stream_id("zeta"))]["point"] == 2
     assert status["connections"] == {}

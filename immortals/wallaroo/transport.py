@@ -244,7 +244,11 @@ class ControlServer:
             return _reply(writer, {"ok": False, "error": f"unknown op {op!r}"})
         number = next(self._requests)
         self._waiting[number] = writer
-        self._command(number, request)
+        try:
+            self._command(number, request)
+        except (TypeError, ValueError) as exc:  # a field of the wrong kind
+            self._waiting.pop(number, None)
+            return _reply(writer, {"ok": False, "error": f"bad {op} request: {exc}"})
         return None
 
     def answer(self, request: int, reply: dict[str, Any]) -> None:

@@ -288,7 +288,7 @@ class WorkerCore:
         self.config = config
         if not dropped:
             return _NOTHING
-        return Replies((), (f"{dropped} connections of the last incarnation dropped",))
+        return Replies((), (f"the last incarnation's connections dropped: {dropped}",))
 
     def opened(self, conn: str, peer: str) -> Replies:
         """A connection was accepted (seed 000: state CONNECTED)."""
