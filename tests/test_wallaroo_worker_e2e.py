@@ -400,9 +400,18 @@ class DraftClient:
         self.sock.close()
 
 
-def test_draft_nack_and_migration(tmp_path: Path) -> None:
-    worker = WorkerProcess(tmp_path / "data", dialect="draft")
-    worker.start()
+@pytest.fixture
+def draft_worker(tmp_path: Path) -> Iterator[WorkerProcess]:
+    w = WorkerProcess(tmp_path / "data", dialect="draft")
+    w.start()
+    try:
+        yield w
+    finally:
+        w.stop()
+
+
+def test_draft_nack_and_migration(draft_worker: WorkerProcess) -> None:
+    worker = draft_worker
     client = DraftClient(worker.port)
     try:
         client.send(Hello(DRAFT_VERSION, COOKIE.encode(), "e2e", "draft"))
@@ -446,4 +455,3 @@ def test_draft_nack_and_migration(tmp_path: Path) -> None:
         assert again.expect(Ok) == Ok(1000, ((sid, 13),))  # seed 000, C1
     finally:
         again.close()
-        worker.stop()
