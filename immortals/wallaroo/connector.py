@@ -1,0 +1,468 @@
+"""The Wallaroo source connector as an immortal: ``ambrosia-py run immortals.wallaroo.connector``.
+
+    ambrosia-py run immortals.wallaroo.connector --instance c1 --data-dir DATA \\
+        --worker 127.0.0.1:7100 --cookie C [--dialect draft|v3] --source SPEC \\
+        [--max-frame-bytes B] [--backoff-max SECONDS]
+
+with SPEC ``file://PATH``, ``gen://COUNT?seed=S[&size=B]`` or
+``ockam://HOST:PORT/STREAM`` (:mod:`immortals.wallaroo.sources`).
+
+The protocol state (:class:`~immortals.wallaroo.connector_core.ConnectorCore`: the
+worker it talks to, its connections' state machines, each stream's acknowledged point
+of reference) is the immortal's, checkpointed and replayed. Everything that touches the
+world is the edge, :class:`ConnectorEdge`, outside the determinism boundary: it dials,
+splits the worker's bytes into frames and reports them as impulses (logged before a
+handler sees them), writes what handlers decided through effects of this incarnation,
+and runs the source readers.
+
+What is logged, and why that is enough: every frame the worker sends (OK, NOTIFY_ACK,
+ACK, NACK, MIGRATE, RESTART, ERROR), connections made and lost, and where a reader
+stopped (the end of its source, or a halt for a migration). Those are the protocol's
+decisions: which streams, from which point, rewinds, EOS, where to connect. MESSAGE
+frames are not: a reader sends records straight from the source while credits allow,
+because the worker, not the connector, is the system of record for points of
+reference. A payload is never logged; it is read again from the source by point after
+any crash, rewind or move, and the worker drops what it already holds. Credits are a
+property of one live connection: the edge counts them, the core tells it what OK, ACK
+and NACK granted.
+
+Each start logs a ``start`` impulse first, with a fresh incarnation name and the
+configuration (worker, cookie, dialect, the source's stream names): connections of the
+incarnation before are gone, so handlers forget them, and the target worker is the one
+a RESTART or migration moved to (unless ``--worker`` changed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import itertools
+import logging
+import os
+import sys
+import time
+from collections.abc import Coroutine
+from typing import Final, Protocol
+
+from ambrosia_py import Immortal, background, rpc
+
+from .codec import DEFAULT_MAX_FRAME_BYTES, DIALECTS, Dialect
+from .connector_core import (
+    Actions,
+    Close,
+    Commit,
+    ConnectorConfig,
+    ConnectorCore,
+    Dial,
+    Go,
+    Grant,
+    Halt,
+    MessageEncoder,
+    RetryLater,
+    Stop,
+    Write,
+)
+from .errors import EncodeError
+from .sources import Source, SourceError, open_source, stream_names
+from .transport import parse_host_port, split_frames
+
+__all__ = ["ConnectorEdge", "WallarooConnector"]
+
+log = logging.getLogger("immortals.wallaroo.connector")
+
+_READ_SIZE: Final = 256 * 1024
+_RECORDS_PER_READ: Final = 512  # records a reader asks its source for at once
+_CONNECT_TIMEOUT: Final = 5.0
+_FIRST_DELAY: Final = 0.05  # seconds before the first retry; doubled up to --backoff-max
+_ANSWER_SECONDS: Final = 10.0  # how long an oversize frame's connection waits for the ERROR
+
+
+class Sink(Protocol):
+    """Where the edge reports: the connector's impulses."""
+
+    def connected(self, dial: int, conn: str, address: str) -> None: ...
+    def frames(self, conn: str, now_ms: int, frames: list[bytes]) -> None: ...
+    def too_large(self, conn: str, offset: int, size: int) -> None: ...
+    def closed(self, conn: str) -> None: ...
+    def halted(self, conn: str, stream_id: int, generation: int, point: int, end: bool) -> None: ...
+    def failed(self, conn: str, stream_id: int, generation: int, reason: str) -> None: ...
+    def retry(self, conn: str, stream_id: int) -> None: ...
+
+
+class _Run:
+    """A source reader: one stream sent on one connection from a point."""
+
+    __slots__ = ("generation", "last", "task")
+
+    def __init__(self, generation: int) -> None:
+        self.generation = generation
+        self.last: int | None = None  # the last point written; None until the start is known
+        self.task: asyncio.Task[None] | None = None
+
+
+class _Link:
+    """One connection to a worker: its writer, credits, and the frames waiting for them."""
+
+    __slots__ = ("closed", "conn", "credits", "queue", "runs", "wake", "writer")
+
+    def __init__(self, conn: str, writer: asyncio.StreamWriter) -> None:
+        self.conn = conn
+        self.writer = writer
+        self.credits = 0
+        self.queue: collections.deque[bytes] = collections.deque()  # charged control frames
+        self.runs: dict[int, _Run] = {}
+        self.wake = asyncio.Event()  # credits came or the queue emptied
+        self.closed = asyncio.Event()
+
+    def flush(self) -> None:
+        """Write the queued control frames the credits allow; they go before messages."""
+        n = min(len(self.queue), self.credits)
+        if n:
+            self.writer.write(b"".join(self.queue.popleft() for _ in range(n)))
+            self.credits -= n
+        if not self.queue and self.credits > 0:
+            self.wake.set()
+
+    async def take(self, wanted: int) -> int:
+        """Wait for credits no control frame is waiting for; take up to ``wanted``."""
+        while self.credits <= 0 or self.queue:
+            self.wake.clear()
+            await self.wake.wait()
+        n = min(wanted, self.credits)
+        self.credits -= n
+        return n
+
+
+class ConnectorEdge:
+    """The connector's asyncio side: dials, frames in, effects out, source readers.
+
+    Effects arrive through :meth:`apply`, in the order handlers produced them. Every
+    connection is named ``<incarnation>.<n>``. Back-off: a dial waits
+    ``_FIRST_DELAY * 2^(attempt-1)`` seconds (at most ``backoff_max``) before its first
+    try when the core counts failed sessions, and as long again between refused connects.
+    """
+
+    def __init__(
+        self,
+        sink: Sink,
+        incarnation: str,
+        config: ConnectorConfig,
+        source: Source,
+        backoff_max: float = 2.0,
+    ) -> None:
+        self._sink = sink
+        self._incarnation = incarnation
+        self._config = config
+        self._source = source
+        self._backoff_max = backoff_max
+        self._order = DIALECTS[config.dialect].byte_order
+        self._numbers = itertools.count(1)
+        self._links: dict[str, _Link] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._encoders: dict[int, MessageEncoder] = {}
+        self.sent = 0  # MESSAGE frames written, for benchmarks
+
+    # -- effects ----------------------------------------------------------------------------
+
+    def apply(self, actions: Actions) -> None:
+        """Carry out what a handler decided (an effect of this incarnation)."""
+        for problem in actions.problems:
+            log.warning("%s", problem)
+        for a in actions.actions:
+            if isinstance(a, Write):
+                self._write(a)
+            elif isinstance(a, Grant):
+                link = self._links.get(a.conn)
+                if link is not None:
+                    link.credits += a.credits
+                    link.flush()
+            elif isinstance(a, Go):
+                self._go(a)
+            elif isinstance(a, Stop):
+                self._stop(a.conn, a.stream_id)
+            elif isinstance(a, Halt):
+                self._halt(a)
+            elif isinstance(a, Commit):
+                self._source.commit(a.name, a.point)
+            elif isinstance(a, Dial):
+                self._spawn(self._dial(a))
+            elif isinstance(a, Close):
+                self._close(a.conn)
+            elif isinstance(a, RetryLater):
+                self._spawn(self._retry_later(a))
+
+    def _spawn(self, coro: Coroutine[None, None, None]) -> asyncio.Task[None]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def _delay(self, attempt: int) -> float:
+        if attempt <= 0:
+            return 0.0
+        return float(min(_FIRST_DELAY * 2 ** min(attempt - 1, 30), self._backoff_max))
+
+    def _write(self, w: Write) -> None:
+        link = self._links.get(w.conn)
+        if link is None:
+            return  # the connection has gone; the core hears of it through ``closed``
+        if w.charged:
+            link.queue.extend(w.frames)
+            link.flush()
+        else:
+            link.writer.write(b"".join(w.frames))
+
+    def _close(self, conn: str) -> None:
+        link = self._links.pop(conn, None)  # the core has forgotten it: no ``closed`` report
+        if link is not None:
+            self._end(link)
+
+    def _end(self, link: _Link) -> None:
+        for run in link.runs.values():
+            if run.task is not None:
+                run.task.cancel()
+        link.runs.clear()
+        link.closed.set()
+        link.writer.close()
+
+    # -- connections ----------------------------------------------------------------------
+
+    async def _dial(self, d: Dial) -> None:
+        await asyncio.sleep(self._delay(d.attempt))  # 0: at once
+        host, port = parse_host_port(d.address)
+        refused = 0
+        while True:
+            try:
+                reader, writer = await asyncio.wait_for(
+                    asyncio.open_connection(host, port), _CONNECT_TIMEOUT
+                )
+                break
+            except (OSError, TimeoutError) as exc:
+                refused += 1
+                if refused in (1, 10) or refused % 100 == 0:
+                    log.info("worker %s: %s (attempt %d)", d.address, exc, refused)
+                await asyncio.sleep(self._delay(max(refused, d.attempt)))
+        conn = f"{self._incarnation}.{next(self._numbers)}"
+        link = self._links[conn] = _Link(conn, writer)
+        self._sink.connected(d.dial, conn, d.address)
+        await self._read(link, reader)
+
+    async def _read(self, link: _Link, reader: asyncio.StreamReader) -> None:
+        conn, sink = link.conn, self._sink
+        limit = self._config.max_frame_bytes
+        buf = bytearray()
+        offset = 0  # stream offset of buf[0]
+        try:
+            while data := await reader.read(_READ_SIZE):
+                if conn not in self._links:
+                    break
+                buf += data
+                frames, used, oversize = split_frames(buf, self._order, limit)
+                if frames:
+                    sink.frames(conn, int(time.time() * 1000), frames)
+                if oversize is not None:
+                    sink.too_large(conn, offset + oversize[0], oversize[1])
+                    # The core answers ERROR and closes; read no more meanwhile.
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(link.closed.wait(), _ANSWER_SECONDS)
+                    break
+                del buf[:used]
+                offset += used
+        except OSError as exc:
+            log.info("connection %s lost: %s", conn, exc)
+        finally:
+            if self._links.pop(conn, None) is not None:
+                self._end(link)
+                sink.closed(conn)
+
+    async def _retry_later(self, r: RetryLater) -> None:
+        await asyncio.sleep(self._delay(r.attempt + 1))
+        if r.conn in self._links:
+            self._sink.retry(r.conn, r.stream_id)
+
+    # -- source readers ---------------------------------------------------------------------
+
+    def _go(self, g: Go) -> None:
+        link = self._links.get(g.conn)
+        if link is None:
+            return
+        self._stop(g.conn, g.stream_id)
+        run = link.runs[g.stream_id] = _Run(g.generation)
+        run.task = self._spawn(self._run(link, g, run))
+
+    def _stop(self, conn: str, stream_id: int) -> _Run | None:
+        link = self._links.get(conn)
+        run = link.runs.pop(stream_id, None) if link is not None else None
+        if run is not None and run.task is not None:
+            run.task.cancel()
+        return run
+
+    def _halt(self, h: Halt) -> None:
+        run = self._stop(h.conn, h.stream_id)
+        if run is None:
+            return  # it ended (its report is on the way) or its connection went
+        if run.last is not None:
+            self._sink.halted(h.conn, h.stream_id, h.generation, run.last, False)
+            return
+
+        async def report_origin() -> None:  # halted before it knew where it starts
+            point = await self._source.origin(h.name)
+            if h.conn in self._links:
+                self._sink.halted(h.conn, h.stream_id, h.generation, point, False)
+
+        self._spawn(report_origin())
+
+    def _encoder(self, stream_id: int) -> MessageEncoder:
+        enc = self._encoders.get(stream_id)
+        if enc is None:
+            cfg = self._config
+            enc = self._encoders[stream_id] = MessageEncoder(
+                cfg.dialect, stream_id, cfg.max_frame_bytes
+            )
+        return enc
+
+    async def _run(self, link: _Link, g: Go, run: _Run) -> None:
+        """Send ``g.name`` from ``g.start`` on while credits allow; report its end."""
+        source, conn, sid = self._source, link.conn, g.stream_id
+        try:
+            after = g.start if g.start is not None else await source.origin(g.name)
+            run.last = after
+            encode = self._encoder(sid)
+            pending: collections.deque[tuple[int, bytes]] = collections.deque()
+            end = False
+            while True:
+                if not pending:
+                    if end:
+                        break
+                    batch = await source.read(g.name, run.last, _RECORDS_PER_READ)
+                    pending.extend(batch.records)
+                    end = batch.end
+                    continue
+                n = await link.take(len(pending))
+                chunk = [pending.popleft() for _ in range(n)]
+                link.writer.write(b"".join([encode(point, data) for point, data in chunk]))
+                run.last = chunk[-1][0]
+                self.sent += n
+        except (SourceError, EncodeError) as exc:
+            if link.runs.get(sid) is run:
+                del link.runs[sid]
+                self._sink.failed(conn, sid, g.generation, str(exc))
+            return
+        if link.runs.get(sid) is run:
+            del link.runs[sid]
+            self._sink.halted(conn, sid, g.generation, run.last, True)
+
+    async def close(self) -> None:
+        for link in list(self._links.values()):
+            self._end(link)
+        self._links.clear()
+        for task in list(self._tasks):
+            task.cancel()
+        await self._source.close()
+
+
+# This incarnation's edge: not state (connections die with the process).
+_edge: ConnectorEdge | None = None
+
+
+def _apply(actions: Actions) -> None:
+    if _edge is not None:
+        _edge.apply(actions)
+    else:
+        for problem in actions.problems:
+            log.warning("%s", problem)
+
+
+class WallarooConnector(Immortal):
+    """A Wallaroo source connector: a replayable source's streams to a worker."""
+
+    class Options:
+        worker: str = "127.0.0.1:7100"  # HOST:PORT of the worker to connect to first
+        cookie: str = ""  # sent in HELLO (seed 000, footnote A2)
+        dialect: str = "draft"  # draft (the seed) or v3 (released Wallaroo)
+        source: str = ""  # file://PATH, gen://COUNT?seed=S[&size=B], ockam://HOST:PORT/STREAM
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES  # larger frames from the worker: ERROR
+        backoff_max: float = 2.0  # seconds: the longest wait between reconnects
+
+    def __init__(self) -> None:
+        self.core = ConnectorCore()
+
+    def _out(self, actions: Actions) -> None:
+        if actions.actions or actions.problems:
+            self.effect(_apply, actions)
+
+    # -- the edge's impulses ---------------------------------------------------------------
+
+    @rpc
+    def start(self, incarnation: str, config: ConnectorConfig) -> None:
+        """A new incarnation: forget the last one's connections, take the config, dial."""
+        self._out(self.core.start(incarnation, config))
+
+    @rpc
+    def connected(self, dial: int, conn: str, address: str) -> None:
+        self._out(self.core.connected(dial, conn, address))
+
+    @rpc
+    def frames(self, conn: str, now_ms: int, frames: list[bytes]) -> None:
+        """The frames one read brought on ``conn`` (``now_ms``: when, for analytics of the
+        log; the protocol's rules use no time)."""
+        self._out(self.core.frames(conn, frames))
+
+    @rpc
+    def too_large(self, conn: str, offset: int, size: int) -> None:
+        self._out(self.core.too_large(conn, offset, size))
+
+    @rpc
+    def closed(self, conn: str) -> None:
+        self._out(self.core.closed(conn))
+
+    @rpc
+    def halted(self, conn: str, stream_id: int, generation: int, point: int, end: bool) -> None:
+        """A reader stopped after sending up to ``point`` (at the source's end, or halted)."""
+        self._out(self.core.halted(conn, stream_id, generation, point, end))
+
+    @rpc
+    def failed(self, conn: str, stream_id: int, generation: int, reason: str) -> None:
+        """A reader's source cannot go on from the point it was given (seed 000, D5)."""
+        self._out(self.core.failed(conn, stream_id, generation, reason))
+
+    @rpc
+    def retry(self, conn: str, stream_id: int) -> None:
+        self._out(self.core.retry(conn, stream_id))
+
+    # -- the edge --------------------------------------------------------------------------
+
+    @background
+    async def run(self) -> None:
+        global _edge
+        opts = self.options if self.options is not None else self.make_options()
+        try:
+            if not opts.source:
+                raise ValueError("--source is required")
+            config = ConnectorConfig(
+                worker=opts.worker,
+                streams=stream_names(opts.source),
+                cookie=opts.cookie.encode(),
+                dialect=Dialect(opts.dialect),
+                instance_name=self.instance_name,
+                max_frame_bytes=int(opts.max_frame_bytes),
+            )
+            source = open_source(opts.source, client_id=self.instance_name)
+        except ValueError as exc:
+            raise SystemExit(f"wallaroo connector: {exc}") from None
+        incarnation = os.urandom(4).hex()
+        edge = ConnectorEdge(self.impulse, incarnation, config, source, float(opts.backoff_max))
+        _edge = edge  # before the start impulse: its effect dials through the edge
+        self.impulse.start(incarnation, config)  # logged before anything of this incarnation
+        print(
+            f"wallaroo connector {self.instance_name}: {opts.source} -> {opts.worker} "
+            f"({config.dialect.value})",
+            file=sys.stderr,
+            flush=True,
+        )
+        try:
+            await asyncio.Event().wait()  # run until the binding stops
+        finally:
+            _edge = None
+            await edge.close()

@@ -1,0 +1,866 @@
+"""The connector's side of the connector protocol, sans-IO: its state and its handlers.
+
+:class:`ConnectorCore` is the whole logged state of a source connector: its
+configuration, the worker it talks to (moved by RESTART and MIGRATE), its connections'
+state machines and, per stream, the point of reference the worker last acknowledged.
+Handlers take the events of the outside world (a connection made or lost, the frames a
+worker sent, where the source reader stopped) and return :class:`Actions`: frames to
+write, credits to grant, connections to dial or close, and orders for the source reader
+(``Go``, ``Stop``, ``Halt``). It touches no socket, clock, file or randomness, so the
+connector immortal (:mod:`immortals.wallaroo.connector`) replays it exactly.
+
+What is decided here, and so logged, and what is not
+----------------------------------------------------
+The worker is the system of record for points of reference (seed 000, *Handshake*: OK
+and, in our worker, NOTIFY_ACK give "points of reference that belonged to prior
+sessions"); the connector's durable progress is whatever the worker acknowledged. So
+the core decides, from logged input only: which streams to introduce and with which
+point, where each stream resumes (the point NOTIFY_ACK gives), where it rewinds (a NACK,
+or in v3 an ACK below the last one), when a stream ends (the reader reached the end of
+the source: EOS), where to connect and when to migrate. It does not see MESSAGE frames:
+the source reader (outside the determinism boundary) reads the payloads again from the
+source by point of reference and writes them while credits allow. Payloads are never
+logged; the source is replayable by point (a file by line, an Ockam stream by index, a
+generator by count). After a crash of either side the stream resumes after the worker's
+point, the worker drops anything at or below it, and nothing is lost or repeated.
+
+Points of reference are message ids and count records consumed from the source: the
+record at position ``k`` (1-based) is sent with message id ``k``, and a stream at point
+``p`` resumes with record ``p + 1``. So 0 (the draft's "undefined") means "nothing
+consumed" and needs no special case; ``NOTHING_SEEN`` from the worker means it never saw
+the stream, and the stream starts at the source's origin (``Go.start is None``).
+
+Rules, where the seeds leave room:
+
+- HELLO on every new connection; on OK, one NOTIFY per stream that is not finished,
+  carrying the last acknowledged point (seed 000, *Streaming*: "if a connector is resuming
+  from Wallaroo's provided point of reference it should provide that reference"). The
+  draft's OK may list points too; they are hints, used only for a stream the core knows
+  no point for. A stream starts only when the NOTIFY_ACK for its last NOTIFY arrives.
+- NOTIFY_ACK(false): the stream is held by another connection (say, our own previous
+  one, not yet seen closed by the worker); NOTIFY again after a back-off (``RetryLater``).
+- ACK: credits to the edge, and (stream, point) pairs. A point below the last acknowledged
+  one (or ``NOTHING_SEEN``) is a rewind: the reader starts again after it (reference: "a
+  point of reference lower than the connector's current one tells the connector to rewind
+  its source"). NACK (draft): the stream is stopped, one NOTIFY answers each NACK (seed
+  000: NACKs stack, "each NACK will require a NOTIFY") and it resumes from the point of
+  the NOTIFY_ACK answering the last one.
+- End of stream: the reader reports the point it ended at; the core sends EOS (draft: a
+  boundary flagged EOS with that point as its id, seed 000 D0; v3: EOS_MESSAGE). A stream
+  whose EOS the worker acknowledged at its end point is finished and not introduced again.
+- RESTART(host:port): the worker closes; connect there, HELLO again, re-notify every
+  stream (reference). The new address is the target from then on (it is state, so a
+  restarted connector goes there too).
+- MIGRATE(host, port) follows the addendum's order (seed 001, *Migration Protocol*): the
+  reader halts every running stream and reports where it stopped; the core sends EOS at
+  that point (steps 2 and 3) and meanwhile dials the new address and says HELLO (steps
+  7, 8, old connection still open). Once the new worker's OK came and the old worker has
+  acknowledged every stream at or past its EOS (step 6; a stream whose NOTIFY was in
+  flight is settled by its refusal, which carries the old worker's point), MIGRATION_ACK
+  goes out on the old connection (step 9) and the streams are introduced on the new one
+  with the old worker's final points (step 11), which a target run with ``--adopt-points``
+  takes over. If the old connection fails first the migration is abandoned (the old
+  worker is still the system of record) and the connector reconnects to it; if the new
+  one fails, it is dialled again.
+- Anything from the worker that does not decode or is not valid in its state: ERROR with
+  the reason, close, reconnect (seed 000, *Protocol State Machine*). A source that cannot
+  resume from the point the worker gave (a file shorter than it): ERROR, and the stream
+  is not introduced again in this incarnation (seed 000, D5: "an error here should
+  always mean halt").
+- Back-off: ``Dial.attempt`` counts the sessions in a row that ended before OK (a refused
+  cookie backs off; a worker that crashed mid-stream is redialled at once, and the edge
+  backs off between refused connects).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, Final, Literal, TypeAlias
+
+import attrs
+
+from .codec import (
+    DEFAULT_MAX_FRAME_BYTES,
+    DRAFT_VERSION,
+    LENGTH_PREFIX_BYTES,
+    NOTHING_SEEN,
+    V3_VERSION,
+    Dialect,
+    decode_tagged,
+    encode,
+    end_of_stream,
+    stream_id_for,
+)
+from .errors import FrameTooLargeError, ProtocolError
+from .frames import (
+    Ack,
+    Error,
+    Frame,
+    Hello,
+    Message,
+    Migrate,
+    MigrationAck,
+    Nack,
+    Notify,
+    NotifyAck,
+    Ok,
+    Restart,
+)
+from .states import ConnectionMachine, ConnectionState, Role, StreamMachine, StreamState
+
+__all__ = [
+    "Action",
+    "Actions",
+    "Close",
+    "Commit",
+    "ConnectorConfig",
+    "ConnectorCore",
+    "Dial",
+    "Go",
+    "Grant",
+    "Halt",
+    "MessageEncoder",
+    "RetryLater",
+    "Stop",
+    "UnknownStreamError",
+    "Write",
+    "format_address",
+]
+
+_C = Role.CONNECTOR
+_CS, _SS = ConnectionState, StreamState
+_MAX_REASON: Final = 2000  # characters of an ERROR reason we send (seed 000: "short")
+_MAIN, _MIGRATION = "main", "migration"
+
+
+def format_address(host: str, port: int) -> str:
+    """``host:port``, with an IPv6 host in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _host_port(text: str) -> tuple[str, int]:
+    host, colon, port = text.rpartition(":")
+    if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{text!r} is not HOST:PORT")
+    return host.strip("[]"), int(port)
+
+
+def _address(inst: object, attribute: attrs.Attribute[str], value: str) -> None:
+    _host_port(value)
+
+
+def _to_names(value: Iterable[str]) -> tuple[str, ...]:
+    return tuple(value)
+
+
+def _names(inst: object, attribute: attrs.Attribute[tuple[str, ...]], value: Any) -> None:
+    ids: dict[int, str] = {}
+    for name in value:
+        other = ids.setdefault(stream_id_for(name), name)
+        if other != name:
+            raise ValueError(f"streams {other!r} and {name!r} have the same stream id")
+
+
+@attrs.frozen
+class ConnectorConfig:
+    """What the connector is told at start (logged in the ``start`` impulse)."""
+
+    worker: str = attrs.field(validator=_address)
+    """``HOST:PORT`` of the worker to connect to first."""
+    streams: tuple[str, ...] = attrs.field(converter=_to_names, validator=_names)
+    """The source's stream names; each stream's id is :func:`.codec.stream_id_for` of it."""
+    cookie: bytes = b""
+    dialect: Dialect = attrs.field(default=Dialect.DRAFT, converter=Dialect)
+    program_name: str = "ambrosia-py"
+    instance_name: str = ""
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+
+
+# --- what handlers return -----------------------------------------------------------------
+
+
+@attrs.frozen
+class Dial:
+    """Connect to ``address``; report ``connected(dial, conn, address)`` once done.
+    ``attempt``: sessions in a row that ended before OK (the edge's back-off)."""
+
+    dial: int
+    address: str
+    attempt: int
+
+
+@attrs.frozen
+class Write:
+    """Frames for ``conn``, in order. ``charged``: each costs a credit (every frame after
+    OK but ERROR does, reference) so the edge holds them until it has credits."""
+
+    conn: str
+    frames: tuple[bytes, ...]
+    charged: bool = True
+
+
+@attrs.frozen
+class Grant:
+    """The worker granted ``credits`` more frames on ``conn`` (OK, ACK, NACK)."""
+
+    conn: str
+    credits: int
+
+
+@attrs.frozen
+class Close:
+    """Close ``conn``; the core has forgotten it (no ``closed`` report is needed)."""
+
+    conn: str
+
+
+@attrs.frozen
+class Go:
+    """Read stream ``name`` from the source after point ``start`` (None: the source's
+    origin) and send its records on ``conn`` while credits allow, replacing any reader of
+    that stream; report ``halted(..., end=True)`` at the end of the source."""
+
+    conn: str
+    stream_id: int
+    name: str
+    generation: int
+    start: int | None
+
+
+@attrs.frozen
+class Stop:
+    """Stop reading ``stream_id`` on ``conn``; nothing to report (a NACK came)."""
+
+    conn: str
+    stream_id: int
+
+
+@attrs.frozen
+class Halt:
+    """Stop reading ``stream_id`` on ``conn`` and report the last point sent with
+    ``halted(conn, stream_id, generation, point, end=False)`` (a MIGRATE came)."""
+
+    conn: str
+    stream_id: int
+    name: str
+    generation: int
+
+
+@attrs.frozen
+class Commit:
+    """The worker acknowledged ``name`` up to ``point``: the source may record it (the
+    Ockam source saves it with the index service)."""
+
+    name: str
+    point: int
+
+
+@attrs.frozen
+class RetryLater:
+    """After a back-off for ``attempt``, report ``retry(conn, stream_id)``."""
+
+    conn: str
+    stream_id: int
+    attempt: int
+
+
+Action: TypeAlias = Dial | Write | Grant | Close | Go | Stop | Halt | Commit | RetryLater
+
+
+@attrs.frozen
+class Actions:
+    """What a handler decided, in order, and problems worth logging."""
+
+    actions: tuple[Action, ...] = ()
+    problems: tuple[str, ...] = ()
+
+
+_NOTHING: Final = Actions()
+
+
+class UnknownStreamError(ProtocolError):
+    """A frame from the worker naming a stream this connector never introduced."""
+
+    def __init__(self, dialect: str, frame: str, offset: int, stream_id: int) -> None:
+        reason = f"stream {stream_id} was never notified by this connector"
+        super().__init__(dialect, frame, "stream_id", offset, reason)
+        self.stream_id = stream_id
+
+    def __reduce__(self) -> tuple[type[ProtocolError], tuple[str, str, int, int]]:  # type: ignore[override]
+        return (type(self), (self.dialect, self.frame, self.offset, self.stream_id))
+
+
+# --- MESSAGE frames, fast ----------------------------------------------------------------
+
+
+class MessageEncoder:
+    """MESSAGE frames of one stream, as :func:`.codec.encode` writes them, at a fraction
+    of its cost: the reader sends every record through here (seed 000, *Streaming*).
+
+    The layout is not written down again: the encoder asks the codec for a frame with
+    message id 0 and one with id 2^64-1 and keeps the bytes around the eight that differ,
+    so it follows the dialect's table. What the fast path cannot write (v3's empty payload,
+    which v3 sends as a boundary; a frame over the limit, an EncodeError) goes through
+    the codec. v3's event time is 0 (the sources have none) and it has no key.
+    """
+
+    __slots__ = ("_dialect", "_head", "_limit", "_order", "_stream_id", "_tail", "_v3")
+
+    def __init__(self, dialect: Dialect | str, stream_id: int, max_frame_bytes: int) -> None:
+        d = Dialect(dialect)
+        self._dialect, self._stream_id, self._limit = d, stream_id, max_frame_bytes
+        self._v3 = d is Dialect.V3
+        self._order: Literal["little", "big"] = "big" if self._v3 else "little"
+        lo = self._slow(0, b"\x00")
+        hi = self._slow(2**64 - 1, b"\x00")
+        at = [i for i, (a, b) in enumerate(zip(lo, hi, strict=True)) if a != b]
+        if len(at) != 8 or at[-1] - at[0] != 7 or lo[:LENGTH_PREFIX_BYTES] != hi[:4]:
+            raise AssertionError(f"{d} MESSAGE layout: the message id is not 8 bytes in place")
+        self._head = lo[LENGTH_PREFIX_BYTES : at[0]]
+        self._tail = lo[at[0] + 8 : -1]
+
+    def _slow(self, message_id: int, payload: bytes) -> bytes:
+        if self._v3:
+            message = Message(self._stream_id, message_id, payload or None, event_time=0)
+        else:
+            message = Message(self._stream_id, message_id, payload)
+        return encode(message, self._dialect, max_frame_bytes=self._limit)
+
+    def __call__(self, message_id: int, payload: bytes) -> bytes:
+        """The MESSAGE frame (length prefix included) of record ``message_id``."""
+        size = len(self._head) + 8 + len(self._tail) + len(payload)
+        if size > self._limit or not payload or not 0 <= message_id < 2**64:
+            return self._slow(message_id, payload)
+        order = self._order
+        return b"".join(
+            (
+                size.to_bytes(LENGTH_PREFIX_BYTES, order),
+                self._head,
+                message_id.to_bytes(8, order),
+                self._tail,
+                payload,
+            )
+        )
+
+
+# --- the state ---------------------------------------------------------------------------
+
+
+class _Conn:
+    __slots__ = ("address", "machine", "offset", "purpose", "streamed")
+
+    def __init__(self, address: str, purpose: str) -> None:
+        self.address = address
+        self.purpose = purpose  # _MAIN, or _MIGRATION until the migration completes
+        self.machine = ConnectionMachine(_C)
+        self.offset = 0  # stream offset of the next byte from the worker
+        self.streamed = False  # OK came: the session got going
+
+
+class _Stream:
+    __slots__ = (
+        "acked",
+        "broken",
+        "configured",
+        "conn",
+        "end",
+        "eos_at",
+        "generation",
+        "halting",
+        "machine",
+        "name",
+        "notifies",
+        "refusals",
+        "running",
+    )
+
+    def __init__(self, stream_id: int, name: str) -> None:
+        self.name = name
+        self.acked: int | None = None  # the worker's last acknowledged point; durable progress
+        self.end: int | None = None  # where the source ended (EOS), once the reader found it
+        self.configured = True  # in the source this incarnation reads
+        self.broken: str | None = None  # the source cannot resume it (seed 000, D5)
+        self.generation = 0  # bumped whenever a reader's reports must be ignored
+        self.machine = StreamMachine(_C, stream_id)
+        self.reset_session()
+
+    def reset_session(self) -> None:
+        """A new session: not introduced anywhere, no reader."""
+        self.machine = StreamMachine(_C, self.machine.stream_id)
+        self.conn: str | None = None  # where it was introduced
+        self.notifies = 0  # NOTIFYs not yet answered
+        self.running = False  # a reader sends it (a Go is out)
+        self.halting = False  # a Halt is out, its report not yet in
+        self.eos_at: int | None = None  # the point its EOS on ``conn`` carried
+        self.refusals = 0
+        self.generation += 1
+
+    @property
+    def finished(self) -> bool:
+        return self.end is not None and self.acked == self.end
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__slots__}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for k, v in state.items():
+            setattr(self, k, v)
+
+
+@attrs.define
+class _Migration:
+    old: str
+    to: str
+    dial: int
+    new: str | None = None
+    failures: int = 0
+
+
+class _Batch:
+    __slots__ = ("actions", "problems")
+
+    def __init__(self) -> None:
+        self.actions: list[Action] = []
+        self.problems: list[str] = []
+
+    def done(self) -> Actions:
+        if not self.actions and not self.problems:
+            return _NOTHING
+        return Actions(tuple(self.actions), tuple(self.problems))
+
+
+class ConnectorCore:
+    """The connector's state and handlers (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.config: ConnectorConfig | None = None
+        self.incarnation = ""
+        self.target = ""  # where the connector connects: moved by RESTART and MIGRATE
+        self.failures = 0  # sessions in a row that ended before OK
+        self.dials = 0  # the last dial number handed out
+        self.wanted: dict[int, str] = {}  # dial -> purpose, not yet connected
+        self.conns: dict[str, _Conn] = {}
+        self.active: str | None = None
+        self.migration: _Migration | None = None
+        self.streams: dict[int, _Stream] = {}
+        self.moves = 0  # RESTARTs followed and migrations completed
+        self.hints: dict[int, int] = {}  # the draft OK's points, for streams without one
+
+    # -- the incarnation ----------------------------------------------------------------
+
+    def start(self, incarnation: str, config: ConnectorConfig) -> Actions:
+        """A new incarnation: connections of earlier ones are gone. Dial the target.
+
+        The target is the worker a RESTART or a migration moved the connector to, unless
+        the configured worker changed: an operator's new ``--worker`` wins.
+        """
+        if self.config is None or self.config.worker != config.worker:
+            self.target = config.worker
+        self.config = config
+        self.incarnation = incarnation
+        self.conns.clear()
+        self.wanted.clear()
+        self.active = None
+        self.migration = None
+        self.failures = 0
+        for s in self.streams.values():
+            s.configured = False
+        for name in config.streams:
+            sid = stream_id_for(name)
+            known = self.streams.get(sid)
+            if known is None or known.name != name:
+                known = self.streams[sid] = _Stream(sid, name)
+            known.configured = True
+            known.broken = None  # a restart is the operator's repair (seed 000, D5)
+        for s in self.streams.values():
+            s.reset_session()
+        batch = _Batch()
+        self._dial(batch, _MAIN, self.target, 0)
+        return batch.done()
+
+    # -- the edge's reports -------------------------------------------------------------
+
+    def connected(self, dial: int, conn: str, address: str) -> Actions:
+        """A dial succeeded: say HELLO (seed 000, *Handshake*)."""
+        purpose = self.wanted.pop(dial, None)
+        if purpose is None:  # no longer wanted (a migration abandoned meanwhile)
+            return Actions((Close(conn),))
+        cfg = self._config
+        c = self.conns[conn] = _Conn(address, purpose)
+        version = DRAFT_VERSION if cfg.dialect is Dialect.DRAFT else V3_VERSION
+        hello = Hello(version, cfg.cookie, cfg.program_name, cfg.instance_name)
+        c.machine.send(hello)
+        if purpose == _MAIN:
+            self.active = conn
+        elif self.migration is not None:
+            self.migration.new = conn
+        return Actions((Write(conn, (self._encode(hello),), charged=False),))
+
+    def closed(self, conn: str) -> Actions:
+        """The connection's transport is gone."""
+        c = self.conns.pop(conn, None)
+        if c is None:
+            return _NOTHING
+        batch = _Batch()
+        self._lost(batch, conn, c)
+        return batch.done()
+
+    def too_large(self, conn: str, offset: int, size: int) -> Actions:
+        """The edge refused a length over the limit (seed 000, B1): ERROR and close."""
+        c = self.conns.get(conn)
+        if c is None:
+            return _NOTHING
+        cfg = self._config
+        err = FrameTooLargeError(cfg.dialect.value, offset, size, cfg.max_frame_bytes)
+        batch = _Batch()
+        self._fail(batch, conn, c, str(err))
+        return batch.done()
+
+    def frames(self, conn: str, frames: list[bytes]) -> Actions:
+        """Handle the frames one read brought on ``conn`` (each its tag and body)."""
+        c = self.conns.get(conn)
+        if c is None:
+            return _NOTHING
+        dialect = self._config.dialect
+        batch = _Batch()
+        for raw in frames:
+            offset = c.offset
+            c.offset += LENGTH_PREFIX_BYTES + len(raw)
+            if c.machine.state is _CS.DISCONNECTED:
+                break  # after MIGRATION_ACK the old worker closes; late frames are moot
+            try:
+                frame = decode_tagged(raw, dialect, offset + LENGTH_PREFIX_BYTES)
+                self._frame(batch, conn, c, frame, offset)
+            except ProtocolError as err:
+                self._fail(batch, conn, c, f"{err} (frame at stream offset {offset})")
+            if conn not in self.conns:
+                break
+        return batch.done()
+
+    def halted(self, conn: str, stream_id: int, generation: int, point: int, end: bool) -> Actions:
+        """The reader of ``stream_id`` stopped after sending up to ``point``: at the end of
+        the source (``end``) or because a Halt told it to. Either way, EOS at ``point``."""
+        s = self._current(conn, stream_id, generation)
+        if s is None:
+            return _NOTHING
+        c = self.conns[conn]
+        s.running = s.halting = False
+        if end:
+            s.end = point
+        eos = end_of_stream(self._config.dialect, stream_id, point)
+        s.machine.send(eos)
+        c.machine.send(eos)
+        s.eos_at = point
+        batch = _Batch()
+        batch.actions.append(Write(conn, (self._encode(eos),)))
+        self._settle_migration(batch)
+        return batch.done()
+
+    def failed(self, conn: str, stream_id: int, generation: int, reason: str) -> Actions:
+        """The source cannot go on with ``stream_id`` from where the worker said (seed 000,
+        D5): ERROR and close; the stream is not introduced again in this incarnation."""
+        s = self._current(conn, stream_id, generation)
+        if s is None:
+            return _NOTHING
+        s.broken = reason
+        batch = _Batch()
+        self._fail(batch, conn, self.conns[conn], f"stream {s.name!r}: {reason}")
+        return batch.done()
+
+    def retry(self, conn: str, stream_id: int) -> Actions:
+        """The back-off after a refused NOTIFY is over: NOTIFY again if still wanted."""
+        c = self.conns.get(conn)
+        s = self.streams.get(stream_id)
+        if (
+            c is None
+            or s is None
+            or conn != self.active
+            or c.machine.state is not _CS.STREAMING
+            or s.conn != conn
+            or s.machine.state is not _SS.INTRO
+            or s.notifies
+            or not self._eligible(s)
+        ):
+            return _NOTHING
+        batch = _Batch()
+        batch.actions.append(Write(conn, (self._encode(self._notify(c, s, conn)),)))
+        return batch.done()
+
+    # -- one frame from the worker ------------------------------------------------------
+
+    def _frame(self, batch: _Batch, conn: str, c: _Conn, frame: Frame, offset: int) -> None:
+        c.machine.receive(frame)  # what a connector never receives, or not now, stops here
+        if isinstance(frame, Ack):
+            self._ack(batch, conn, c, frame, offset)
+        elif isinstance(frame, NotifyAck):
+            self._notify_ack(batch, conn, c, frame, offset)
+        elif isinstance(frame, Ok):
+            self._ok(batch, conn, c, frame)
+        elif isinstance(frame, Nack):
+            self._nack(batch, conn, c, frame, offset)
+        elif isinstance(frame, Migrate):
+            self._migrate(batch, conn, c, frame)
+        elif isinstance(frame, Restart):
+            self._restart(batch, conn, c, frame)
+        elif isinstance(frame, Error):
+            batch.problems.append(f"worker {c.address} sent ERROR: {frame.reason}")
+            batch.actions.append(Close(conn))
+            del self.conns[conn]
+            self._lost(batch, conn, c)
+
+    def _ok(self, batch: _Batch, conn: str, c: _Conn, ok: Ok) -> None:
+        c.streamed = True
+        if ok.initial_credits:
+            batch.actions.append(Grant(conn, ok.initial_credits))
+        if c.purpose == _MIGRATION:
+            self._settle_migration(batch)
+            return
+        self.failures = 0
+        self.hints = dict(ok.points_of_reference)
+        self._notify_all(batch, conn, c)
+
+    def _notify_all(self, batch: _Batch, conn: str, c: _Conn) -> None:
+        frames = [self._notify(c, s, conn) for s in self.streams.values() if self._eligible(s)]
+        if frames:
+            batch.actions.append(Write(conn, tuple(self._encode(f) for f in frames)))
+
+    def _eligible(self, s: _Stream) -> bool:
+        return s.configured and s.broken is None and not s.finished
+
+    def _notify(self, c: _Conn, s: _Stream, conn: str, point: int | None = None) -> Notify:
+        if point is None:
+            point = s.acked if s.acked is not None else self.hints.get(s.machine.stream_id)
+        if point is None:
+            point = 0 if self._config.dialect is Dialect.DRAFT else NOTHING_SEEN
+        notify = Notify(s.machine.stream_id, s.name, point)
+        s.machine.send(notify)
+        c.machine.send(notify)
+        s.conn = conn
+        s.notifies += 1
+        return notify
+
+    def _notify_ack(self, batch: _Batch, conn: str, c: _Conn, na: NotifyAck, offset: int) -> None:
+        s = self._named(conn, na.stream_id, "NotifyAck", offset)
+        if not s.notifies:
+            reason = f"stream {na.stream_id} has no NOTIFY awaiting a NOTIFY_ACK"
+            raise ProtocolError(self._config.dialect.value, "NotifyAck", None, offset, reason)
+        s.machine.receive(na)
+        s.notifies -= 1
+        point = None if na.point_of_reference == NOTHING_SEEN else na.point_of_reference
+        if not na.success:
+            if point is not None:
+                s.acked = point  # the worker's own point: the one to resume from elsewhere
+            if c.machine.state is _CS.MIGRATING:
+                self._settle_migration(batch)
+            else:
+                batch.problems.append(f"stream {s.name!r} is held elsewhere; NOTIFY again later")
+                batch.actions.append(RetryLater(conn, na.stream_id, s.refusals))
+                s.refusals += 1
+            return
+        s.refusals = 0
+        s.acked = point
+        if s.notifies == 0 and s.machine.state is _SS.OPEN:
+            self._go(batch, conn, s, point)
+
+    def _go(self, batch: _Batch, conn: str, s: _Stream, start: int | None) -> None:
+        s.generation += 1
+        s.running = True
+        batch.actions.append(Go(conn, s.machine.stream_id, s.name, s.generation, start))
+
+    def _ack(self, batch: _Batch, conn: str, c: _Conn, ack: Ack, offset: int) -> None:
+        if ack.credits:
+            batch.actions.append(Grant(conn, ack.credits))
+        for sid, point in ack.acks:
+            s = self._named(conn, sid, "Ack", offset)
+            s.machine.receive(ack)
+            if point == NOTHING_SEEN or (s.acked is not None and point < s.acked):
+                self._rewind(batch, conn, s, None if point == NOTHING_SEEN else point)
+            elif point != s.acked:
+                s.acked = point
+                batch.actions.append(Commit(s.name, point))
+        self._settle_migration(batch)
+
+    def _rewind(self, batch: _Batch, conn: str, s: _Stream, point: int | None) -> None:
+        """v3's rewind: an ACK below the last one (reference, *What the released worker
+        does*). Messages in flight past it are taken once by the worker; the reader
+        starts again after ``point`` and the worker drops what it already has."""
+        batch.problems.append(f"worker rewound stream {s.name!r} from {s.acked} to {point}")
+        s.acked = point
+        if s.running and s.conn == conn:
+            self._go(batch, conn, s, point)
+
+    def _nack(self, batch: _Batch, conn: str, c: _Conn, nack: Nack, offset: int) -> None:
+        s = self._named(conn, nack.stream_id, "Nack", offset)
+        s.machine.receive(nack)  # RESET, one more on the stack
+        if nack.credits:
+            batch.actions.append(Grant(conn, nack.credits))
+        if s.running:
+            batch.actions.append(Stop(conn, nack.stream_id))
+            s.running = False
+        s.generation += 1
+        s.acked = nack.point_of_reference
+        s.eos_at = None
+        batch.problems.append(f"worker NACKed stream {s.name!r} to {nack.point_of_reference}")
+        notify = self._notify(c, s, conn, nack.point_of_reference)  # pops the one pushed
+        batch.actions.append(Write(conn, (self._encode(notify),)))
+
+    def _restart(self, batch: _Batch, conn: str, c: _Conn, restart: Restart) -> None:
+        try:
+            _host_port(restart.address)
+        except ValueError as exc:
+            batch.problems.append(f"RESTART from {c.address} ignored: {exc}")
+        else:
+            self.target = restart.address
+            self.moves += 1
+        batch.problems.append(f"worker {c.address} sent RESTART to {restart.address}")
+        batch.actions.append(Close(conn))
+        del self.conns[conn]
+        self._reset_streams(conn)
+        self.active = None
+        self.failures = 0
+        self._dial(batch, _MAIN, self.target, 0)
+
+    # -- migration (seed 001) -------------------------------------------------------------
+
+    def _migrate(self, batch: _Batch, conn: str, c: _Conn, m: Migrate) -> None:
+        to = format_address(m.host, m.port)
+        if conn != self.active or self.migration is not None:
+            raise ProtocolError(
+                self._config.dialect.value, "Migrate", None, c.offset, "a MIGRATE while migrating"
+            )
+        batch.problems.append(f"worker {c.address} asked to MIGRATE to {to}")
+        self.migration = _Migration(conn, to, self._dial(batch, _MIGRATION, to, 0))
+        for sid, s in self.streams.items():
+            if s.conn == conn and s.running:
+                s.running, s.halting = False, True
+                batch.actions.append(Halt(conn, sid, s.name, s.generation))
+        self._settle_migration(batch)
+
+    def _settle_migration(self, batch: _Batch) -> None:
+        """MIGRATION_ACK on the old connection once the new worker said OK and the old
+        acknowledged every stream through its EOS (seed 001, steps 6 to 9); then the
+        streams are introduced on the new connection (step 11)."""
+        m = self.migration
+        if m is None or m.new is None or not self.conns[m.new].streamed:
+            return
+        for s in self.streams.values():
+            if s.conn != m.old:
+                continue
+            if s.running or s.halting or s.notifies:
+                return
+            if s.eos_at is not None and (s.acked is None or s.acked < s.eos_at):
+                return
+        old, new = self.conns[m.old], self.conns[m.new]
+        ack = MigrationAck()
+        old.machine.send(ack)
+        batch.actions.append(Write(m.old, (self._encode(ack),)))
+        self._reset_streams(m.old)
+        self.migration = None
+        self.target = m.to
+        self.active = m.new
+        new.purpose = _MAIN
+        self.moves += 1
+        self.failures = 0
+        batch.problems.append(f"migrated to {m.to}")
+        self._notify_all(batch, m.new, new)
+
+    # -- losing a connection --------------------------------------------------------------
+
+    def _fail(self, batch: _Batch, conn: str, c: _Conn, reason: str) -> None:
+        """ERROR with ``reason`` and close (seed 000, *Protocol State Machine*)."""
+        if len(reason) > _MAX_REASON:
+            reason = reason[: _MAX_REASON - 3] + "..."
+        batch.problems.append(f"ERROR to worker {c.address}: {reason}")
+        batch.actions.append(Write(conn, (self._encode(Error(reason)),), charged=False))
+        batch.actions.append(Close(conn))
+        self.conns.pop(conn, None)
+        self._lost(batch, conn, c)
+
+    def _lost(self, batch: _Batch, conn: str, c: _Conn) -> None:
+        """``conn`` is gone (already out of ``conns``): what now depends on its role."""
+        self._reset_streams(conn)
+        m = self.migration
+        if m is not None and conn == m.old:
+            batch.problems.append(f"migration to {m.to} abandoned: {c.address} went first")
+            self.migration = None
+            self.wanted.pop(m.dial, None)
+            if m.new is not None and self.conns.pop(m.new, None) is not None:
+                batch.actions.append(Close(m.new))
+            self.active = None
+            self._redial(batch, c)
+        elif m is not None and conn == m.new:
+            m.new = None
+            m.failures += 1
+            m.dial = self._dial(batch, _MIGRATION, m.to, m.failures)
+        elif conn == self.active:
+            self.active = None
+            self._redial(batch, c)
+
+    def _redial(self, batch: _Batch, c: _Conn) -> None:
+        self.failures = 0 if c.streamed else self.failures + 1
+        self._dial(batch, _MAIN, self.target, self.failures)
+
+    def _reset_streams(self, conn: str) -> None:
+        for s in self.streams.values():
+            if s.conn == conn:
+                s.reset_session()  # the reader's reports for it are ignored from now
+
+    def _dial(self, batch: _Batch, purpose: str, address: str, attempt: int) -> int:
+        self.dials += 1
+        self.wanted[self.dials] = purpose
+        batch.actions.append(Dial(self.dials, address, attempt))
+        return self.dials
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    @property
+    def _config(self) -> ConnectorConfig:
+        if self.config is None:
+            raise RuntimeError("the connector core has not been started")
+        return self.config
+
+    def _named(self, conn: str, sid: int, frame: str, offset: int) -> _Stream:
+        s = self.streams.get(sid)
+        if s is None or s.conn != conn:
+            raise UnknownStreamError(self._config.dialect.value, frame, offset, sid)
+        return s
+
+    def _current(self, conn: str, sid: int, generation: int) -> _Stream | None:
+        """The stream a reader reports on, unless the report is stale."""
+        s = self.streams.get(sid)
+        if s is None or s.generation != generation or s.conn != conn or conn not in self.conns:
+            return None
+        return s
+
+    def _encode(self, frame: Frame) -> bytes:
+        return encode(frame, self._config.dialect)
+
+    # -- reading the state (for operators and tests; not a handler) ---------------------------
+
+    def status(self) -> dict[str, Any]:
+        """A summary: the target, connections, migration, each stream's progress."""
+        m = self.migration
+        return {
+            "incarnation": self.incarnation,
+            "target": self.target,
+            "active": self.active,
+            "failures": self.failures,
+            "moves": self.moves,
+            "migration": None if m is None else {"old": m.old, "to": m.to, "new": m.new},
+            "connections": {
+                conn: {"address": c.address, "state": c.machine.state.value, "role": c.purpose}
+                for conn, c in self.conns.items()
+            },
+            "streams": {
+                s.name: {
+                    "id": sid,
+                    "acked": s.acked,
+                    "end": s.end,
+                    "finished": s.finished,
+                    "state": s.machine.state.value,
+                    "running": s.running,
+                    "broken": s.broken,
+                }
+                for sid, s in self.streams.items()
+            },
+        }
