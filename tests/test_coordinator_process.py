@@ -56,7 +56,7 @@ def test_first_start_then_self_calls_then_clean_exit(tmp_path: Path) -> None:
         binding.close()
         assert ic.proc.wait(timeout=30) == 0
     files = sorted(p.name for p in (tmp_path / "svc_0").iterdir())
-    assert files == ["serverchkpt1", "serverkillFile", "serverlog1"]
+    assert files == ["serverchkpt1", "serverindex1", "serverkillFile", "serverlog1"]
     assert committer > 0
 
 

@@ -6,7 +6,9 @@ checkpoint N is the state at the start of log N, so recovering from it needs log
 ...) and the lock file ``serverkillFile``, which a running coordinator holds with
 ``flock`` and which names its pid. Logs are appended with ``writev`` + ``fdatasync``;
 checkpoints are written to a temporary file and renamed into place, so a reader only ever
-sees a whole checkpoint. Every file is created 0600 and the directory 0700 (:mod:`.modes`):
+sees a whole checkpoint. Beside each log the writer keeps a sidecar index
+``serverindex<N>`` (:mod:`.logindex`): a hint for readers, never read by recovery.
+Every file is created 0600 and the directory 0700 (:mod:`.modes`):
 logs hold call arguments, checkpoints whole states.
 
 Scanning a log (:meth:`InstanceFiles.scan_log`) is :mod:`.logscan`'s job: it verifies every
@@ -26,6 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .errors import CorruptLogError, InstanceLockedError, StorageError
+from .logindex import EVERY_BYTES, INDEX_PREFIX, IndexWriter, index_path_for
 from .logscan import LogScan, TailDamage
 from .modes import PRIVATE_FILE, create_private, fsync_dir, make_private_dir
 
@@ -91,7 +94,7 @@ class LogWriter:
     (recovery will cut the partial record as a torn tail).
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, index_every_bytes: int = EVERY_BYTES) -> None:
         self.path = path
         existed = path.exists()
         try:
@@ -104,6 +107,13 @@ class LogWriter:
         if not existed:
             # The new directory entry must survive a crash too, not just the data.
             fsync_dir(path.parent)
+        # The sidecar index (logindex.py): a hint for readers, never needed for recovery.
+        index = index_path_for(path) if index_every_bytes else None
+        self._index = (
+            IndexWriter(index, fresh=self.size == 0, every_bytes=index_every_bytes)
+            if index is not None
+            else None
+        )
 
     def append(self, parts: Sequence[bytes | bytearray | memoryview]) -> None:
         """Write ``parts`` at the end of the file and ``fdatasync`` it."""
@@ -114,6 +124,8 @@ class LogWriter:
         """Write ``parts`` at the end of the file, not yet durable (see :meth:`sync`)."""
         with self._lock:
             fd = self._usable()
+            if self._index is not None:
+                self._index.note(self.size, parts)
             try:
                 written = _write_all(fd, parts)
             except OSError as exc:
@@ -146,6 +158,8 @@ class LogWriter:
     def close(self) -> None:
         """Close the file (idempotent)."""
         with self._lock:
+            if self._index is not None:
+                self._index.close()
             if self._fd is not None:
                 os.close(self._fd)
                 self._fd = None
@@ -178,13 +192,19 @@ class InstanceFiles:
 
     def owned_paths(self) -> list[Path]:
         """The directory and every file in it the coordinator writes (for :func:`.modes.tighten`):
-        logs, checkpoints and their temporary files, the lock, kept torn tails."""
+        logs, checkpoints and their temporary files, the lock, kept torn tails, log indexes."""
         try:
             names = os.listdir(self.path)
         except FileNotFoundError:
             return []
         ours = (LOG_PREFIX, CHECKPOINT_PREFIX, LOCK_FILE, f".{CHECKPOINT_PREFIX}")
-        return [self.path, *(self.path / n for n in sorted(names) if n.startswith(ours))]
+        names.sort()
+        # Sidecar indexes last: a report of loose modes names the logs and checkpoints first.
+        return [
+            self.path,
+            *(self.path / n for n in names if n.startswith(ours)),
+            *(self.path / n for n in names if n.startswith(INDEX_PREFIX)),
+        ]
 
     # --- the lock ----------------------------------------------------------------------
 
@@ -320,7 +340,8 @@ class InstanceFiles:
         Recovery from checkpoint K needs logs K, K+1, ...; those are never removed.
         ``committed``, if given, is the checkpoint the registry last recorded as committed
         (the newest file may be one a crash left uncommitted): it and everything after it
-        are kept as well. Returns the removed paths, oldest first.
+        are kept as well. Returns the removed paths, oldest first (a removed log's sidecar
+        index, ``serverindex<N>``, is removed too and not listed).
         """
         if keep < 1:
             raise StorageError(f"keep must be at least 1, not {keep}")
@@ -335,6 +356,9 @@ class InstanceFiles:
         doomed.sort(key=lambda p: (_number(p), p.name))
         for path in doomed:
             path.unlink()
+            index = index_path_for(path)  # a removed log's sidecar index goes with it
+            if index is not None:
+                index.unlink(missing_ok=True)
         if doomed:
             fsync_dir(self.path)
         return doomed
