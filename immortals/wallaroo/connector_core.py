@@ -62,6 +62,13 @@ Rules, where the seeds leave room:
   takes over. If the old connection fails first the migration is abandoned (the old
   worker is still the system of record) and the connector reconnects to it; if the new
   one fails, it is dialled again.
+- A move is exactly once for the streams open on the moved connection: their final
+  point reaches the connector (the old worker's ACKs after EOS in the draft, its last ACK
+  before RESTART in v3) before the new worker is told it. A stream whose NOTIFY is in
+  flight or was refused (held by a connection the old worker has not seen close) when
+  the move comes carries the last point the connector knows, which may lag the old
+  worker's: a target that adopts it may take a few messages again. (Released Wallaroo
+  moved a source's state between workers itself; ``--adopt-points`` stands in for that.)
 - Anything from the worker that does not decode or is not valid in its state: ERROR with
   the reason, close, reconnect (seed 000, *Protocol State Machine*). A source that cannot
   resume from the point the worker gave (a file shorter than it): ERROR, and the stream
