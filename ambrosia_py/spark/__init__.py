@@ -1,0 +1,31 @@
+"""Spark over the recorded logs: the ``ambrosia`` PySpark data source.
+
+``register(spark)`` adds the data source to a session, ``local_session()`` makes a
+configured local one; then ``spark.read.format("ambrosia").load(PATH)`` reads logs as
+rows (batch) and ``spark.readStream.format("ambrosia").load(DATA_DIR)`` follows them as
+they grow. :func:`read_rows` gives the same rows in pure Python. Importing this package
+needs neither PySpark nor PyArrow; using Spark does (``pip install 'ambrosia-py[spark]'``).
+See ``docs/spark.md``.
+"""
+
+from .errors import LogDamageError, LogFormatError, LogReadError, NoLogsError
+from .layout import LogFile, find_logs
+from .rows import read_rows
+from .schema import MESSAGE_COLUMNS, MSG_TYPE_NAMES, RECORD_COLUMNS
+from .session import java_problem, local_session, register
+
+__all__ = [
+    "MESSAGE_COLUMNS",
+    "MSG_TYPE_NAMES",
+    "RECORD_COLUMNS",
+    "LogDamageError",
+    "LogFile",
+    "LogFormatError",
+    "LogReadError",
+    "NoLogsError",
+    "find_logs",
+    "java_problem",
+    "local_session",
+    "read_rows",
+    "register",
+]

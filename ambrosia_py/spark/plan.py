@@ -1,0 +1,111 @@
+"""Planning a read: which byte ranges of which logs, split at verified index entries.
+
+A log with a sidecar index (``serverindex<N>``, :mod:`ambrosia_py.coordinator.logindex`)
+is split at indexed offsets about every ``split_bytes``; an entry is used only if a valid
+record with the entry's seq starts at its offset. A log without one is one piece. Small
+pieces are then packed together, so a data dir of many small logs is not one Spark task
+per file.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import attrs
+
+from ..coordinator.logindex import IndexEntry, read_index
+from .layout import LogFile
+from .scan import Neighbour, Span, verify_record_at
+
+__all__ = ["DEFAULT_SPLIT_BYTES", "Piece", "pack", "pieces_of", "plan"]
+
+DEFAULT_SPLIT_BYTES = 64 << 20
+_ENTRIES_BEFORE = 3  # index entries kept before a piece's start, for its first commit_time
+
+
+@attrs.frozen
+class Piece:
+    """A byte range of one log, with the index entries that may give its commit times."""
+
+    log: LogFile
+    span: Span
+    entries: tuple[IndexEntry, ...] = ()
+
+    @property
+    def size(self) -> int:
+        return self.span.end - self.span.start
+
+
+def _entries_for(entries: Sequence[IndexEntry], span: Span) -> tuple[IndexEntry, ...]:
+    before = [e for e in entries if e.offset < span.start][-_ENTRIES_BEFORE:]
+    inside = [e for e in entries if span.start <= e.offset < span.end]
+    return (*before, *inside)
+
+
+def pieces_of(log: LogFile, start: int, end: int, *, final: bool, split_bytes: int) -> list[Piece]:
+    """``[start, end)`` of ``log`` as pieces split at verified index entries.
+
+    A split point is an entry at which a valid record with the entry's seq and the
+    committer id of the log's first record starts; the pieces around it know that record
+    (their neighbour check, :mod:`.scan`).
+    """
+    if end <= start:
+        return []
+    entries = read_index(Path(log.path))
+    points: list[tuple[int, int]] = []  # (offset, seq) of each verified split point
+    fd = os.open(log.path, os.O_RDONLY)
+    try:
+        first = verify_record_at(fd, 0, end) if entries else None
+        last = start
+        for e in entries:
+            if first is None or e.offset - last < split_bytes or e.offset >= end:
+                continue
+            header = verify_record_at(fd, e.offset, end)
+            if header is not None and (header.seq, header.committer_id) == (
+                e.seq,
+                first.committer_id,
+            ):
+                points.append((e.offset, e.seq))
+                last = e.offset
+    finally:
+        os.close(fd)
+    out = []
+    bounds: list[tuple[int, int | None]] = [(start, None), *points, (end, None)]
+    for (a, a_seq), (b, b_seq) in itertools.pairwise(bounds):
+        assert first is not None or (a_seq is None and b_seq is None)
+        span = Span(
+            a,
+            b,
+            final=final and b == end,
+            before=None
+            if a_seq is None or first is None
+            else Neighbour(first.committer_id, a_seq - 1),
+            after=None if b_seq is None or first is None else Neighbour(first.committer_id, b_seq),
+        )
+        out.append(Piece(log, span, _entries_for(entries, span)))
+    return out
+
+
+def plan(logs: Sequence[LogFile], split_bytes: int = DEFAULT_SPLIT_BYTES) -> list[Piece]:
+    """Every log of ``logs`` from its start to its present end, split."""
+    out: list[Piece] = []
+    for log in logs:
+        size = os.path.getsize(log.path)
+        out += pieces_of(log, 0, size, final=True, split_bytes=split_bytes)
+    return out
+
+
+def pack(pieces: Sequence[Piece], split_bytes: int) -> list[list[Piece]]:
+    """Consecutive pieces grouped into partitions of about ``split_bytes``."""
+    groups: list[list[Piece]] = []
+    size = 0
+    for piece in pieces:
+        if not groups or size + piece.size > split_bytes:
+            groups.append([])
+            size = 0
+        groups[-1].append(piece)
+        size += piece.size
+    return groups
