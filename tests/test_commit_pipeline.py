@@ -17,26 +17,43 @@ from ambrosia_py.coordinator.storage import LogWriter, StorageError
 class _RecordingWriter(LogWriter):
     """A real log file that notes when each write ended and each sync began and ended."""
 
-    def __init__(self, path: Path, events: list[tuple[str, int]], fail_sync: int = -1) -> None:
+    def __init__(
+        self,
+        path: Path,
+        events: list[tuple[str, int]],
+        fail_sync: int = -1,
+        hold_first_sync: int = 0,
+    ) -> None:
         super().__init__(path)
         self.events = events
         self.fail_sync = fail_sync
+        # Records to be written while the first sync on a worker thread runs (an inline
+        # sync, the latency path, runs on the event loop: holding it would block writes).
+        self.hold_first_sync = hold_first_sync
         self._syncs = 0
         self._records = 0
-        self._mutex = threading.Lock()
+        self._mutex = threading.Condition()
 
     def write(self, parts: object) -> None:  # type: ignore[override]
         super().write(parts)  # type: ignore[arg-type]
         with self._mutex:
             self.events.append(("written", self._records))
             self._records += 1
+            self._mutex.notify_all()
 
     def sync(self) -> None:
         with self._mutex:
             n = self._syncs
             self._syncs += 1
             # Everything written so far is covered by this sync.
-            self.events.append(("sync-start", self._records))
+            started_at = self._records
+            self.events.append(("sync-start", started_at))
+            if self.hold_first_sync and threading.current_thread() is not threading.main_thread():
+                # A slow disk, made so: this sync lasts until more records were written
+                # behind it (or a deadline passes, and the test's check fails).
+                self.hold_first_sync, hold = 0, self.hold_first_sync
+                self.events.append(("held", n))
+                self._mutex.wait_for(lambda: self._records >= started_at + hold, timeout=30)
         if n == self.fail_sync:
             raise StorageError("injected sync failure")
         super().sync()
@@ -45,11 +62,17 @@ class _RecordingWriter(LogWriter):
 
 
 async def _run(
-    tmp_path: Path, count: int, fail_sync: int = -1, alone: Callable[[int], bool] = lambda i: False
+    tmp_path: Path,
+    count: int,
+    fail_sync: int = -1,
+    alone: Callable[[int], bool] = lambda i: False,
+    hold_first_sync: int = 0,
+    events: list[tuple[str, int]] | None = None,
+    forwarded: list[int] | None = None,
 ) -> tuple[list, list[int]]:
-    events: list[tuple[str, int]] = []
-    forwarded: list[int] = []
-    writer = _RecordingWriter(tmp_path / "serverlog1", events, fail_sync)
+    events = [] if events is None else events
+    forwarded = [] if forwarded is None else forwarded
+    writer = _RecordingWriter(tmp_path / "serverlog1", events, fail_sync, hold_first_sync)
 
     async def forward(record: list) -> None:
         forwarded.append(int(bytes(record[0])))
@@ -75,27 +98,45 @@ async def _run(
 def test_every_record_is_forwarded_in_order_after_a_sync_that_covers_it(
     tmp_path: Path, alone: Callable[[int], bool]
 ) -> None:
-    events, forwarded = asyncio.run(_run(tmp_path, 200, alone=alone))
+    events, forwarded = asyncio.run(_run(tmp_path, 200, alone=alone, hold_first_sync=3))
     assert forwarded == list(range(200))
     assert (tmp_path / "serverlog1").stat().st_size == 200 * 10
     covered = 0  # records covered by a sync that has ended
     pending_cover = {}  # sync number -> records written when it started
     syncs_started = 0
+    held: int | None = None  # the sync made slow, while it runs
+    written_during_held_sync = []
     for kind, n in events:
         if kind == "sync-start":
             pending_cover[syncs_started] = n
             syncs_started += 1
+        elif kind == "held":
+            held = n
         elif kind == "sync-end":
             covered = max(covered, pending_cover[n])
+            if n == held:
+                held = -1
         elif kind == "forwarded":
             assert n < covered, f"record {n} forwarded before a sync covering it ended"
-    # The stages overlapped: fewer syncs than records (several records per sync).
-    assert syncs_started < 200
+        elif kind == "written" and held is not None and held >= 0:
+            written_during_held_sync.append(n)
+    # The stages overlapped: while a sync ran, later records were written (and the check
+    # above saw none of them forwarded before a sync that began after them had ended).
+    assert len(written_during_held_sync) >= 3, events[:30]
 
 
 def test_a_failed_sync_stops_forwarding_and_is_raised(tmp_path: Path) -> None:
+    events: list[tuple[str, int]] = []
+    forwarded: list[int] = []
     with pytest.raises(StorageError, match="injected sync failure"):
-        asyncio.run(_run(tmp_path, 50, fail_sync=2))
+        asyncio.run(_run(tmp_path, 50, fail_sync=2, events=events, forwarded=forwarded))
+    # Forwarded: exactly the records the two good syncs covered, in order; nothing the
+    # failed sync covered, and nothing written after it.
+    starts = [n for kind, n in events if kind == "sync-start"]
+    assert len(starts) == 3  # the third failed; no sync after it
+    # A prefix (a record written just before a sync is taken by the next one), at least
+    # the first, none beyond what the good syncs covered.
+    assert 1 <= len(forwarded) <= starts[1] and forwarded == list(range(len(forwarded)))
 
 
 def test_a_failed_sync_forwards_nothing_it_covered(tmp_path: Path) -> None:
