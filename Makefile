@@ -3,7 +3,7 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP_DEV := $(VENV)/.installed-dev
+STAMP_DEV := $(VENV)/.installed-dev-spark
 
 .PHONY: demo test lint typecheck unit bench clean
 
@@ -12,8 +12,13 @@ $(BIN)/python:
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
 $(STAMP_DEV): $(BIN)/python pyproject.toml
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e '.[dev,spark]'
 	touch $@
+
+# Spark (the `spark` extra, tests/test_spark_*.py) needs a Java runtime; without one those
+# tests skip and this says, in one line, how to get it.
+JAVA_CHECK = command -v java >/dev/null 2>&1 || [ -x "$$JAVA_HOME/bin/java" ] || \
+	echo "no java: the Spark tests will skip; to run them: apt-get install openjdk-17-jre-headless"
 
 demo: $(STAMP_DEV)
 	$(BIN)/ambrosia-py demo
@@ -28,6 +33,7 @@ typecheck: $(STAMP_DEV)
 	$(BIN)/mypy
 
 unit: $(STAMP_DEV)
+	@$(JAVA_CHECK)
 	$(BIN)/pytest -q
 
 bench: $(STAMP_DEV)

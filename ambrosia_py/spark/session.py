@@ -60,6 +60,7 @@ def local_session(
     # Workers must run this interpreter, or they miss the packages of its environment.
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # loopback only, as bindAddress
     settings = {
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",

@@ -1,0 +1,26 @@
+"""Fixtures shared across test modules."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """One local SparkSession (``local[2]``) for the whole run, with the ambrosia data source
+    registered; the Spark tests skip, saying what to install, where PySpark or Java is
+    missing."""
+    pytest.importorskip("pyspark", reason="PySpark is missing: pip install 'ambrosia-py[spark]'")
+    from ambrosia_py.spark import java_problem, local_session
+
+    problem = java_problem()
+    if problem is not None:
+        pytest.skip(problem)
+    session = local_session(2, conf={"spark.sql.shuffle.partitions": "1"})
+    try:
+        yield session
+    finally:
+        session.stop()
