@@ -1,0 +1,408 @@
+"""The connector immortal end to end: ``ambrosia-py run immortals.wallaroo.connector``.
+
+Real processes on loopback: connectors (a file, a generator, an Ockam stream through a
+real hub) feed a worker (``ambrosia-py run immortals.wallaroo.worker``) whose
+application counts words. Mid-stream the connectors, the worker and the hub are
+SIGKILLed (service process, coordinator, or both) and started again with the same
+command, more than once; every stream must end with the worker's counts equal to
+exactly-once processing of the source, and ``ambrosia-py replay --verify`` must find the
+connector's recorded history deterministic. A worker told to move its connectors
+(MIGRATE in the draft, RESTART in v3) hands the stream to a second worker with nothing
+lost or taken twice across both. A connector with the wrong cookie is refused, again
+and again with back-off, while a healthy one streams on.
+
+Every wait has a deadline; kills land when the worker has applied a given number of
+messages (read through its control port), never after a sleep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from immortals.ockam.client import OckamClient, Publisher
+from immortals.wallaroo import stream_id_for
+from immortals.wallaroo.sources import generate
+from immortals.wallaroo.worker_ctl import request
+
+ROOT = Path(__file__).resolve().parents[1]
+COOKIE = "e2e-cookie"
+DEADLINE = 180.0  # seconds for a whole exchange to finish
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _proc_state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except OSError:
+        return "X"
+
+
+def wait_for(what: str, condition: Callable[[], bool], timeout: float = DEADLINE) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)  # polling a condition, bounded by the deadline
+
+
+class Service:
+    """One ``ambrosia-py run SERVICE`` and its coordinator child process."""
+
+    def __init__(self, data_dir: Path, instance: str, service: str, *args: str) -> None:
+        self.data_dir, self.instance, self.service = data_dir, instance, service
+        self.args = list(args)
+        self.log = data_dir / f"{instance}.run.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def start(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        argv = [sys.executable, "-m", "ambrosia_py.cli", "run", self.service]
+        argv += ["--instance", self.instance, "--data-dir", str(self.data_dir), *self.args]
+        with self.log.open("ab") as log:
+            self.proc = subprocess.Popen(argv, stdout=log, stderr=log, cwd=ROOT, env=ENV)
+        self.starts += 1
+
+    def tail(self, n: int = 4000) -> str:
+        return self.log.read_text(errors="replace")[-n:] if self.log.exists() else ""
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def _coordinator_pid(self) -> int | None:
+        assert self.proc is not None
+        pid = self.proc.pid
+        try:
+            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        except OSError:
+            return None
+        return int(children[0]) if children else None
+
+    def kill(self, which: str) -> None:
+        """SIGKILL the service process, its coordinator, or both; wait until both are gone."""
+        assert self.proc is not None
+        ic = self._coordinator_pid()
+        victims = {"service": [self.proc.pid], "coordinator": [ic], "both": [ic, self.proc.pid]}
+        for pid in victims[which]:
+            if pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        self.proc.wait(30)
+        if ic is not None:
+            deadline = time.monotonic() + 30
+            while Path(f"/proc/{ic}").exists() and _proc_state(ic) not in ("Z", "X"):
+                if time.monotonic() > deadline:
+                    os.kill(ic, signal.SIGKILL)
+                time.sleep(0.01)  # polling a condition, bounded by the deadline
+
+    def stop(self) -> None:
+        """SIGINT (the binding stops its coordinator); anything left is killed."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        ic = self._coordinator_pid()
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        if ic is not None and Path(f"/proc/{ic}").exists():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(ic, signal.SIGKILL)
+
+
+class Worker(Service):
+    def __init__(self, data_dir: Path, instance: str, dialect: str, *extra: str) -> None:
+        self.port = _free_port()
+        self.control = f"127.0.0.1:{_free_port()}"
+        self.address = f"127.0.0.1:{self.port}"
+        super().__init__(
+            data_dir,
+            instance,
+            "immortals.wallaroo.worker",
+            *("--listen", self.address, "--control", self.control, "--cookie", COOKIE),
+            *("--dialect", dialect, "--app", "tests.wallaroo_apps:word_count"),
+            *("--max-credits", "100", "--refill-credits", "50", *extra),
+        )
+
+    def start(self) -> None:
+        super().start()
+        wait_for(f"worker {self.instance}\n{self.tail()}", self._answers, 60)
+
+    def _answers(self) -> bool:
+        if not self.alive():
+            raise AssertionError(f"worker {self.instance} exited:\n{self.tail()}")
+        try:
+            request(self.control, COOKIE, {"op": "status"}, timeout=2)
+            return True
+        except (OSError, ValueError):
+            return False
+
+    def status(self) -> dict[str, Any]:
+        answer = request(self.control, COOKIE, {"op": "status"})
+        assert answer["ok"], answer
+        return dict(answer["status"])
+
+    def applied(self) -> int:
+        return int(self.status()["app_state"].get("messages", 0))
+
+    def stream(self, name: str) -> dict[str, Any] | None:
+        s = self.status()["streams"].get(str(stream_id_for(name)))
+        return None if s is None else dict(s)
+
+    def counts(self) -> Counter[str]:
+        return Counter(self.status()["app_state"].get("counts", {}))
+
+
+class Connector(Service):
+    def __init__(
+        self, data_dir: Path, instance: str, worker: Worker, source: str, dialect: str, *extra: str
+    ) -> None:
+        super().__init__(
+            data_dir,
+            instance,
+            "immortals.wallaroo.connector",
+            *("--worker", worker.address, "--cookie", COOKIE, "--dialect", dialect),
+            *("--source", source, "--backoff-max", "0.5", *extra),
+        )
+
+
+@pytest.fixture
+def processes() -> Iterator[list[Service]]:
+    """Every process a test starts, stopped pass or fail."""
+    started: list[Service] = []
+    try:
+        yield started
+    finally:
+        for p in started:
+            p.stop()
+
+
+def words(lines: list[bytes]) -> Counter[str]:
+    counts: Counter[str] = Counter()
+    for line in lines:
+        counts.update(line.decode().split())
+    return counts
+
+
+def text(lines: int, seed: int) -> list[bytes]:
+    rng = random.Random(seed)
+    vocabulary = [f"t{k}" for k in range(50)]
+    return [" ".join(rng.choices(vocabulary, k=rng.randint(1, 9))).encode() for _ in range(lines)]
+
+
+def finished(worker: Worker, name: str, point: int) -> bool:
+    s = worker.stream(name)
+    return s is not None and s["point"] == point and s["state"] == "closed"
+
+
+def kill_at(
+    plan: list[tuple[int, Service, str]], applied: Callable[[], int], done: Callable[[], bool]
+) -> list[str]:
+    """Run ``plan`` ((messages applied, process, which)): SIGKILL each when the worker
+    has applied that many messages, start it again; then wait for ``done``."""
+    kills = []
+    deadline = time.monotonic() + DEADLINE
+    for at, victim, which in plan:
+        wait_for(f"{at} messages before killing {victim.instance}", lambda at=at: applied() >= at)
+        before = applied()
+        victim.kill(which)
+        kills.append(f"{victim.instance}:{which}@{before}")
+        victim.start()
+    wait_for("every stream to finish", done, max(1.0, deadline - time.monotonic()))
+    return kills
+
+
+def replay_verify(service: Service) -> None:
+    replay = subprocess.run(
+        [
+            *(sys.executable, "-m", "ambrosia_py.cli", "replay", service.service),
+            *("--instance", service.instance, "--data-dir", str(service.data_dir), "--verify"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env=ENV,
+    )
+    assert replay.returncode == 0, replay.stdout + replay.stderr
+    assert "deterministic" in replay.stdout
+
+
+# --- the tests ----------------------------------------------------------------------------
+
+
+def test_a_file_and_a_generator_exactly_once_through_sigkills(
+    tmp_path: Path, processes: list[Service]
+) -> None:
+    lines = text(6000, 1)
+    path = tmp_path / "words.txt"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    gen, n_gen = "gen://6000?seed=3", 6000
+    worker = Worker(tmp_path / "w", "worker", "draft")
+    files = Connector(tmp_path / "c1", "files", worker, f"file://{path}", "draft")
+    gens = Connector(tmp_path / "c2", "gens", worker, gen, "draft")
+    processes += [worker, files, gens]
+    worker.start()
+    files.start()
+    gens.start()
+    total = len(lines) + n_gen
+    name = f"file://{path}"
+    plan = [
+        (total // 8, files, "service"),
+        (total // 4, worker, "coordinator"),
+        (3 * total // 8, gens, "both"),
+        (total // 2, worker, "service"),
+        (5 * total // 8, files, "coordinator"),
+        (3 * total // 4, worker, "both"),
+    ]
+    kills = kill_at(
+        plan,
+        worker.applied,
+        lambda: finished(worker, name, len(lines)) and finished(worker, gen, n_gen),
+    )
+    print("kills (process:which@messages applied just before):", kills)
+    assert len(kills) == 6
+    assert all(int(k.rsplit("@", 1)[1]) < total for k in kills)  # mid-stream
+    expected = words(lines) + words([generate(3, k) for k in range(1, n_gen + 1)])
+    status = worker.status()
+    assert status["app_state"]["messages"] == total, kills
+    assert worker.counts() == expected
+    for c in (files, gens):
+        c.stop()
+        replay_verify(c)
+
+
+def test_v3_generator_exactly_once_through_sigkills(
+    tmp_path: Path, processes: list[Service]
+) -> None:
+    gen, n = "gen://8000?seed=9", 8000
+    worker = Worker(tmp_path / "w", "worker", "v3")
+    conn = Connector(tmp_path / "c", "conn", worker, gen, "v3")
+    processes += [worker, conn]
+    worker.start()
+    conn.start()
+    plan = [(n // 5, conn, "both"), (2 * n // 5, worker, "service"), (3 * n // 5, conn, "service")]
+    kill_at(plan, worker.applied, lambda: finished(worker, gen, n))
+    assert worker.applied() == n
+    assert worker.counts() == words([generate(9, k) for k in range(1, n + 1)])
+
+
+@pytest.mark.parametrize("dialect", ["draft", "v3"])
+def test_a_worker_moves_its_connector_mid_stream(
+    tmp_path: Path, processes: list[Service], dialect: str
+) -> None:
+    """Draft: MIGRATE (seed 001); v3: RESTART. Across both workers, exactly once."""
+    gen, n = "gen://12000?seed=4", 12000
+    a = Worker(tmp_path / "a", "a", dialect)
+    b = Worker(tmp_path / "b", "b", dialect, "--adopt-points", "true")
+    conn = Connector(tmp_path / "c", "conn", a, gen, dialect)
+    processes += [a, b, conn]
+    a.start()
+    b.start()
+    conn.start()
+    wait_for("a quarter of the stream at a", lambda: a.applied() >= n // 4)
+    answer = request(a.control, COOKIE, {"op": "move", "target": b.address})
+    assert answer == {"ok": True, "connections": 1}, answer
+    wait_for("the stream to finish at b", lambda: finished(b, gen, n))
+    assert a.applied() + b.applied() == n
+    assert n // 4 <= a.applied() < n
+    assert a.counts() + b.counts() == words([generate(4, k) for k in range(1, n + 1)])
+    log = conn.tail(100_000)
+    assert ("migrated to" if dialect == "draft" else "sent RESTART to") in log
+    # The connector goes on to the new worker after a restart too: its target is state.
+    conn.kill("both")
+    conn.start()
+    wait_for("the restarted connector at b", lambda: len(b.status()["connections"]) == 1)
+    assert not a.status()["connections"]
+
+
+def test_a_wrong_cookie_is_refused_without_disturbing_a_healthy_connector(
+    tmp_path: Path, processes: list[Service]
+) -> None:
+    gen, n = "gen://6000?seed=6", 6000
+    worker = Worker(tmp_path / "w", "worker", "draft")
+    healthy = Connector(tmp_path / "c1", "healthy", worker, gen, "draft")
+    intruder = Service(
+        tmp_path / "c2",
+        "intruder",
+        "immortals.wallaroo.connector",
+        *("--worker", worker.address, "--cookie", "wrong", "--source", "gen://100?seed=1"),
+        *("--backoff-max", "0.2"),
+    )
+    processes += [worker, healthy, intruder]
+    worker.start()
+    healthy.start()
+    wait_for("the healthy connector streaming", lambda: worker.applied() >= 500)
+    intruder.start()
+    wait_for("two refusals", lambda: intruder.tail(100_000).count("sent ERROR: Bad cookie") >= 2)
+    wait_for("the healthy stream to finish", lambda: finished(worker, gen, n))
+    assert worker.applied() == n
+    assert worker.counts() == words([generate(6, k) for k in range(1, n + 1)])
+    assert worker.stream("gen://100?seed=1") is None
+    assert intruder.alive()  # it backs off and tries again; it does not give up or crash
+
+
+def test_an_ockam_stream_through_a_hub_exactly_once_through_sigkills(
+    tmp_path: Path, processes: list[Service]
+) -> None:
+    hub_port = _free_port()
+    hub = Service(
+        tmp_path / "hub", "hub", "immortals.ockam.hub", "--listen", f"127.0.0.1:{hub_port}"
+    )
+    worker = Worker(tmp_path / "w", "worker", "draft")
+    source = f"ockam://127.0.0.1:{hub_port}/words"
+    conn = Connector(tmp_path / "c", "conn", worker, source, "draft")
+    processes += [hub, worker, conn]
+    hub.start()
+    worker.start()
+    lines = text(4000, 8)
+    first, second = lines[:2500], lines[2500:]
+
+    def publish(payloads: list[bytes]) -> None:
+        asyncio.run(Publisher("127.0.0.1", hub_port, "words", window=200).publish(payloads))
+
+    publish(first)
+    conn.start()
+    name = "ockam:words"
+
+    def at(point: int) -> Callable[[], bool]:
+        return lambda: (worker.stream(name) or {}).get("point") == point
+
+    plan = [(500, hub, "both"), (1000, conn, "service"), (1500, worker, "coordinator")]
+    kill_at(plan, worker.applied, at(len(first)))
+    publish(second)  # more arrives after the kills: the connector picks it up
+    hub.kill("service")
+    hub.start()
+    wait_for("the whole stream at the worker", at(len(lines)))
+    assert worker.applied() == len(lines)
+    assert worker.counts() == words(lines)
+
+    async def saved() -> int | None:  # acknowledged points reach the index service
+        client = await OckamClient.connect("127.0.0.1", hub_port)
+        try:
+            return await client.get_index("conn", "words")
+        finally:
+            await client.close()
+
+    wait_for("the index service to hold the last point", lambda: asyncio.run(saved()) == 4000)
