@@ -13,11 +13,13 @@ import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 import xxhash
 
@@ -206,10 +208,13 @@ def free_port() -> int:
 class Coordinator:
     proc: subprocess.Popen[str]
     ready: str
+    log: IO[bytes]  # its stderr: a file, so a chatty coordinator never fills a pipe
 
     def stderr(self) -> str:
-        assert self.proc.stderr is not None
-        return self.proc.stderr.read()
+        """Everything it logged, once it has exited (within the deadline)."""
+        self.proc.wait(timeout=DEADLINE)
+        self.log.seek(0)
+        return self.log.read().decode(errors="replace")
 
     def kill(self) -> None:
         if self.proc.poll() is None:
@@ -255,26 +260,28 @@ def coordinator(
         str(data_dir),
         *extra,
     ]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    binding: FakeBinding | None = None
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        if not line.startswith("ready"):
-            proc.wait(timeout=DEADLINE)
-            raise AssertionError(
-                f"no ready line: {line!r} {proc.stderr.read() if proc.stderr else ''}"
-            )
-        fields = dict(kv.split("=") for kv in line.split() if "=" in kv)
-        binding = FakeBinding(
-            int(fields["receive_port"]),
-            int(fields["send_port"]),
-            ready_token(fields, data_dir, instance, command),
-        ).connect()
-        yield Coordinator(proc, line), binding
-    finally:
-        if binding is not None:
-            binding.close()
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log, text=True)
+        binding: FakeBinding | None = None
+        try:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()
+            if not line.startswith("ready"):
+                proc.wait(timeout=DEADLINE)
+                log.seek(0)
+                raise AssertionError(
+                    f"no ready line: {line!r} {log.read().decode('utf-8', 'replace')}"
+                )
+            fields = dict(kv.split("=") for kv in line.split() if "=" in kv)
+            binding = FakeBinding(
+                int(fields["receive_port"]),
+                int(fields["send_port"]),
+                ready_token(fields, data_dir, instance, command),
+            ).connect()
+            yield Coordinator(proc, line, log), binding
+        finally:
+            if binding is not None:
+                binding.close()
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()

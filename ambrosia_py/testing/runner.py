@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+import queue
 import signal
 import subprocess
 import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import cloudpickle
 
@@ -31,6 +32,17 @@ from ..coordinator.ic_cli import coordinator_argv
 __all__ = ["ImmortalRunner", "RunningImmortal"]
 
 DEFAULT_TIMEOUT = 30.0
+
+
+def _readline_within(stream: IO[str], timeout: float) -> str:
+    """A line from ``stream``, or ``""`` at its end or if none comes within ``timeout``
+    (a coordinator that hangs before its ready line must not hang the test)."""
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: lines.put(stream.readline()), daemon=True).start()
+    try:
+        return lines.get(timeout=timeout)
+    except queue.Empty:
+        return ""
 
 
 class _Impulses:
@@ -76,8 +88,10 @@ class RunningImmortal:
                 text=True,
             )
         assert self.ic.stdout is not None
-        line = self.ic.stdout.readline()
+        line = _readline_within(self.ic.stdout, timeout)
         if not line.startswith("ready"):
+            if line == "" and self.ic.poll() is None:  # no line, and it still runs: hung
+                self.ic.kill()
             self.ic.wait(timeout)
             raise RuntimeError(f"coordinator did not start: {line!r}\n{self._log_tail()}")
         fields = dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
