@@ -139,6 +139,15 @@ def kinds(actions: list[Action]) -> list[str]:
     return [type(a).__name__ for a in actions]
 
 
+def test_public_names_are_exported() -> None:
+    import immortals.wallaroo as wallaroo
+
+    names = {"WallarooConnector", "ConnectorConfig", "ConnectorCore", "MessageEncoder"}
+    names |= {"Source", "SourceError", "UnknownStreamError", "open_source", "stream_names"}
+    assert names <= set(wallaroo.__all__)
+    assert wallaroo.ConnectorCore is ConnectorCore and wallaroo.SourceError is SourceError
+
+
 # --- handshake --------------------------------------------------------------------------
 
 

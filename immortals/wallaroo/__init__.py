@@ -7,7 +7,9 @@ and layouts each, with :func:`encode` and :func:`decode`; ``framing`` the increm
 tables; ``errors`` the error hierarchy. The worker: ``worker_core`` its sans-IO state and
 handlers, ``worker`` the immortal (``ambrosia-py run immortals.wallaroo.worker``),
 ``transport`` its TCP edges, ``worker_ctl`` the operators' client. ``docs/wallaroo.md``
-tells the whole story. Everything public is re-exported here.
+tells the whole story. The connector: ``connector_core`` its sans-IO state and handlers,
+``connector`` the immortal (``ambrosia-py run immortals.wallaroo.connector``) and its
+edge, ``sources`` the replayable sources it reads. Everything public is re-exported here.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from .codec import (
     end_of_stream,
     stream_id_for,
 )
+from .connector import WallarooConnector
+from .connector_core import ConnectorConfig, ConnectorCore, MessageEncoder, UnknownStreamError
 from .errors import (
     EncodeError,
     FrameTooLargeError,
@@ -56,6 +60,7 @@ from .frames import (
     Restart,
 )
 from .framing import FrameReader
+from .sources import Source, SourceError, open_source, stream_names
 from .states import (
     ConnectionMachine,
     ConnectionState,
@@ -110,6 +115,14 @@ __all__ = [
     "StreamState",
     "UnexpectedFrameError",
     "kind_of",
+    # the connector
+    "ConnectorConfig",
+    "ConnectorCore",
+    "MessageEncoder",
+    "Source",
+    "WallarooConnector",
+    "open_source",
+    "stream_names",
     # the worker
     "WallarooWorker",
     "WorkerConfig",
@@ -122,10 +135,12 @@ __all__ = [
     "InvalidTextError",
     "NoCreditsError",
     "ProtocolError",
+    "SourceError",
     "StreamNotOpenError",
     "TrailingBytesError",
     "TruncatedFrameError",
     "TruncatedStreamError",
+    "UnknownStreamError",
     "UnknownTagError",
     "WallarooError",
 ]
