@@ -14,28 +14,38 @@ import datetime
 import os
 import re
 import struct
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 import xxhash
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ambrosia_py import wire
 from ambrosia_py.coordinator.logindex import INDEX_MAGIC, IndexEntry, encode_entry
 from ambrosia_py.coordinator.storage import LogWriter
 from ambrosia_py.spark import LogDamageError, LogFormatError, NoLogsError, find_logs, read_rows
 from ambrosia_py.spark.plan import plan
+from tests import strategies
 from tests.fake_binding import frame, incoming_fork, incoming_impulse, zz
 
 COMMITTER = 11
 TYPE_NAMES = {  # reference ambrosia.md, Message types
     wire.AttachTo: "AttachTo",
-    wire.InitialMessage: "InitialMessage",
-    wire.Checkpoint: "Checkpoint",
     wire.TakeCheckpoint: "TakeCheckpoint",
-    wire.UpgradeService: "UpgradeService",
+    wire.Commit: "Commit",
+    wire.ReplayFrom: "ReplayFrom",
     wire.Ping: "Ping",
+    wire.PingReturn: "PingReturn",
+    wire.Checkpoint: "Checkpoint",
+    wire.InitialMessage: "InitialMessage",
+    wire.UpgradeTakeCheckpoint: "UpgradeTakeCheckpoint",
+    wire.TakeBecomingPrimaryCheckpoint: "TakeBecomingPrimaryCheckpoint",
+    wire.UpgradeService: "UpgradeService",
     wire.TrimTo: "TrimTo",
+    wire.BecomingPrimary: "BecomingPrimary",
 }
 RPC_TYPES = {
     wire.RpcType.ASYNC_AWAIT: "async",
@@ -142,7 +152,7 @@ def flat(msg: wire.Message, instance: str) -> dict[str, Any]:
         row.update(destination=instance, payload=bytes(msg.value))
     elif isinstance(msg, wire.AttachTo):
         row["destination"] = msg.destination
-    elif isinstance(msg, wire.InitialMessage | wire.Ping):
+    elif isinstance(msg, wire.InitialMessage | wire.Ping | wire.PingReturn):
         row["payload"] = bytes(msg.data)
     elif isinstance(msg, wire.Checkpoint):
         row["payload"] = bytes(msg.blob)
@@ -333,14 +343,29 @@ def test_damage_in_the_middle_is_not_a_torn_tail(tmp_path: Path) -> None:
         list(read_rows(tmp_path, on_damage="fail"))
 
 
-def test_a_record_that_verifies_but_does_not_decode_is_a_format_error(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("body", "why"),
+    [
+        (frame(42, b"what is this"), "unknown message type 42"),
+        (frame(0, b"\x00" + zz(3) + b"\x05" + b"{}"), "unknown RPC type 5"),
+        (frame(0, b"\x00" + zz(3) + b"\x00" + zz(2) + b"\xff\xfe" + zz(1)), "not valid UTF-8"),
+        (frame(0, b"\x01" + zz(1) + b"s" + zz(1) + zz(1) + b"vx"), "trailing bytes"),
+        (frame(0, b"\x07" + zz(1) + b"s"), "unknown RPC return type 7"),
+        (frame(0, b"\x00" + b"\xff" * 6 + b"\x01"), "longer than 5 bytes"),
+        (incoming_fork(3, b"{}") + b"\x10\x00", "runs"),
+    ],
+)
+def test_a_record_that_verifies_but_does_not_decode_is_a_format_error(
+    tmp_path: Path, body: bytes, why: str
+) -> None:
     log = tmp_path / "svc_0" / "serverlog1"
     write_log(log, range(0, 2))
-    body = frame(42, b"what is this")  # no such message type
     with log.open("ab") as f:
         f.write(wire.encode_disk_record(COMMITTER, 2, body))
-    with pytest.raises(LogFormatError, match=r"offset \d+, seq 2: .*unknown message type 42"):
+    with pytest.raises(LogFormatError, match=rf"offset \d+, seq 2: .*{why}"):
         list(read_rows(tmp_path))
+    with pytest.raises(LogFormatError, match=rf"offset \d+, seq 2: .*{why}"):
+        list(read_rows(tmp_path, level="record"))
 
 
 def test_a_damaged_stale_or_foreign_index_never_misleads_the_reader(tmp_path: Path) -> None:
@@ -435,3 +460,37 @@ def test_a_log_in_the_released_on_disk_form_reads(tmp_path: Path) -> None:
     got = normal(read_rows(tmp_path))
     assert got == [r | {"log_file": str(log)} for r in rows]
     assert normal(read_rows(tmp_path)) == reference_rows(tmp_path)  # and so does the reference
+
+
+def _log_of(bodies: list[list[wire.Message]], directory: Path) -> Path:
+    """A log holding one record per body (seqs 0, 1, ...), blobs behind their records."""
+    log = directory / "prop_0" / "serverlog1"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    data = b""
+    for seq, messages in enumerate(bodies):
+        body = b"".join(b"".join(bytes(p) for p in wire.frame_parts(m)) for m in messages)
+        blobs = b"".join(bytes(m.blob) for m in messages if isinstance(m, wire.Checkpoint))
+        data += wire.encode_disk_record(COMMITTER, seq, body, [wire.Watermark("w", seq, 0)])
+        data += blobs
+    log.write_bytes(data)
+    return log
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            strategies.logged_bodies(with_checkpoints=True),
+            st.lists(strategies.rpc_messages(wire.Direction.TO_BINDING), min_size=1, max_size=6),
+        ),
+        min_size=1,
+        max_size=6,
+    )
+)
+def test_any_logged_messages_give_the_reference_rows(bodies: list[list[wire.Message]]) -> None:
+    """Every message form (calls and returns read straight from the bytes, the rest
+    decoded into objects, batches, checkpoints with their blobs) against the reference."""
+    with tempfile.TemporaryDirectory() as d:
+        _log_of(bodies, Path(d))
+        assert normal(read_rows(d)) == reference_rows(Path(d))
+        assert normal(read_rows(d, level="record")) == reference_rows(Path(d), "record")

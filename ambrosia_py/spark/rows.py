@@ -30,9 +30,11 @@ from pathlib import Path
 from typing import Any
 
 from .. import wire
+from ..wire import decode_zigzag_int as zigzag_int
+from ..wire import decode_zigzag_long as zigzag_long
 from .layout import find_logs
 from .plan import DEFAULT_SPLIT_BYTES, Piece, plan
-from .scan import Record, read_span
+from .scan import Record, messages_of, read_span
 from .schema import MESSAGE_COLUMNS, MSG_TYPE_NAMES, RECORD_COLUMNS, RPC_TYPE_NAMES
 
 __all__ = ["LEVELS", "Columns", "columns_of", "read_rows"]
@@ -45,11 +47,18 @@ _BATCHES = (wire.RpcBatch, wire.CountReplayableRpcBatch)
 _DATA = (wire.InitialMessage, wire.Ping, wire.PingReturn)
 
 
+_RECORD_FIELDS = ("offset", "seq", "committer", "commit_time", "check_ok")
+_ASYNC = wire.RpcType.ASYNC_AWAIT
+
+
 class Columns:
     """Rows of one log file under construction, column by column.
 
-    ``instance``, ``version`` and ``log_file`` are the same for every row and kept once;
-    the other columns are lists (payloads as views into the bytes read).
+    ``instance``, ``version`` and ``log_file`` are the same for every row and kept once.
+    The columns of a record (``offset`` ... ``check_ok``) are kept once per record in
+    :attr:`per_record`, with :attr:`counts` saying how many rows each record has; the
+    other columns are lists in :attr:`per_row` (payloads as views into the bytes read).
+    ``payload_size`` is not kept: it is the length of ``payload``.
     """
 
     def __init__(self, level: str, instance: str | None, version: int | None, log_file: str):
@@ -61,118 +70,230 @@ class Columns:
         self.log_file = log_file
         spec = MESSAGE_COLUMNS if level == "message" else RECORD_COLUMNS
         self.names = tuple(name for name, _, _ in spec)
-        self.lists: dict[str, list[Any]] = {name: [] for name in self.names[3:]}
-        self.payload_bytes = 0
+        self.per_record: dict[str, list[Any]] = {name: [] for name in _RECORD_FIELDS}
+        self.counts: list[int] = []
+        self.per_row: dict[str, list[Any]] = {
+            name: [] for name in self.names[8:] if name != "payload_size"
+        }
+        self.rows_count = 0
+        self.payload_bytes = 0  # about: the bodies of the records added
 
     def __len__(self) -> int:
-        return len(self.lists["offset"])
+        return self.rows_count
 
     def add(self, record: Record) -> None:
         """Add the rows of one record."""
-        if self.level == "record":
-            self._add_record(record)
-        elif not record.check_ok:
-            self._add_damaged(record)
-        else:
-            index = 0
-            for msg in record.messages:
-                if isinstance(msg, _BATCHES):
-                    for inner in msg.messages:
-                        self._add_message(record, index, inner)
-                        index += 1
-                else:
-                    self._add_message(record, index, msg)
-                    index += 1
-
-    def _head(self, record: Record) -> None:
-        c = self.lists
-        c["offset"].append(record.offset)
-        c["seq"].append(record.seq)
-        c["committer"].append(record.committer)
+        r = self.per_record
+        r["offset"].append(record.offset)
+        r["seq"].append(record.seq)
+        r["committer"].append(record.committer)
         t = record.commit_time_ns
-        c["commit_time"].append(None if t is None else t // 1000)
-        c["check_ok"].append(record.check_ok)
-
-    def _add_record(self, record: Record) -> None:
-        self._head(record)
-        c = self.lists
-        c["size"].append(record.size)
-        if record.check_ok:
-            count = sum(len(m.messages) if isinstance(m, _BATCHES) else 1 for m in record.messages)
-            c["msg_count"].append(count)
+        r["commit_time"].append(None if t is None else t // 1000)
+        r["check_ok"].append(record.check_ok)
+        if record.body is not None:
+            self.payload_bytes += len(record.body)
+        if self.level == "record":
+            count = 1
+            c = self.per_row
+            c["size"].append(record.size)
+            c["msg_count"].append(
+                sum(
+                    len(m.messages) if isinstance(m, _BATCHES) else 1
+                    for m in messages_of(self.log_file, record)
+                )
+                if record.check_ok
+                else None
+            )
+            c["body"].append(record.body)
+        elif not record.check_ok:
+            count = 1
+            for values in self.per_row.values():
+                values.append(None)
         else:
-            c["msg_count"].append(None)
-        c["body"].append(record.body)
-        self.payload_bytes += 0 if record.body is None else len(record.body)
+            plain = self._add_calls(record) if record.messages is None else None
+            count = (
+                plain
+                if plain is not None
+                else self._add_messages(messages_of(self.log_file, record))
+            )
+        self.counts.append(count)
+        self.rows_count += count
 
-    def _add_damaged(self, record: Record) -> None:
-        self._head(record)
-        for name in self.names[8:]:
-            self.lists[name].append(None)
+    def _add_messages(self, messages: list[wire.Message]) -> int:
+        """Add one row per message (batches flattened); return how many."""
+        c = self.per_row
+        index, msg_type, method_id = c["msg_index"], c["msg_type"], c["method_id"]
+        rpc_type, sender, call_seq = c["rpc_type"], c["sender"], c["call_seq"]
+        destination, payload = c["destination"], c["payload"]
+        instance = self.instance
+        n = 0
+        for outer in messages:
+            for msg in outer.messages if isinstance(outer, _BATCHES) else (outer,):
+                index.append(n)
+                n += 1
+                if type(msg) is _IncomingRpc:  # the common case, kept short
+                    msg_type.append(_RPC)
+                    method_id.append(msg.method_id)
+                    rpc_type.append(RPC_TYPE_NAMES[msg.rpc_type])
+                    if msg.rpc_type == _ASYNC:
+                        sender.append(msg.sender)
+                        call_seq.append(msg.call_seq)
+                    else:
+                        sender.append(None)
+                        call_seq.append(None)
+                    destination.append(instance)
+                    payload.append(msg.args)
+                    continue
+                values = _other(msg, instance)
+                msg_type.append(values[0])
+                method_id.append(None)
+                rpc_type.append(values[1])
+                sender.append(values[2])
+                call_seq.append(values[3])
+                destination.append(values[4])
+                payload.append(values[5])
+        return n
 
-    def _add_message(self, record: Record, index: int, msg: wire.Message) -> None:
-        self._head(record)
-        c = self.lists
-        c["msg_index"].append(index)
-        method: int | None = None
-        rpc_type: str | None = None
-        sender: str | None = None
-        destination: str | None = None
-        call_seq: int | None = None
-        payload: wire.Payload | None = None
-        if type(msg) is _IncomingRpc:
-            name = _RPC
-            method = msg.method_id
-            rpc_type = RPC_TYPE_NAMES[msg.rpc_type]
-            if rpc_type == "async":
-                sender = msg.sender
-                call_seq = msg.call_seq
-            destination = self.instance
-            payload = msg.args
-        elif isinstance(msg, wire.IncomingReturnValue):
-            name = _RPC
-            rpc_type = "return"
-            sender = msg.sender
-            call_seq = msg.call_seq
-            destination = self.instance
-            payload = msg.value
-        else:
-            name = MSG_TYPE_NAMES[msg.TYPE]
-            if isinstance(msg, wire.AttachTo):
-                destination = msg.destination
-            elif isinstance(msg, _DATA):
-                payload = msg.data
-            elif isinstance(msg, wire.Checkpoint):
-                payload = msg.blob
-        c["msg_type"].append(name)
-        c["method_id"].append(method)
-        c["rpc_type"].append(rpc_type)
-        c["sender"].append(sender)
-        c["destination"].append(destination)
-        c["call_seq"].append(call_seq)
-        if payload is None:
-            c["payload_size"].append(None)
-        else:
-            c["payload_size"].append(len(payload))
-            self.payload_bytes += len(payload)
-        c["payload"].append(payload)
+    def _add_calls(self, record: Record) -> int | None:
+        """Add the rows of a record that holds only calls and return values, read straight
+        from its bytes (no message objects: most of a log is such records, and making
+        objects is most of the cost); return how many, or ``None``, having added nothing,
+        for anything else (batches, other types, anything malformed), which the general
+        path decodes. The layouts are those of :mod:`ambrosia_py.wire.decoding`
+        (reference ambrosia.md, RPC layouts); a test holds the two paths to the same rows.
+        """
+        raw = record.raw
+        pos = record.body_start
+        assert record.body is not None
+        end = pos + len(record.body)
+        view = memoryview(raw)
+        c = self.per_row
+        method_id, rpc_type, payload = c["method_id"], c["rpc_type"], c["payload"]
+        mark = len(payload)
+        named: list[tuple[int, str, int]] = []  # (row, sender, call_seq): async calls, returns
+        try:
+            while pos < end:
+                b = raw[pos]
+                if b < 0x80:  # sizes take one or two bytes but for large messages
+                    size = (b >> 1) ^ -(b & 1)
+                    pos += 1
+                elif pos + 1 < end and raw[pos + 1] < 0x80:
+                    b = (b & 0x7F) | (raw[pos + 1] << 7)
+                    size = (b >> 1) ^ -(b & 1)
+                    pos += 2
+                else:
+                    size, pos = zigzag_int(raw, pos)
+                stop = pos + size
+                if size < 2 or stop > end or raw[pos] != 0:  # not an RPC
+                    raise _NotPlain
+                kind = raw[pos + 1]
+                q = pos + 2
+                if kind == 0:  # a call
+                    b = raw[q] if q < stop else 0x80
+                    if b < 0x80:
+                        method = (b >> 1) ^ -(b & 1)
+                        q += 1
+                    else:
+                        method, q = zigzag_int(raw, q)
+                    if q >= stop or raw[q] > 2:
+                        raise _NotPlain
+                    kind = raw[q]
+                    q += 1
+                    if kind == 0:
+                        name, q = _name(raw, q, stop)
+                        seq, q = zigzag_long(raw, q)
+                        if q > stop:
+                            raise _NotPlain
+                        named.append((len(payload), name, seq))
+                    method_id.append(method)
+                    rpc_type.append(RPC_TYPE_NAMES[kind])
+                    payload.append(view[q:stop])
+                elif kind <= 3:  # a return value (1), none (2), an exception (3)
+                    name, q = _name(raw, q, stop)
+                    seq, q = zigzag_long(raw, q)
+                    if kind == 2:
+                        value = view[q:q]
+                    else:
+                        length, q = zigzag_int(raw, q)
+                        if length < 0:
+                            raise _NotPlain
+                        value = view[q : q + length]
+                        q += length
+                    if q != stop:
+                        raise _NotPlain
+                    named.append((len(payload), name, seq))
+                    method_id.append(None)
+                    rpc_type.append("return")
+                    payload.append(value)
+                else:
+                    raise _NotPlain
+                pos = stop
+        except (_NotPlain, wire.ProtocolError, UnicodeDecodeError):
+            del method_id[mark:], rpc_type[mark:], payload[mark:]
+            return None
+        n = len(payload) - mark
+        c["msg_index"].extend(range(n))
+        c["msg_type"].extend([_RPC] * n)
+        c["destination"].extend([self.instance] * n)
+        sender, call_seq = c["sender"], c["call_seq"]
+        sender.extend([None] * n)
+        call_seq.extend([None] * n)
+        for row, name, seq in named:
+            sender[row] = name
+            call_seq[row] = seq
+        return n
+
+    def column(self, name: str) -> list[Any]:
+        """One column's values, a value per row (constants repeated, payload sizes made)."""
+        if name in ("instance", "version", "log_file"):
+            return [getattr(self, name)] * self.rows_count
+        if name in self.per_record:
+            out: list[Any] = []
+            for value, count in zip(self.per_record[name], self.counts, strict=True):
+                out += [value] * count
+            return out
+        if name == "payload_size":
+            return [None if p is None else len(p) for p in self.per_row["payload"]]
+        return self.per_row[name]
 
     def rows(self) -> Iterator[dict[str, Any]]:
         """The rows as dicts (payloads as ``bytes``, ``commit_time`` as UTC datetimes)."""
-        lists = [self.lists[name] for name in self.names[3:]]
-        for values in zip(*lists, strict=True):
-            row: dict[str, Any] = {
-                "instance": self.instance,
-                "version": self.version,
-                "log_file": self.log_file,
-            }
-            for name, value in zip(self.names[3:], values, strict=True):
-                if isinstance(value, memoryview):
-                    value = bytes(value)
-                elif name == "commit_time" and value is not None:
-                    value = _EPOCH + datetime.timedelta(microseconds=value)
-                row[name] = value
+        columns = [self.column(name) for name in self.names]
+        for values in zip(*columns, strict=True):
+            row = dict(zip(self.names, values, strict=True))
+            for name in ("payload", "body"):
+                if isinstance(row.get(name), memoryview):
+                    row[name] = bytes(row[name])
+            if row["commit_time"] is not None:
+                row["commit_time"] = _EPOCH + datetime.timedelta(microseconds=row["commit_time"])
             yield row
+
+
+class _NotPlain(Exception):
+    """A record the plain-call path does not read (see :meth:`Columns._add_calls`)."""
+
+
+def _name(raw: bytes, pos: int, stop: int) -> tuple[str, int]:
+    """A sender name (zigzag length, UTF-8) that must end by ``stop``."""
+    length, pos = zigzag_int(raw, pos)
+    if length < 0 or pos + length > stop:
+        raise _NotPlain
+    return raw[pos : pos + length].decode("utf-8"), pos + length
+
+
+def _other(msg: wire.Message, instance: str | None) -> tuple[Any, ...]:
+    """(msg_type, rpc_type, sender, call_seq, destination, payload) of a message that is
+    not an incoming call."""
+    if isinstance(msg, wire.IncomingReturnValue):
+        return _RPC, "return", msg.sender, msg.call_seq, instance, msg.value
+    name = MSG_TYPE_NAMES[msg.TYPE]
+    if isinstance(msg, wire.AttachTo):
+        return name, None, None, None, msg.destination, None
+    if isinstance(msg, _DATA):
+        return name, None, None, None, None, msg.data
+    if isinstance(msg, wire.Checkpoint):
+        return name, None, None, None, None, msg.blob
+    return name, None, None, None, None, None
 
 
 def columns_of(

@@ -50,7 +50,16 @@ from ..coordinator.logindex import IndexEntry
 from ..wire.records import HEADER
 from .errors import LogDamageError, LogFormatError
 
-__all__ = ["Neighbour", "Record", "Span", "read_span", "verify_record_at", "whole_end"]
+__all__ = [
+    "Neighbour",
+    "Record",
+    "Span",
+    "decode_body",
+    "messages_of",
+    "read_span",
+    "verify_record_at",
+    "whole_end",
+]
 
 _CHUNK = 4 << 20  # bytes read per refill
 _SEARCH = 8 << 20  # bytes searched per step after a failure
@@ -82,7 +91,13 @@ class Span:
 
 @attrs.define(slots=True)
 class Record:
-    """A record, or a damaged record or region (``check_ok`` false, no messages)."""
+    """A record, or a damaged record or region (``check_ok`` false, no messages).
+
+    ``messages`` is ``None`` until decoded (:func:`messages_of`): most records are read
+    without making message objects (:mod:`.rows` reads plain calls straight from the
+    bytes). The framed messages are ``body``, which is ``raw[body_start:]`` up to its
+    length; a record holding a Checkpoint is decoded at once, its blobs attached.
+    """
 
     offset: int
     size: int  # on-disk bytes: header, messages, watermarks, checkpoint blobs
@@ -90,8 +105,10 @@ class Record:
     seq: int | None
     check_ok: bool
     body: memoryview | None  # the framed messages
-    messages: list[wire.Message]
+    messages: list[wire.Message] | None
     commit_time_ns: int | None
+    raw: bytes = b""
+    body_start: int = 0
 
 
 class _Cut(Exception):
@@ -146,6 +163,53 @@ def verify_record_at(
     elif _body_check(fd, pos + wire.HEADER_SIZE, stop) != header.check:
         return None
     return header if _tail_end(fd, stop, end) is not None else None
+
+
+def _plain(raw: bytes, pos: int, end: int) -> bool:
+    """Whether the framed messages in ``raw[pos:end]`` walk cleanly to ``end`` with no
+    Checkpoint among them (only their sizes and types are read)."""
+    while pos < end:
+        b = raw[pos]
+        if b < 0x80:
+            size = (b >> 1) ^ -(b & 1)
+            pos += 1
+        elif pos + 1 < end and raw[pos + 1] < 0x80:
+            b = (b & 0x7F) | (raw[pos + 1] << 7)
+            size = (b >> 1) ^ -(b & 1)
+            pos += 2
+        else:
+            try:
+                size, pos = wire.decode_zigzag_int(raw, pos)
+            except wire.ProtocolError:
+                return False
+        if size < 1 or pos + size > end or raw[pos] == wire.MessageType.CHECKPOINT:
+            return False
+        pos += size
+    return True
+
+
+def decode_body(path: str, record: Record) -> list[wire.Message]:
+    """The messages of a record whose check bytes verify; if they do not decode, the log
+    is not one this reader understands: :class:`LogFormatError`."""
+    assert record.body is not None
+    try:
+        return wire.decode_messages(record.body, 0, len(record.body))
+    except wire.ProtocolError as exc:
+        at = record.offset + wire.HEADER_SIZE + (exc.offset or 0)
+        raise LogFormatError(
+            path,
+            f"the record's check bytes verify but its messages do not decode: "
+            f"{exc.reason} (at offset {at})",
+            offset=record.offset,
+            seq=record.seq,
+        ) from None
+
+
+def messages_of(path: str, record: Record) -> list[wire.Message]:
+    """The record's messages, decoded now if they were not yet (see :class:`Record`)."""
+    if record.messages is None:
+        record.messages = decode_body(path, record)
+    return record.messages
 
 
 def _candidates(committers: set[int]) -> re.Pattern[bytes]:
@@ -254,31 +318,35 @@ class _SpanScan:
                 pos, after - pos, header.committer_id, header.seq, False, None, [], None
             )
             return damaged, after
-        try:
-            messages = wire.decode_messages(body, 0, len(body))
-        except wire.ProtocolError as exc:
-            where = f" at offset {pos + wire.HEADER_SIZE + exc.offset}" if exc.offset else ""
-            raise LogFormatError(
-                self.path,
-                f"the record's check bytes verify but its messages do not decode: "
-                f"{exc.reason}{where}",
-                offset=pos,
-                seq=header.seq,
-            ) from None
-        for i, msg in enumerate(messages):
-            if isinstance(msg, wire.CheckpointHeader):
-                if not self._ensure(pos, after + msg.length):
-                    raise _Cut()
-                at = after - self.base
-                messages[i] = wire.Checkpoint(memoryview(self.data)[at : at + msg.length])
-                after += msg.length
+        record = Record(
+            pos,
+            0,
+            header.committer_id,
+            header.seq,
+            True,
+            body,
+            None,
+            None,
+            self.data,
+            off + wire.HEADER_SIZE,
+        )
+        if not _plain(self.data, off + wire.HEADER_SIZE, off + header.length):
+            # A Checkpoint's blob follows the record: decode to learn its length.
+            messages = decode_body(self.path, record)
+            for i, msg in enumerate(messages):
+                if isinstance(msg, wire.CheckpointHeader):
+                    if not self._ensure(pos, after + msg.length):
+                        raise _Cut()
+                    at = after - self.base
+                    messages[i] = wire.Checkpoint(memoryview(self.data)[at : at + msg.length])
+                    after += msg.length
+            record.messages = messages
         self.committers.add(header.committer_id)
         entry = self.times.get(pos)
         if entry is not None and entry.seq == header.seq:
             self.time_ns = entry.time_ns
-        record = Record(
-            pos, after - pos, header.committer_id, header.seq, True, body, messages, self.time_ns
-        )
+        record.size = after - pos
+        record.commit_time_ns = self.time_ns
         return record, after
 
     # --- after a failure -------------------------------------------------------------
