@@ -1,8 +1,13 @@
 """The binding's checkpoint blob: ``b"AMBPYCK" | u16 format version | lz4 frame``.
 
 The lz4 frame holds a cloudpickle of :class:`Snapshot`: the immortal's state (its
-``__dict__``: attributes are state), the dispatcher's counters, and the *tail*: the
+``__dict__``: attributes are state), the dispatcher's counters, the ingress's key table
+(framework state beside the immortal's, ``ingress/keys.py``), and the *tail*: the
 messages handled since that state was taken.
+
+Format 2 added the key table. Format 1 blobs still load, with an empty table (they were
+written before there was one); a binding that knows only format 1 refuses format 2
+rather than load it and lose the table.
 
 Why a tail: the coordinator may ask for a checkpoint while handlers are suspended
 awaiting replies, and a suspended coroutine cannot be pickled. So a checkpoint taken
@@ -21,12 +26,14 @@ import attrs
 import cloudpickle
 import lz4.frame
 
+from ..ingress.keys import KeyTable
 from .errors import CheckpointFormatError
 
 __all__ = ["FORMAT_VERSION", "Snapshot", "decode_snapshot", "encode_snapshot"]
 
 MAGIC = b"AMBPYCK"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+_READABLE = (1, 2)
 _HEADER = struct.Struct("<7sH")
 
 
@@ -40,6 +47,7 @@ class Snapshot:
     call_seq: int
     attached: frozenset[str]
     tail: tuple[bytes, ...] = ()  # framed incoming messages handled since ``state``
+    ingress: KeyTable | None = None  # the ingress's outcomes by key, as of ``state``
 
 
 def encode_snapshot(snapshot: Snapshot) -> bytes:
@@ -54,9 +62,9 @@ def decode_snapshot(blob: bytes | bytearray | memoryview) -> Snapshot:
     magic, version = _HEADER.unpack_from(data)
     if magic != MAGIC:
         raise CheckpointFormatError(f"not an ambrosia-py checkpoint (magic {magic!r})")
-    if version != FORMAT_VERSION:
+    if version not in _READABLE:
         raise CheckpointFormatError(
-            f"checkpoint format version {version}, expected {FORMAT_VERSION}"
+            f"checkpoint format version {version}, expected one of {list(_READABLE)}"
         )
     try:
         snapshot = cloudpickle.loads(lz4.frame.decompress(data[_HEADER.size :]))
@@ -64,4 +72,7 @@ def decode_snapshot(blob: bytes | bytearray | memoryview) -> Snapshot:
         raise CheckpointFormatError(f"checkpoint body does not load: {exc}") from exc
     if not isinstance(snapshot, Snapshot):
         raise CheckpointFormatError(f"checkpoint holds a {type(snapshot).__name__}")
+    if version == 1:  # pickled before the field existed: unpickling left it unset
+        fields = {f.name: getattr(snapshot, f.name) for f in attrs.fields(Snapshot)[:-1]}
+        snapshot = Snapshot(**fields, ingress=None)
     return snapshot

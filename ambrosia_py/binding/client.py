@@ -15,6 +15,7 @@ import asyncio
 import inspect
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from .. import wire
@@ -119,10 +120,13 @@ async def serve(
     dispatcher: Dispatcher | None = None,
     options: Any = None,
     token: bytes | None = None,
+    on_primary: Callable[[Dispatcher], None] | None = None,
 ) -> Dispatcher:
     """Run ``service`` as ``instance`` until the coordinator goes away; return the dispatcher.
 
-    ``token``: this start's binding token (see :func:`connect`).
+    ``token``: this start's binding token (see :func:`connect`). ``on_primary`` runs
+    once, when the immortal first becomes primary, beside its background tasks (the
+    ingress starts serving there).
     """
     conn = await connect(receive_port, send_port, host=host, timeout=timeout, token=token)
     reader, writer = conn.reader, conn.writer
@@ -147,6 +151,9 @@ async def serve(
                 if d.became_primary:
                     d.became_primary = False
                     background = _start_background(d, background)
+                    if on_primary is not None:
+                        on_primary(d)
+                        on_primary = None
         records.close()
         if records.offset == 0:
             log.error(

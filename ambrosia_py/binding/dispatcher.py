@@ -32,9 +32,14 @@ from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import attrs
 import cloudpickle
 
 from .. import wire
+from ..ingress.envelope import INGRESS_METHOD_ID
+from ..ingress.errors import IngressProtocolError
+from ..ingress.frames import Outcome, OutcomeKind, Refusal
+from ..ingress.keys import Answer, IngressAnswer, IngressCall, KeyTable
 from ..wire import (
     AttachTo,
     BecomingPrimary,
@@ -71,6 +76,7 @@ __all__ = ["Dispatcher", "Mode"]
 
 log = logging.getLogger("ambrosia_py.binding")
 _PRIVATE = "_ambrosia_"
+ReplyTo = tuple[str, int] | IngressCall | None  # an async/await caller, an ingress call, none
 
 
 class Mode(enum.Enum):
@@ -84,9 +90,7 @@ class _Task:
 
     __slots__ = ("coro", "issued", "reply_to", "spec", "waiting_on")
 
-    def __init__(
-        self, coro: Coroutine[Any, Any, Any], spec: MethodSpec, reply_to: tuple[str, int] | None
-    ) -> None:
+    def __init__(self, coro: Coroutine[Any, Any, Any], spec: MethodSpec, reply_to: ReplyTo) -> None:
         self.coro = coro
         self.spec = spec
         self.reply_to = reply_to
@@ -138,6 +142,8 @@ class Dispatcher:
         self._tail: list[Message] = []  # incoming messages handled since ``_base``
         self._loop_hidden = False  # handle() hid the running event loop for a record
         self.me: Proxy | None = None  # the immortal's proxy for itself, made once
+        self.keys = KeyTable()  # ingress outcomes by idempotency key: state, checkpointed
+        self.ingress_answer: IngressAnswer | None = None  # set by the ingress (ingress/)
 
     def _attach(self, immortal: Immortal) -> Immortal:
         immortal.__dict__[_PRIVATE + "dispatcher"] = self
@@ -249,13 +255,19 @@ class Dispatcher:
         spec = type(self.immortal).rpc_methods().get(msg.method_id)
         reply_to = (msg.sender, msg.call_seq) if msg.rpc_type == RpcType.ASYNC_AWAIT else None
         if spec is None:
+            if msg.method_id == INGRESS_METHOD_ID and msg.rpc_type == RpcType.IMPULSE:
+                self._ingress(msg)  # only this binding sends impulses: links refuse them
+                return
             err = UnknownMethodError(
                 f"{type(self.immortal).__name__} has no @rpc method with id {msg.method_id}"
             )
             self._finish(None, reply_to, None, err)
             return
+        self._invoke(spec, msg.args, reply_to)
+
+    def _invoke(self, spec: MethodSpec, data: wire.Payload, reply_to: ReplyTo) -> None:
         try:
-            args, kwargs = codec.decode_args(spec.codec, msg.args)
+            args, kwargs = codec.decode_args(spec.codec, data)
         except Exception as exc:
             self._finish(spec, reply_to, None, exc)
             return
@@ -274,6 +286,30 @@ class Dispatcher:
         with self._handler_context():
             coro = method(*args, **kwargs)
         self._step(_Task(coro, spec, reply_to), None, None)
+
+    def _ingress(self, msg: IncomingRpc) -> None:
+        """A call from outside (``ambrosia_py/ingress``): run only if its key is new."""
+        try:
+            step = self.keys.admit(msg.args)
+        except IngressProtocolError as exc:
+            log.error("dropped an ingress impulse: %s", exc)
+            return
+        if isinstance(step, Answer):
+            self._answer(step.key, step.method_id, step.answer)
+        elif step is not None:  # a new key: its outcome is kept under it (_finish)
+            spec = type(self.immortal).rpc_methods().get(step.method_id)
+            call = IngressCall(step.key, step.method_id)
+            if spec is not None:
+                self._invoke(spec, step.args, call)
+            else:
+                name = type(self.immortal).__name__
+                err = UnknownMethodError(f"{name} has no @rpc method with id {step.method_id}")
+                self._finish(None, call, None, err)
+
+    def _answer(self, key: bytes, method_id: int, answer: Outcome | Refusal) -> None:
+        """Answer the clients waiting on ``key``: an effect, so never while replaying."""
+        if self.mode is Mode.PRIMARY and not self._suppress and self.ingress_answer is not None:
+            self._effects.append((self.ingress_answer, (key, method_id, answer)))
 
     def _step(self, task: _Task, value: Any, error: BaseException | None) -> None:
         """Run ``task`` on until it awaits a reply that has not come yet, or finishes."""
@@ -363,11 +399,7 @@ class Dispatcher:
         return codec.decode_value(method_codec, reply.value), None
 
     def _finish(
-        self,
-        spec: MethodSpec | None,
-        reply_to: tuple[str, int] | None,
-        result: Any,
-        error: BaseException | None,
+        self, spec: MethodSpec | None, reply_to: ReplyTo, result: Any, error: BaseException | None
     ) -> None:
         if error is not None:
             if isinstance(error, RuntimeError) and "no running event loop" in str(error):
@@ -380,16 +412,24 @@ class Dispatcher:
                 log.error("handler %s raised %r", spec.name if spec else "?", error)
         if reply_to is None:
             return
-        sender, call_seq = reply_to
+        # Without a method the caller's codec is unknown: json, which both decode.
+        exc_codec: codec.CodecName = spec.codec if spec is not None else "json"
+        if error is None and result is not None:
+            assert spec is not None
+            try:
+                kind, value = ReturnType.VALUE, codec.encode_value(spec.codec, result)
+            except Exception as exc:  # else replay would stop here again, every time
+                error = BindingError(f"the result of {spec.name} cannot be encoded: {exc!r}")
         if error is not None:
-            # Without a method the caller's codec is unknown: json, which both decode.
-            exc_codec: codec.CodecName = spec.codec if spec is not None else "json"
             kind, value = ReturnType.EXCEPTION, codec.encode_exception(exc_codec, error)
         elif result is None:
             kind, value = ReturnType.NO_VALUE, b""
-        else:
-            assert spec is not None
-            kind, value = ReturnType.VALUE, codec.encode_value(spec.codec, result)
+        if isinstance(reply_to, IngressCall):  # kept under its key, then answered
+            outcome = Outcome(OutcomeKind(kind), value)
+            self.keys.finish(reply_to.key, reply_to.method_id, outcome)
+            self._answer(reply_to.key, reply_to.method_id, outcome)
+            return
+        sender, call_seq = reply_to
         self._emit(OutgoingReturnValue(sender, kind, self.instance, call_seq, value))
 
     # -- what handlers (and background code) call ----------------------------------------
@@ -446,20 +486,26 @@ class Dispatcher:
 
     def impulse(self, spec: MethodSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """An impulse to this immortal, from background code while primary."""
+        data = codec.encode_args(spec.codec, spec.signature, args, kwargs)
+        self._send_impulse(spec.id, data, f"impulse {spec.name}")
+
+    def ingress_impulse(self, envelope: bytes) -> None:
+        """A call from outside (``ingress/envelope.py``), from the ingress while primary."""
+        self._send_impulse(INGRESS_METHOD_ID, envelope, "an ingress call")
+
+    def _send_impulse(self, method_id: int, data: bytes, what: str) -> None:
         if self.mode is not Mode.PRIMARY:
             raise ImpulseDuringRecoveryError(
-                f"impulse {spec.name} sent while {self.mode.value}: impulses are input from "
+                f"{what} sent while {self.mode.value}: impulses are input from "
                 "the outside world and may only be sent once the immortal is primary"
             )
         if self._in_handler:
             raise DeterminismError(
-                f"impulse {spec.name} sent from a handler: replay would send it again; "
-                "handlers fork instead"
+                f"{what} sent from a handler: replay would send it again; handlers fork instead"
             )
         if self.live_send is None:
             raise BindingError("no connection to the coordinator for impulses")
-        data = codec.encode_args(spec.codec, spec.signature, args, kwargs)
-        self.live_send(OutgoingRpc("", spec.id, RpcType.IMPULSE, data))
+        self.live_send(OutgoingRpc("", method_id, RpcType.IMPULSE, data))
 
     def effect(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
         self._require_handler("an effect")
@@ -478,6 +524,7 @@ class Dispatcher:
             cloudpickle.loads(cloudpickle.dumps(self._state())),  # a copy, not a reference
             self._call_seq,
             frozenset(self._attached),
+            ingress=self.keys.copy(),
         )
 
     def checkpoint(self) -> bytes:
@@ -505,6 +552,7 @@ class Dispatcher:
                 self._base.call_seq,
                 self._base.attached,
                 tail,
+                ingress=self._base.ingress,
             )
         )
 
@@ -527,9 +575,8 @@ class Dispatcher:
         self._waiting = {}
         self._issued = {}
         self._early = {}
-        self._base = Snapshot(
-            snap.class_name, snap.class_version, snap.state, snap.call_seq, snap.attached
-        )
+        self.keys = snap.ingress.copy() if snap.ingress is not None else KeyTable()
+        self._base = attrs.evolve(snap, tail=())
         self._tail = []
         self.mode = Mode.RECOVERING
         self._suppress = True

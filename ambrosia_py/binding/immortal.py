@@ -23,7 +23,16 @@ from .errors import MethodIdCollisionError
 if TYPE_CHECKING:
     from .dispatcher import Dispatcher
 
-__all__ = ["CallFuture", "Immortal", "MethodSpec", "Proxy", "background", "method_id_for", "rpc"]
+__all__ = [
+    "CallFuture",
+    "Immortal",
+    "MethodSpec",
+    "Proxy",
+    "background",
+    "method_id_for",
+    "rpc",
+    "rpc_spec",
+]
 
 F = TypeVar("F", bound=Callable[..., Any])
 _SPEC_ATTR = "__ambrosia_rpc__"
@@ -76,6 +85,13 @@ def rpc(
         return f
 
     return mark(fn) if fn is not None else mark
+
+
+def rpc_spec(fn: Callable[..., Any]) -> MethodSpec | None:
+    """The :class:`MethodSpec` of a method marked with :func:`rpc` (``Service.method``),
+    or None for anything else."""
+    spec = getattr(fn, _SPEC_ATTR, None)
+    return spec if isinstance(spec, MethodSpec) else None
 
 
 def background(fn: F) -> F:

@@ -17,6 +17,8 @@ import importlib.util
 import inspect
 import logging
 import sys
+from collections.abc import Awaitable, Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +35,14 @@ from ..coordinator.ic_cli import (
     link_argv,
     link_options,
     link_security_options,
+    link_settings,
     pop_link_security,
 )
+from ..coordinator.link_config import LinkSetupError, load_secret
+from ..ingress.keys import DEFAULT_KEEP_COUNT, DEFAULT_KEEP_SECONDS
+from ..ingress.server import IngressServer, IngressSettings, parse_address
 from .client import serve
+from .dispatcher import Dispatcher
 from .errors import BindingError
 from .files import StateFiles, state_files_dir, use_state_files
 from .immortal import Immortal
@@ -190,6 +197,7 @@ async def _run(
     options: Any,
     timeout: float,
     links: list[str],
+    on_primary: Callable[[Dispatcher], None] | None = None,
 ) -> int:
     if separated:
         if receive_port is None or send_port is None:
@@ -203,6 +211,7 @@ async def _run(
             options=options,
             timeout=timeout,
             token=_separated_token(data_dir, instance),
+            on_primary=on_primary,
         )
         return 0
     args = coordinator_argv(instance, data_dir, *links)
@@ -232,6 +241,7 @@ async def _run(
             options=options,
             timeout=timeout,
             token=token_for_ready_line(fields, data_dir, instance),
+            on_primary=on_primary,
         )
         return await ic.wait()
     finally:
@@ -243,6 +253,49 @@ async def _run(
             except (TimeoutError, asyncio.CancelledError):
                 ic.terminate()
                 await ic.wait()
+
+
+async def _run_with_ingress(
+    ingress: IngressServer | None, main: Callable[..., Awaitable[int]]
+) -> int:
+    """``main`` (:func:`_run`), with the ingress bound before anything starts (a port in
+    use is one line) and serving once the immortal is primary."""
+    if ingress is None:
+        return await main()
+    wanted = f"{ingress.settings.host}:{ingress.settings.port}"
+    try:
+        host, port = await ingress.bind()
+    except OSError as exc:
+        raise click.ClickException(
+            f"the ingress cannot listen on {wanted}: {exc.strerror or exc}"
+        ) from None
+
+    def attach(d: Dispatcher) -> None:
+        ingress.attach(d)
+        click.echo(f"ingress listening on {host}:{port}", err=True)
+
+    try:
+        return await main(on_primary=attach)
+    finally:
+        ingress.close()
+
+
+def _ingress(
+    address: str | None, keep: int, keep_seconds: float, security: dict[str, Any], data_dir: Path
+) -> IngressServer | None:
+    """The ingress ``--ingress`` asks for, with the links' secret (made on first use)."""
+    if address is None:
+        return None
+    try:
+        host, port = parse_address(address)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--ingress") from None
+    try:
+        secret = load_secret(link_settings(**security), data_dir)
+    except LinkSetupError as exc:
+        raise click.ClickException(str(exc)) from None
+    settings = IngressSettings(host, port, keep_count=keep, keep_seconds=keep_seconds)
+    return IngressServer(secret, settings)
 
 
 @click.command(cls=_ServiceCommand)
@@ -277,6 +330,29 @@ async def _run(
     show_default=True,
     help="Seconds to keep trying the coordinator's ports.",
 )
+@click.option(
+    "--ingress",
+    "ingress_address",
+    metavar="[HOST:]PORT",
+    help="Take calls to the service's @rpc methods from programs (ambrosia_py.client) on "
+    "this address (HOST default 127.0.0.1), authenticated with the cluster secret "
+    "(--secret-file); docs/ingress.md.",
+)
+@click.option(
+    "--ingress-keep",
+    type=click.IntRange(min=0),
+    default=DEFAULT_KEEP_COUNT,
+    show_default=True,
+    help="The ingress keeps the outcomes of the last this many calls by key (0: no limit).",
+)
+@click.option(
+    "--ingress-keep-seconds",
+    type=click.FloatRange(min=0),
+    default=DEFAULT_KEEP_SECONDS,
+    show_default=True,
+    help="...and none older than this, by logged time (0: no limit). A retry after its "
+    "key was dropped runs the call again.",
+)
 @link_options[0]
 @link_options[1]
 @link_options[2]
@@ -291,6 +367,9 @@ def run(
     upgrade_from: str | None,
     upgrade_version: int | None,
     connect_timeout: float,
+    ingress_address: str | None,
+    ingress_keep: int,
+    ingress_keep_seconds: float,
     link_host: str,
     link_port: int,
     link_to: tuple[tuple[str, str, int], ...],
@@ -315,21 +394,26 @@ def run(
         upgrade_to, service = service, load_service(upgrade_from)
     # Sealed state (``files.py``) lives beside the instance's files in the data dir.
     files = StateFiles(state_files_dir(data_dir, instance or service.__name__.lower()))
+    ingress = _ingress(ingress_address, ingress_keep, ingress_keep_seconds, link_security, data_dir)
     try:
         with use_state_files(files):
             status = asyncio.run(
-                _run(
-                    service,
-                    instance or service.__name__.lower(),
-                    data_dir,
-                    separated,
-                    receive_port,
-                    send_port,
-                    upgrade_to,
-                    upgrade_version,
-                    _options(upgrade_to or service, service_options),
-                    connect_timeout,
-                    link_argv(link_host, link_port, link_to, **link_security),
+                _run_with_ingress(
+                    ingress,
+                    partial(
+                        _run,
+                        service,
+                        instance or service.__name__.lower(),
+                        data_dir,
+                        separated,
+                        receive_port,
+                        send_port,
+                        upgrade_to,
+                        upgrade_version,
+                        _options(upgrade_to or service, service_options),
+                        connect_timeout,
+                        link_argv(link_host, link_port, link_to, **link_security),
+                    ),
                 )
             )
     except (ConnectionRefusedError, BindingTokenError) as exc:

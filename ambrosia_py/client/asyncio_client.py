@@ -1,0 +1,291 @@
+"""The asyncio client: calls over one connection, retried with their key until answered.
+
+All calls of a client share one connection (the protocol numbers them, answers come in
+any order). When it fails (the service or its coordinator crashed, restarted, the
+network dropped) every call waiting on it connects again, with backoff, and sends the
+same key again: the immortal runs a key's call once and keeps its outcome, so the
+retry gets the first run's answer (``docs/ingress.md``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..ingress.connection import ClientConnection, ConnectionState
+from ..ingress.errors import (
+    AuthenticationError,
+    CallRefusedError,
+    CallTimeoutError,
+    ClientClosedError,
+    IngressProtocolError,
+)
+from ..ingress.frames import DEFAULT_MAX_REPLY_FRAME, Outcome, Refusal, Reply, ServiceInfo
+from ..ingress.keys import describe_key
+from .calls import call_key, client_address, client_secret, encode_call, method_spec, result_of
+
+__all__ = ["DEFAULT_TIMEOUT", "AsyncClient"]
+
+DEFAULT_TIMEOUT = 60.0  # seconds a call keeps trying, across restarts of the service
+DEFAULT_HANDSHAKE_TIMEOUT = 10.0
+_FIRST_BACKOFF = 0.05
+_READ_SIZE = 256 * 1024
+# The service closing the connection right after the client's proof, this many times in a
+# row, means the proof failed (a server says nothing to a client that does not prove).
+_CLOSES_AFTER_PROOF = 2
+
+
+class _Lost(ConnectionError):
+    """The connection went while a call waited: send the call again."""
+
+
+class _ClosedAfterProof(ConnectionError):
+    pass
+
+
+class _Link:
+    """One authenticated connection and the calls waiting on it."""
+
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        conn: ClientConnection,
+        info: ServiceInfo,
+    ) -> None:
+        self._reader = reader
+        self._writer = writer
+        self._conn = conn
+        self.info = info
+        self.open = True
+        self._pending: dict[int, asyncio.Future[Outcome | Refusal]] = {}
+        self._next_id = 0
+        self._task = asyncio.ensure_future(self._read())
+
+    @classmethod
+    async def connect(
+        cls, host: str, port: int, secret: bytes, max_reply_frame: int, handshake_timeout: float
+    ) -> _Link:
+        reader, writer = await asyncio.open_connection(host, port)
+        conn = ClientConnection(secret, max_reply_frame=max_reply_frame)
+        try:
+            async with asyncio.timeout(handshake_timeout):
+                while conn.state is not ConnectionState.OPEN:
+                    data = await reader.read(_READ_SIZE)
+                    if not data:
+                        if conn.state is ConnectionState.AWAIT_WELCOME:
+                            raise _ClosedAfterProof(f"{host}:{port} closed after our proof")
+                        raise ConnectionResetError(f"{host}:{port} closed before its HELLO")
+                    conn.receive_data(data)
+                    writer.write(conn.data_to_send())
+        except BaseException:
+            writer.close()
+            raise
+        assert conn.info is not None
+        return cls(reader, writer, conn, conn.info)
+
+    async def call(self, key: bytes, method_id: int, args: bytes) -> Outcome | Refusal:
+        if not self.open:
+            raise _Lost("the connection closed")
+        request_id = self._next_id
+        self._next_id = (self._next_id + 1) & 0xFFFF_FFFF
+        future: asyncio.Future[Outcome | Refusal] = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = future
+        try:
+            self._conn.call(request_id, key, method_id, args)
+            self._writer.write(self._conn.data_to_send())
+            await self._writer.drain()
+            return await future
+        finally:
+            self._pending.pop(request_id, None)
+
+    async def _read(self) -> None:
+        why: BaseException = _Lost("the service closed the connection")
+        try:
+            while data := await self._reader.read(_READ_SIZE):
+                for event in self._conn.receive_data(data):
+                    if isinstance(event, Reply):
+                        future = self._pending.pop(event.request_id, None)
+                        if future is not None and not future.done():
+                            future.set_result(event.answer)
+        except (IngressProtocolError, OSError) as exc:
+            why = _Lost(f"the connection failed: {exc}")
+        finally:
+            self.open = False
+            self._writer.close()
+            for future in self._pending.values():
+                if not future.done():
+                    future.set_exception(why)
+            self._pending.clear()
+
+    def close(self) -> None:
+        self.open = False
+        self._task.cancel()
+        self._writer.close()
+
+
+class AsyncClient:
+    """Calls to an immortal's ``@rpc`` methods through its ingress, on asyncio.
+
+    ``address`` is the service's ``--ingress`` (``"host:port"`` or a pair). The secret is
+    the cluster's (see :func:`~ambrosia_py.client.calls.client_secret`): ``secret_file``
+    or the service's ``data_dir``. ``timeout`` bounds each call, retries included;
+    ``max_backoff`` the wait between attempts. Use it from one event loop.
+    """
+
+    def __init__(
+        self,
+        address: str | tuple[str, int],
+        *,
+        secret_file: str | Path | None = None,
+        data_dir: str | Path | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        max_backoff: float = 2.0,
+        handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
+        max_reply_frame: int = DEFAULT_MAX_REPLY_FRAME,
+    ) -> None:
+        if timeout <= 0 or max_backoff <= 0:
+            raise ValueError("timeout and max_backoff must be positive")
+        self._host, self._port = client_address(address)
+        self._secret, self.secret_path = client_secret(secret_file, data_dir)
+        self.timeout = timeout
+        self.max_backoff = max_backoff
+        self._handshake_timeout = handshake_timeout
+        self._max_reply_frame = max_reply_frame
+        self._link: _Link | None = None
+        self._lock = asyncio.Lock()
+        self._closes_after_proof = 0
+        self._closed = False
+        self.resent = 0  # calls sent again after their connection failed (for tests, benches)
+
+    @property
+    def address(self) -> str:
+        return f"{self._host}:{self._port}"
+
+    @property
+    def info(self) -> ServiceInfo | None:
+        """What the service said when it last welcomed this client (instance, class)."""
+        return self._link.info if self._link is not None else None
+
+    async def call(
+        self,
+        method: Callable[..., Any],
+        /,
+        *args: Any,
+        key: str | bytes | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """Call ``method`` (``Service.method``) with these arguments; return its result or
+        raise its exception. ``key`` names the call (default: 16 random bytes): a call
+        made again with the same key is not run again, it gets the first one's outcome.
+        A method parameter named ``key`` must be passed positionally."""
+        spec, label = method_spec(method)
+        data = encode_call(spec, label, args, kwargs)
+        raw_key = call_key(key)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout
+        attempts = 0
+        failures = 0
+        last: BaseException | None = None
+        while True:
+            if self._closed:
+                raise ClientClosedError(f"the client for {self.address} is closed")
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise self._timed_out(label, raw_key, attempts, last)
+            try:
+                async with asyncio.timeout(remaining):
+                    link = await self._connected()
+                    if len(data) > link.info.max_call_frame - 64:
+                        raise CallRefusedError(
+                            f"{label}: arguments of {len(data)} bytes; the service takes calls "
+                            f"of at most {link.info.max_call_frame} bytes",
+                            reason="TOO_LARGE",
+                        )
+                    attempts += 1
+                    if attempts > 1:
+                        self.resent += 1
+                    answer = await link.call(raw_key, spec.id, data)
+            except TimeoutError as exc:
+                if loop.time() < deadline:  # a socket's own timeout: try again
+                    last = exc
+                    continue
+                raise self._timed_out(label, raw_key, attempts, last) from None
+            except (ConnectionError, OSError) as exc:
+                last = exc
+                failures += 1
+                delay = min(self.max_backoff, _FIRST_BACKOFF * 2 ** min(failures - 1, 16))
+                await asyncio.sleep(min(delay * random.uniform(0.5, 1.0), max(0.0, remaining)))
+                continue
+            return result_of(spec, label, raw_key, answer, self.address)
+
+    async def _connected(self) -> _Link:
+        link = self._link
+        if link is not None and link.open:
+            return link
+        async with self._lock:  # one connection attempt at a time; the others wait for it
+            link = self._link
+            if link is not None and link.open:
+                return link
+            try:
+                link = await _Link.connect(
+                    self._host,
+                    self._port,
+                    self._secret,
+                    self._max_reply_frame,
+                    self._handshake_timeout,
+                )
+            except _ClosedAfterProof:
+                self._closes_after_proof += 1
+                if self._closes_after_proof >= _CLOSES_AFTER_PROOF:
+                    raise AuthenticationError(
+                        f"the service at {self.address} closed the connection after this "
+                        f"client's proof {self._closes_after_proof} times in a row: the secret "
+                        f"from {self.secret_path} is not its cluster secret"
+                    ) from None
+                raise
+            except AuthenticationError as exc:
+                raise AuthenticationError(
+                    f"the service at {self.address} failed to prove it holds the secret from "
+                    f"{self.secret_path}: {exc.reason}",
+                    frame=exc.frame,
+                    offset=exc.offset,
+                ) from None
+            except IngressProtocolError as exc:
+                raise IngressProtocolError(
+                    f"{self.address} does not speak the ambrosia ingress protocol as this client "
+                    f"does: {exc.reason}",
+                    frame=exc.frame,
+                    offset=exc.offset,
+                ) from None
+            self._closes_after_proof = 0
+            self._link = link
+            return link
+
+    def _timed_out(
+        self, label: str, key: bytes, attempts: int, last: BaseException | None
+    ) -> CallTimeoutError:
+        why = f"; last error: {last}" if last is not None else ""
+        return CallTimeoutError(
+            f"{label} got no answer from {self.address} within {self.timeout:g} s "
+            f"({attempts} attempts{why}). It may have run: call again with the same key "
+            f"({describe_key(key)}, the error's .key) to get its outcome without running it twice",
+            key=key,
+            attempts=attempts,
+        )
+
+    async def close(self) -> None:
+        """Close the connection; calls still waiting raise :class:`ClientClosedError`."""
+        self._closed = True
+        if self._link is not None:
+            self._link.close()
+            self._link = None
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

@@ -1,0 +1,149 @@
+"""What a client does around the wire, without I/O: the method, its arguments checked
+against its signature, the key, the secret, and the answer turned back into a value or
+the handler's exception."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..binding import codec
+from ..binding.errors import UnknownMethodError
+from ..binding.immortal import MethodSpec, rpc_spec
+from ..coordinator.link_config import (
+    DEFAULT_SECRET_NAME,
+    SECRET_ENV,
+    LinkSettings,
+    LinkSetupError,
+    load_secret,
+)
+from ..ingress.errors import CallRefusedError, IngressError, KeyReusedError
+from ..ingress.frames import MAX_KEY_SIZE, Outcome, OutcomeKind, Refusal, RefusalReason
+from ..ingress.keys import describe_key
+from ..ingress.server import parse_address
+
+__all__ = [
+    "DEFAULT_DATA_DIR",
+    "DEFAULT_KEY_SIZE",
+    "call_key",
+    "client_address",
+    "client_secret",
+    "encode_call",
+    "method_spec",
+    "result_of",
+]
+
+DEFAULT_KEY_SIZE = 16  # random bytes of a key the client makes up
+DEFAULT_DATA_DIR = Path("ambrosia-data")  # ambrosia-py run's default --data-dir
+
+
+def method_spec(method: Callable[..., Any]) -> tuple[MethodSpec, str]:
+    """The @rpc spec of ``Service.method``, and its name for messages."""
+    spec = rpc_spec(method)
+    label = getattr(method, "__qualname__", repr(method))
+    if spec is None:
+        raise TypeError(
+            f"{label} is not an @rpc method: call(Service.method, ...) takes a method of an "
+            "Immortal class marked with @rpc"
+        )
+    return spec, label
+
+
+def encode_call(
+    spec: MethodSpec, label: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> bytes:
+    """The arguments in the method's codec, bound to its signature first: a call that
+    does not fit fails here, naming the method and the argument, and nothing is sent."""
+    try:
+        spec.signature.bind(*args, **kwargs)
+    except TypeError as exc:
+        raise TypeError(f"{label}{spec.signature}: {exc}") from None
+    try:
+        return codec.encode_args(spec.codec, spec.signature, args, kwargs)
+    except Exception as exc:
+        bad = _unencodable(spec, args, kwargs)
+        raise TypeError(
+            f"{label}: argument {bad} cannot be encoded with the {spec.codec} codec: {exc}"
+        ) from exc
+
+
+def _unencodable(spec: MethodSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    """The first argument the codec refuses, by name (for the message)."""
+    bound = spec.signature.bind(*args, **kwargs)
+    for name, value in bound.arguments.items():
+        try:
+            codec.encode_value(spec.codec, value)
+        except Exception:
+            return repr(name)
+    return "(one of them)"
+
+
+def call_key(key: str | bytes | None) -> bytes:
+    """The key as bytes: a string's UTF-8, bytes as they are, or 16 fresh random bytes."""
+    if key is None:
+        return secrets.token_bytes(DEFAULT_KEY_SIZE)
+    if isinstance(key, str):
+        raw = key.encode()
+    elif isinstance(key, bytes | bytearray | memoryview):
+        raw = bytes(key)
+    else:
+        raise TypeError(f"an idempotency key is a str or bytes, not {type(key).__name__}")
+    if not 1 <= len(raw) <= MAX_KEY_SIZE:
+        raise ValueError(f"an idempotency key of {len(raw)} bytes: it needs 1 to {MAX_KEY_SIZE}")
+    return raw
+
+
+def client_address(address: str | tuple[str, int]) -> tuple[str, int]:
+    if isinstance(address, tuple):
+        host, port = address
+        return str(host), int(port)
+    return parse_address(address)
+
+
+def client_secret(
+    secret_file: str | Path | None, data_dir: str | Path | None
+) -> tuple[bytes, Path]:
+    """The cluster secret and where it came from: ``secret_file``; else the service's
+    data dir's ``link-secret`` (``data_dir``); else ``$AMBROSIA_SECRET_FILE``; else
+    ``ambrosia-data/link-secret`` (``run``'s default data dir). Never made here."""
+    if secret_file is not None:
+        path = Path(secret_file)
+    elif data_dir is not None:
+        path = Path(data_dir) / DEFAULT_SECRET_NAME
+    elif os.environ.get(SECRET_ENV):
+        path = Path(os.environ[SECRET_ENV])
+    else:
+        path = DEFAULT_DATA_DIR / DEFAULT_SECRET_NAME
+    if not path.exists():
+        raise IngressError(
+            f"no cluster secret at {path}: give the client secret_file= (the service's "
+            "--secret-file) or data_dir= (the service's --data-dir, where its coordinator "
+            "made link-secret on its first start)"
+        )
+    try:
+        return load_secret(LinkSettings(secret_file=path), path.parent), path
+    except LinkSetupError as exc:
+        raise IngressError(str(exc)) from None
+
+
+def result_of(
+    spec: MethodSpec, label: str, key: bytes, answer: Outcome | Refusal, where: str
+) -> Any:
+    """The value an answer carries; raises the handler's exception or the refusal."""
+    if isinstance(answer, Refusal):
+        message = f"{label} at {where}: {answer.message}"
+        if answer.reason == RefusalReason.KEY_REUSED:
+            raise KeyReusedError(message, reason=answer.reason.name)
+        if answer.reason == RefusalReason.UNKNOWN_METHOD:
+            raise UnknownMethodError(message)
+        raise CallRefusedError(message, reason=answer.reason.name)
+    if answer.kind == OutcomeKind.NO_VALUE:
+        return None
+    if answer.kind == OutcomeKind.VALUE:
+        return codec.decode_value(spec.codec, answer.value)
+    exc = codec.decode_exception(spec.codec, answer.value)
+    exc.add_note(f"raised by {label} at {where} (ingress call, key {describe_key(key)})")
+    raise exc
