@@ -50,12 +50,12 @@ from immortals.wallaroo.connector_core import (
     ConnectorCore,
     Dial,
     Go,
-    Grant,
     Halt,
     MessageEncoder,
     RetryLater,
     Stop,
     Write,
+    granted,
 )
 from immortals.wallaroo.sources import (
     FileSource,
@@ -166,15 +166,14 @@ def test_hello_on_connect(dialect: Dialect) -> None:
     assert c.core.active == conn
 
 
-def test_ok_grants_credits_and_notifies_every_stream(dialect: Dialect) -> None:
+def test_ok_notifies_every_stream(dialect: Dialect) -> None:
     c = Connector(dialect, (S1, S2))
-    conn, actions = c.streaming(credits=7)
-    assert actions[0] == Grant(conn, 7)
+    _, actions = c.streaming(credits=7)
     assert c.written(actions) == [
         Notify(ID1, S1, nothing(dialect)),
         Notify(ID2, S2, nothing(dialect)),
     ]
-    assert isinstance(actions[1], Write) and actions[1].charged
+    assert isinstance(actions[0], Write) and actions[0].charged
 
 
 def test_a_stream_starts_when_its_notify_ack_comes(dialect: Dialect) -> None:
@@ -200,7 +199,7 @@ def test_the_draft_ok_points_are_hints_for_streams_without_a_point() -> None:
 def test_ack_grants_and_records_points(dialect: Dialect) -> None:
     c = Connector(dialect)
     conn = c.open()
-    assert c.receive(conn, Ack(5, [(ID1, 30)])) == [Grant(conn, 5), Commit(S1, 30)]
+    assert c.receive(conn, Ack(5, [(ID1, 30)])) == [Commit(S1, 30)]
     assert c.receive(conn, Ack(0, [(ID1, 30)])) == []
     assert c.core.streams[ID1].acked == 30
 
@@ -220,8 +219,8 @@ def test_a_nack_stops_the_stream_and_a_notify_answers_it() -> None:
     c = Connector(Dialect.DRAFT)
     conn = c.open(10)
     actions = c.receive(conn, Nack(4, ID1, 7))
-    assert kinds(actions) == ["Grant", "Stop", "Write"]
-    assert actions[1] == Stop(conn, ID1)
+    assert kinds(actions) == ["Stop", "Write"]
+    assert actions[0] == Stop(conn, ID1)
     assert c.written(actions) == [Notify(ID1, S1, 7)]
     assert c.receive(conn, NotifyAck(True, ID1, 7)) == [Go(conn, ID1, S1, c.gen(ID1), 7)]
 
@@ -437,7 +436,7 @@ def test_migration_in_the_addendum_order() -> None:
     assert c.written(eos) == [Message(ID1, 33, None, MessageFlags.EOS)]  # step 3
     new, hello = c.connect(2, OTHER)
     assert isinstance(c.written(hello)[0], Hello)  # step 8, the old connection still open
-    assert c.receive(new, Ok(10)) == [Grant(new, 10)]  # no MIGRATION_ACK: no ACK of 33 yet
+    assert c.receive(new, Ok(10)) == []  # no MIGRATION_ACK: no ACK of 33 yet
     actions = c.receive(old, Ack(0, [(ID1, 33)]))  # step 6
     assert c.written(actions, old) == [MigrationAck()]  # step 9, on the old connection
     assert c.written(actions, new) == [Notify(ID1, S1, 33)]  # step 11
@@ -452,7 +451,7 @@ def test_migration_when_the_old_acks_come_first() -> None:
     c, old = migrating()
     c.receive(old, Migrate("127.0.0.1", 7200))
     c.keep(c.core.halted(old, ID1, c.gen(ID1), 33, False))
-    assert c.receive(old, Ack(3, [(ID1, 33)])) == [Grant(old, 3), Commit(S1, 33)]
+    assert c.receive(old, Ack(3, [(ID1, 33)])) == [Commit(S1, 33)]
     new, _ = c.connect(2, OTHER)
     actions = c.receive(new, Ok(10))
     assert c.written(actions, old) == [MigrationAck()]
@@ -533,6 +532,23 @@ def test_config_validation() -> None:
         ConnectorConfig("nowhere", (S1,))
     ConnectorConfig(WORKER, ("a", "b"))
     assert ConnectorCore().connected(1, "c", WORKER) == Actions((Close("c"),))
+
+
+# --- credits: the edge's --------------------------------------------------------------------
+
+
+def test_the_edge_takes_credits_from_ok_ack_and_nack(dialect: Dialect) -> None:
+    def raw(frame: Frame) -> bytes:
+        return encode(frame, dialect)[4:]
+
+    assert granted(raw(Ok(7)), dialect) == 7
+    assert granted(raw(Ack(5, [(1, 2)])), dialect) == 5
+    assert granted(raw(NotifyAck(True, 1, 2)), dialect) == 0
+    assert granted(raw(Error("no")), dialect) == 0
+    if dialect is Dialect.DRAFT:
+        assert granted(raw(Nack(3, 1, 0)), dialect) == 3
+    assert granted(raw(Ok(7))[:3], dialect) == 0  # malformed: the core will say so
+    assert granted(b"", dialect) == granted(b"\xfe", dialect) == 0
 
 
 # --- the message encoder ------------------------------------------------------------------

@@ -32,12 +32,12 @@ from immortals.wallaroo.connector_core import (
     ConnectorCore,
     Dial,
     Go,
-    Grant,
     Halt,
     MessageEncoder,
     RetryLater,
     Stop,
     Write,
+    granted,
 )
 from immortals.wallaroo.sources import Batch
 from immortals.wallaroo.transport import split_frames
@@ -147,9 +147,6 @@ class World:
                     link.flush()
                 else:
                     link.c2w.extend(a.frames)
-            elif isinstance(a, Grant):
-                link.credits += a.credits
-                link.flush()
             elif isinstance(a, Go):
                 link.runs[a.stream_id] = Run(a)
             elif isinstance(a, Stop):
@@ -193,6 +190,8 @@ class World:
             return
         if frames:
             self.inbox.append(("frames", (link.cconn, frames)))
+            link.credits += sum(granted(raw, self.dialect) for raw in frames)
+            link.flush()
         if link.w_closing and not link.w2c:
             self.edge_lost(link)
 

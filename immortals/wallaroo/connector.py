@@ -23,8 +23,8 @@ frames are not: a reader sends records straight from the source while credits al
 because the worker, not the connector, is the system of record for points of
 reference. A payload is never logged; it is read again from the source by point after
 any crash, rewind or move, and the worker drops what it already holds. Credits are a
-property of one live connection: the edge counts them, the core tells it what OK, ACK
-and NACK granted.
+property of one live connection: the edge counts them, taking what OK, ACK and NACK
+grant as they arrive, and holds back frames the core marked as costing one.
 
 Each start logs a ``start`` impulse first, with a fresh incarnation name and the
 configuration (worker, cookie, dialect, the source's stream names): connections of the
@@ -56,12 +56,12 @@ from .connector_core import (
     ConnectorCore,
     Dial,
     Go,
-    Grant,
     Halt,
     MessageEncoder,
     RetryLater,
     Stop,
     Write,
+    granted,
 )
 from .errors import EncodeError
 from .sources import Source, SourceError, open_source, stream_names
@@ -172,11 +172,6 @@ class ConnectorEdge:
         for a in actions.actions:
             if isinstance(a, Write):
                 self._write(a)
-            elif isinstance(a, Grant):
-                link = self._links.get(a.conn)
-                if link is not None:
-                    link.credits += a.credits
-                    link.flush()
             elif isinstance(a, Go):
                 self._go(a)
             elif isinstance(a, Stop):
@@ -250,7 +245,7 @@ class ConnectorEdge:
 
     async def _read(self, link: _Link, reader: asyncio.StreamReader) -> None:
         conn, sink = link.conn, self._sink
-        limit = self._config.max_frame_bytes
+        limit, dialect = self._config.max_frame_bytes, self._config.dialect
         buf = bytearray()
         offset = 0  # stream offset of buf[0]
         try:
@@ -261,6 +256,10 @@ class ConnectorEdge:
                 frames, used, oversize = split_frames(buf, self._order, limit)
                 if frames:
                     sink.frames(conn, int(time.time() * 1000), frames)
+                    credits = sum(granted(raw, dialect) for raw in frames)
+                    if credits:  # at once: a refill does not wait for our log
+                        link.credits += credits
+                        link.flush()
                 if oversize is not None:
                     sink.too_large(conn, offset + oversize[0], oversize[1])
                     # The core answers ERROR and closes; read no more meanwhile.

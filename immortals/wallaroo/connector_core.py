@@ -5,9 +5,10 @@ configuration, the worker it talks to (moved by RESTART and MIGRATE), its connec
 state machines and, per stream, the point of reference the worker last acknowledged.
 Handlers take the events of the outside world (a connection made or lost, the frames a
 worker sent, where the source reader stopped) and return :class:`Actions`: frames to
-write, credits to grant, connections to dial or close, and orders for the source reader
-(``Go``, ``Stop``, ``Halt``). It touches no socket, clock, file or randomness, so the
-connector immortal (:mod:`immortals.wallaroo.connector`) replays it exactly.
+write, connections to dial or close, and orders for the source reader (``Go``, ``Stop``,
+``Halt``); credits are the edge's to count (:func:`granted`). It touches no socket,
+clock, file or randomness, so the connector immortal (:mod:`immortals.wallaroo.connector`)
+replays it exactly.
 
 What is decided here, and so logged, and what is not
 ----------------------------------------------------
@@ -39,12 +40,12 @@ Rules, where the seeds leave room:
   no point for. A stream starts only when the NOTIFY_ACK for its last NOTIFY arrives.
 - NOTIFY_ACK(false): the stream is held by another connection (say, our own previous
   one, not yet seen closed by the worker); NOTIFY again after a back-off (``RetryLater``).
-- ACK: credits to the edge, and (stream, point) pairs. A point below the last acknowledged
-  one (or ``NOTHING_SEEN``) is a rewind: the reader starts again after it (reference: "a
-  point of reference lower than the connector's current one tells the connector to rewind
-  its source"). NACK (draft): the stream is stopped, one NOTIFY answers each NACK (seed
-  000: NACKs stack, "each NACK will require a NOTIFY") and it resumes from the point of
-  the NOTIFY_ACK answering the last one.
+- ACK: (stream, point) pairs (its credits went to the edge as it arrived). A point below
+  the last acknowledged one (or ``NOTHING_SEEN``) is a rewind: the reader starts again
+  after it (reference: "a point of reference lower than the connector's current one tells
+  the connector to rewind its source"). NACK (draft): the stream is stopped, one NOTIFY
+  answers each NACK (seed 000: NACKs stack, "each NACK will require a NOTIFY") and it
+  resumes from the point of the NOTIFY_ACK answering the last one.
 - End of stream: the reader reports the point it ended at; the core sends EOS (draft: a
   boundary flagged EOS with that point as its id, seed 000 D0; v3: EOS_MESSAGE). A stream
   whose EOS the worker acknowledged at its end point is finished and not introduced again.
@@ -88,6 +89,7 @@ import attrs
 
 from .codec import (
     DEFAULT_MAX_FRAME_BYTES,
+    DIALECTS,
     DRAFT_VERSION,
     LENGTH_PREFIX_BYTES,
     NOTHING_SEEN,
@@ -124,7 +126,6 @@ __all__ = [
     "ConnectorCore",
     "Dial",
     "Go",
-    "Grant",
     "Halt",
     "MessageEncoder",
     "RetryLater",
@@ -132,6 +133,7 @@ __all__ = [
     "UnknownStreamError",
     "Write",
     "format_address",
+    "granted",
 ]
 
 _C = Role.CONNECTOR
@@ -199,19 +201,12 @@ class Dial:
 @attrs.frozen
 class Write:
     """Frames for ``conn``, in order. ``charged``: each costs a credit (every frame after
-    OK but ERROR does, reference) so the edge holds them until it has credits."""
+    OK but ERROR does, reference) so the edge holds them until it has credits (see
+    :func:`granted`)."""
 
     conn: str
     frames: tuple[bytes, ...]
     charged: bool = True
-
-
-@attrs.frozen
-class Grant:
-    """The worker granted ``credits`` more frames on ``conn`` (OK, ACK, NACK)."""
-
-    conn: str
-    credits: int
 
 
 @attrs.frozen
@@ -271,7 +266,7 @@ class RetryLater:
     attempt: int
 
 
-Action: TypeAlias = Dial | Write | Grant | Close | Go | Stop | Halt | Commit | RetryLater
+Action: TypeAlias = Dial | Write | Close | Go | Stop | Halt | Commit | RetryLater
 
 
 @attrs.frozen
@@ -295,6 +290,35 @@ class UnknownStreamError(ProtocolError):
 
     def __reduce__(self) -> tuple[type[ProtocolError], tuple[str, str, int, int]]:  # type: ignore[override]
         return (type(self), (self.dialect, self.frame, self.offset, self.stream_id))
+
+
+# --- credits -------------------------------------------------------------------------------
+
+_GRANTS: Final = {Ok: "initial_credits", Ack: "credits", Nack: "credits"}
+
+
+def granted(raw: bytes, dialect: Dialect) -> int:
+    """The credits a frame from the worker (its tag and body) grants: OK's initial
+    credits, an ACK's or a NACK's credits; 0 for any other frame or one that does not
+    decode (the core judges it, in logged order).
+
+    Credits are back-pressure on one live connection, never durable progress, so the
+    edge counts them itself and takes a grant the moment its frame arrives, without
+    waiting for the frame to be logged: a refill would otherwise wait for the worker's
+    log and then the connector's. The core decides only which frames cost one
+    (:attr:`Write.charged`).
+    """
+    if not raw:
+        return 0
+    cls = DIALECTS[dialect].classes.get(raw[0])
+    field = _GRANTS.get(cls) if cls is not None else None
+    if field is None:
+        return 0
+    try:
+        frame = decode_tagged(raw, dialect)
+    except ProtocolError:
+        return 0
+    return int(getattr(frame, field))
 
 
 # --- MESSAGE frames, fast ----------------------------------------------------------------
@@ -617,8 +641,6 @@ class ConnectorCore:
 
     def _ok(self, batch: _Batch, conn: str, c: _Conn, ok: Ok) -> None:
         c.streamed = True
-        if ok.initial_credits:
-            batch.actions.append(Grant(conn, ok.initial_credits))
         if c.purpose == _MIGRATION:
             self._settle_migration(batch)
             return
@@ -675,8 +697,6 @@ class ConnectorCore:
         batch.actions.append(Go(conn, s.machine.stream_id, s.name, s.generation, start))
 
     def _ack(self, batch: _Batch, conn: str, c: _Conn, ack: Ack, offset: int) -> None:
-        if ack.credits:
-            batch.actions.append(Grant(conn, ack.credits))
         for sid, point in ack.acks:
             s = self._named(conn, sid, "Ack", offset)
             s.machine.receive(ack)
@@ -699,8 +719,6 @@ class ConnectorCore:
     def _nack(self, batch: _Batch, conn: str, c: _Conn, nack: Nack, offset: int) -> None:
         s = self._named(conn, nack.stream_id, "Nack", offset)
         s.machine.receive(nack)  # RESET, one more on the stack
-        if nack.credits:
-            batch.actions.append(Grant(conn, nack.credits))
         if s.running:
             batch.actions.append(Stop(conn, nack.stream_id))
             s.running = False
