@@ -389,12 +389,14 @@ def test_an_ockam_stream_through_a_hub_exactly_once_through_sigkills(
     def at(point: int) -> Callable[[], bool]:
         return lambda: (worker.stream(name) or {}).get("point") == point
 
-    plan = [(500, hub, "both"), (1000, conn, "service"), (1500, worker, "coordinator")]
-    kill_at(plan, worker.applied, at(len(first)))
-    publish(second)  # more arrives after the kills: the connector picks it up
-    hub.kill("service")
-    hub.start()
-    wait_for("the whole stream at the worker", at(len(lines)))
+    plan = [(400, hub, "both"), (800, conn, "service"), (1200, worker, "coordinator")]
+    plan += [(1600, hub, "coordinator"), (2000, conn, "both")]
+    kills = kill_at(plan, worker.applied, at(len(first)))
+    publish(second)  # more arrives while the connector waits on the hub: it picks it up
+    plan = [(2800, worker, "service"), (3200, hub, "service")]
+    kills += kill_at(plan, worker.applied, at(len(lines)))
+    print("kills (process:which@messages applied just before):", kills)
+    assert all(int(k.rsplit("@", 1)[1]) < len(lines) for k in kills)  # mid-stream
     assert worker.applied() == len(lines)
     assert worker.counts() == words(lines)
 

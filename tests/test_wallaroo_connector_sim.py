@@ -24,12 +24,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from immortals.wallaroo import Dialect, stream_id_for
-from immortals.wallaroo.connector_core import (
+from immortals.wallaroo.connector_actions import (
     Actions,
     Close,
     Commit,
     ConnectorConfig,
-    ConnectorCore,
     Dial,
     Go,
     Halt,
@@ -39,6 +38,7 @@ from immortals.wallaroo.connector_core import (
     Write,
     granted,
 )
+from immortals.wallaroo.connector_core import ConnectorCore
 from immortals.wallaroo.sources import Batch
 from immortals.wallaroo.transport import split_frames
 from immortals.wallaroo.worker_core import Replies, WorkerConfig, WorkerCore

@@ -8,8 +8,9 @@ tables; ``errors`` the error hierarchy. The worker: ``worker_core`` its sans-IO 
 handlers, ``worker`` the immortal (``ambrosia-py run immortals.wallaroo.worker``),
 ``transport`` its TCP edges, ``worker_ctl`` the operators' client. ``docs/wallaroo.md``
 tells the whole story. The connector: ``connector_core`` its sans-IO state and handlers,
-``connector`` the immortal (``ambrosia-py run immortals.wallaroo.connector``) and its
-edge, ``sources`` the replayable sources it reads. Everything public is re-exported here.
+``connector_actions`` what they return, ``connector`` the immortal (``ambrosia-py run
+immortals.wallaroo.connector``) and its edge, ``sources`` the replayable sources it
+reads. Everything public is re-exported here.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from .codec import (
     stream_id_for,
 )
 from .connector import WallarooConnector
-from .connector_core import ConnectorConfig, ConnectorCore, MessageEncoder, UnknownStreamError
+from .connector_actions import ConnectorConfig, MessageEncoder
+from .connector_core import ConnectorCore, UnknownStreamError
 from .errors import (
     EncodeError,
     FrameTooLargeError,

@@ -48,12 +48,11 @@ from typing import Final, Protocol
 from ambrosia_py import Immortal, background, rpc
 
 from .codec import DEFAULT_MAX_FRAME_BYTES, DIALECTS, Dialect
-from .connector_core import (
+from .connector_actions import (
     Actions,
     Close,
     Commit,
     ConnectorConfig,
-    ConnectorCore,
     Dial,
     Go,
     Halt,
@@ -63,6 +62,7 @@ from .connector_core import (
     Write,
     granted,
 )
+from .connector_core import ConnectorCore
 from .errors import EncodeError
 from .sources import Source, SourceError, open_source, stream_names
 from .transport import parse_host_port, split_frames
