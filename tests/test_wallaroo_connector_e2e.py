@@ -337,6 +337,34 @@ def test_a_worker_moves_its_connector_mid_stream(
     assert not a.status()["connections"]
 
 
+@pytest.mark.parametrize("dialect", ["draft", "v3"])
+def test_a_rewind_from_the_worker_is_followed(
+    tmp_path: Path, processes: list[Service], dialect: str
+) -> None:
+    """Draft: a NACK; v3: an ACK with a lower point. Draft: the records after the point
+    up to where the worker was are taken exactly once more (the stream ignores MESSAGEs
+    until the connector's NOTIFY), the rest once. v3 has no such pause: messages in
+    flight past the point move it on again, so the connector's resends may all be
+    duplicates; either way each record is taken once, or twice if it was rewound over."""
+    gen, n = "gen://10000?seed=12", 10000
+    worker = Worker(tmp_path / "w", "worker", dialect)
+    conn = Connector(tmp_path / "c", "conn", worker, gen, dialect)
+    processes += [worker, conn]
+    worker.start()
+    conn.start()
+    wait_for("a third of the stream", lambda: worker.applied() >= n // 3)
+    point = int((worker.stream(gen) or {})["point"])
+    back = point - 300
+    answer = request(worker.control, COOKIE, {"op": "nack", "stream": gen, "point": back})
+    assert answer["ok"], answer
+    wait_for("the stream to finish", lambda: finished(worker, gen, n))
+    at = worker.applied() - n + back  # the last record taken twice
+    assert (point if dialect == "draft" else back) <= at < n
+    records = [generate(12, k) for k in range(1, n + 1)]
+    assert worker.counts() == words(records) + words(records[back:at])
+    assert "rewound" in conn.tail(100_000) or "NACKed" in conn.tail(100_000)
+
+
 def test_a_wrong_cookie_is_refused_without_disturbing_a_healthy_connector(
     tmp_path: Path, processes: list[Service]
 ) -> None:

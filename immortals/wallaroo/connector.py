@@ -322,35 +322,47 @@ class ConnectorEdge:
         return enc
 
     async def _run(self, link: _Link, g: Go, run: _Run) -> None:
-        """Send ``g.name`` from ``g.start`` on while credits allow; report its end."""
-        source, conn, sid = self._source, link.conn, g.stream_id
+        """Send ``g.name`` from ``g.start`` on while credits allow; report its end, or
+        why the source cannot go on (seed 000, D5)."""
         try:
-            after = g.start if g.start is not None else await source.origin(g.name)
-            run.last = after
-            encode = self._encoder(sid)
-            pending: collections.deque[tuple[int, bytes]] = collections.deque()
-            end = False
-            while True:
-                if not pending:
-                    if end:
-                        break
-                    batch = await source.read(g.name, run.last, _RECORDS_PER_READ)
-                    pending.extend(batch.records)
-                    end = batch.end
-                    continue
-                n = await link.take(len(pending))
-                chunk = [pending.popleft() for _ in range(n)]
-                link.writer.write(b"".join([encode(point, data) for point, data in chunk]))
-                run.last = chunk[-1][0]
-                self.sent += n
+            end = await self._send(link, g, run)
         except (SourceError, EncodeError) as exc:
-            if link.runs.get(sid) is run:
-                del link.runs[sid]
-                self._sink.failed(conn, sid, g.generation, str(exc))
+            reason = str(exc)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a source's bug: halt its stream, never go on silently
+            log.exception("the reader of %s failed", g.name)
+            reason = f"the source failed: {exc!r}"
+        else:
+            if link.runs.get(g.stream_id) is run:
+                del link.runs[g.stream_id]
+                self._sink.halted(link.conn, g.stream_id, g.generation, end, True)
             return
-        if link.runs.get(sid) is run:
-            del link.runs[sid]
-            self._sink.halted(conn, sid, g.generation, run.last, True)
+        if link.runs.get(g.stream_id) is run:
+            del link.runs[g.stream_id]
+            self._sink.failed(link.conn, g.stream_id, g.generation, reason)
+
+    async def _send(self, link: _Link, g: Go, run: _Run) -> int:
+        """The reader's loop; returns the point the source ended at."""
+        source = self._source
+        last = g.start if g.start is not None else await source.origin(g.name)
+        run.last = last
+        encode = self._encoder(g.stream_id)
+        pending: collections.deque[tuple[int, bytes]] = collections.deque()
+        end = False
+        while True:
+            if not pending:
+                if end:
+                    return last
+                batch = await source.read(g.name, last, _RECORDS_PER_READ)
+                pending.extend(batch.records)
+                end = batch.end
+                continue
+            n = await link.take(len(pending))
+            chunk = [pending.popleft() for _ in range(n)]
+            link.writer.write(b"".join([encode(point, data) for point, data in chunk]))
+            last = run.last = chunk[-1][0]
+            self.sent += n
 
     async def close(self) -> None:
         for link in list(self._links.values()):

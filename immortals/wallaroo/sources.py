@@ -214,6 +214,12 @@ class FileSource:
 
     def read_now(self, after: int, limit: int) -> Batch:
         """:meth:`read` without the event loop (file reads do not wait)."""
+        try:
+            return self._read(after, limit)
+        except OSError as exc:
+            raise SourceError(f"{self.path}: {exc.strerror or exc}") from None
+
+    def _read(self, after: int, limit: int) -> Batch:
         f = self._open()
         if after != self._line:
             mark = min(after // _MARK_EVERY, len(self._marks) - 1)
