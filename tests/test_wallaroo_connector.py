@@ -499,6 +499,16 @@ def test_a_second_migrate_while_migrating_is_an_error() -> None:
     assert isinstance(error, Error) and "MIGRATE while migrating" in error.reason
 
 
+def test_a_restart_while_migrating_is_an_error() -> None:
+    c, old = migrating()
+    c.receive(old, Migrate("127.0.0.1", 7200))
+    new, _ = c.connect(2, OTHER)
+    c.receive(new, Ok(10))
+    (error,) = c.written(c.receive(new, Restart(WORKER)))
+    assert isinstance(error, Error) and "RESTART while migrating" in error.reason
+    assert c.core.active == old and c.core.target == WORKER
+
+
 def test_a_migrate_halts_only_running_streams() -> None:
     c, old = migrating((S1, S2))
     c.keep(c.core.halted(old, ID2, c.gen(ID2), 50, True))  # S2 ended before the MIGRATE

@@ -505,6 +505,9 @@ class ConnectorCore:
         batch.actions.append(Write(conn, (self._encode(notify),)))
 
     def _restart(self, batch: _Batch, conn: str, c: _Conn, restart: Restart) -> None:
+        if conn != self.active or self.migration is not None:
+            reason = "a RESTART while migrating"
+            raise ProtocolError(self._config.dialect.value, "Restart", None, c.offset, reason)
         try:
             parse_address(restart.address)
         except ValueError as exc:
