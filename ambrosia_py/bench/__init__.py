@@ -7,6 +7,7 @@ import click
 from .coordinator import coordinator
 from .ockam import ockam_bench
 from .rpc import rpc_bench
+from .spark import spark_bench
 from .wire import wire
 
 
@@ -19,5 +20,6 @@ bench.add_command(wire)
 bench.add_command(coordinator)
 bench.add_command(rpc_bench)
 bench.add_command(ockam_bench)
+bench.add_command(spark_bench)
 
 __all__ = ["bench"]
