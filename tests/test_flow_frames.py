@@ -17,11 +17,11 @@ from ambrosia_py.flow import (
     PACKET_LIMIT,
     ChecksumError,
     FlowError,
-    Frame,
+    FlowFrame,
     FrameLengthError,
     FrameReader,
     Token,
-    TruncatedError,
+    TruncatedFrameError,
     encode_frame,
     encode_frame_bytes,
 )
@@ -37,7 +37,7 @@ def _stream(items: list[tuple[Token, bytes]]) -> bytes:
 
 def _read(chunks: list[bytes], **kwargs: int) -> list[tuple[Token, bytes]]:
     reader = FrameReader(**kwargs)
-    out: list[Frame] = []
+    out: list[FlowFrame] = []
     for chunk in chunks:
         out.extend(reader.frames(chunk))
     reader.close()
@@ -94,7 +94,7 @@ def test_large_and_small_messages_survive_later_feeds(size: int, chunk: int) -> 
     message = bytes(range(256)) * (size // 256) + b"z" * (size % 256)
     stream = encode_frame_bytes(TOKEN, message) * 3
     reader = FrameReader()
-    got: list[Frame] = []
+    got: list[FlowFrame] = []
     for i in range(0, len(stream), chunk):
         reader.feed(bytearray(stream[i : i + chunk]))
         got.extend(reader)
@@ -180,15 +180,15 @@ def test_a_failed_reader_keeps_failing() -> None:
 def test_truncated_stream(cut: int) -> None:
     reader = FrameReader()
     assert reader.frames(encode_frame_bytes(TOKEN, b"hello")[:cut]) == []
-    with pytest.raises(TruncatedError, match=f"inside a frame \\({cut} bytes") as info:
+    with pytest.raises(TruncatedFrameError, match=f"inside a frame \\({cut} bytes") as info:
         reader.close()
     assert info.value.offset == 0
 
 
 def test_truncated_token_decode() -> None:
-    with pytest.raises(TruncatedError, match="a token needs 16 bytes, 15 present"):
+    with pytest.raises(TruncatedFrameError, match="a token needs 16 bytes, 15 present"):
         Token.decode(bytes(15))
-    with pytest.raises(TruncatedError, match="0 present"):
+    with pytest.raises(TruncatedFrameError, match="0 present"):
         Token.decode(bytes(16), 20)
 
 
@@ -246,6 +246,6 @@ def test_mutated_streams_raise_the_right_error(
     if pos - start >= 4:
         assert isinstance(err, ChecksumError) and err.offset == start
     else:  # the length field: too short, too long, or it now frames the wrong bytes
-        assert isinstance(err, FrameLengthError | ChecksumError | TruncatedError)
+        assert isinstance(err, FrameLengthError | ChecksumError | TruncatedFrameError)
         if isinstance(err, FrameLengthError):
             assert err.offset == start

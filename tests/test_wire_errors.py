@@ -32,7 +32,7 @@ from ambrosia_py.wire import (
     RpcType,
     SequenceError,
     TakeCheckpoint,
-    TruncatedError,
+    TruncatedInputError,
     UnknownMessageTypeError,
     VarintTooLongError,
     Watermark,
@@ -84,7 +84,7 @@ def test_stream_ending_inside_a_record_is_truncated(cut: int) -> None:
     bad = encode_record(1, 1, [FORK])[:cut]
     reader = RecordReader()
     assert reader.records(good + bad) == [LogRecord(1, 0, (FORK,))]
-    err = raised(reader.close, TruncatedError)
+    err = raised(reader.close, TruncatedInputError)
     assert err.offset == len(good)
     assert f"stream ends inside a record ({cut} bytes left over)" in str(err)
     assert f"offset {len(good)}" in str(err)
@@ -94,7 +94,7 @@ def test_stream_ending_inside_a_checkpoint_blob_is_truncated() -> None:
     raw = encode_record(1, -2, [Checkpoint(b"0123456789")])
     reader = RecordReader()
     assert reader.records(raw[:-3]) == []
-    err = raised(reader.close, TruncatedError)
+    err = raised(reader.close, TruncatedInputError)
     assert "stream ends inside a record" in str(err)
     assert err.offset == len(raw) - 10  # the blob has not been consumed
 
@@ -108,7 +108,7 @@ def test_complete_stream_closes_cleanly() -> None:
 @pytest.mark.parametrize("cut", [0, 1, 2, 5])
 def test_truncated_message_decode(cut: int) -> None:
     raw = encode_message(OutgoingRpc("server", 3, RpcType.FORK, b"{}"))
-    err = raised(lambda: decode_message(raw[: len(raw) - 1 - cut], 0), TruncatedError)
+    err = raised(lambda: decode_message(raw[: len(raw) - 1 - cut], 0), TruncatedInputError)
     assert err.offset == 0
     assert f"message of 13 bytes runs {cut + 1} bytes past the available data" in str(err)
 
@@ -119,7 +119,7 @@ def test_message_reader_close_inside_a_message_is_truncated() -> None:
     assert reader.messages(first + encode_message(OutgoingRpc("", 1, RpcType.FORK))[:3]) == [
         TakeCheckpoint()
     ]
-    err = raised(reader.close, TruncatedError)
+    err = raised(reader.close, TruncatedInputError)
     assert err.offset == len(first)
     assert "stream ends inside a message (3 bytes left over)" in str(err)
 
@@ -127,14 +127,14 @@ def test_message_reader_close_inside_a_message_is_truncated() -> None:
 def test_message_reader_close_inside_a_checkpoint_blob_is_truncated() -> None:
     reader = MessageReader()
     assert reader.messages(encode_message(Checkpoint(b"abcdef"))[:-1]) == []
-    err = raised(reader.close, TruncatedError)
+    err = raised(reader.close, TruncatedInputError)
     assert "stream ends inside a message" in str(err)
 
 
 def test_name_running_past_the_message_is_truncated() -> None:
     # An outgoing RPC whose destination length says 20 in a 5-byte message.
     raw = frame(0, encode_zigzag_int(20) + b"abc")
-    err = raised(lambda: decode_message(raw, 0, Direction.TO_COORDINATOR), TruncatedError)
+    err = raised(lambda: decode_message(raw, 0, Direction.TO_COORDINATOR), TruncatedInputError)
     assert "destination name of 20 bytes runs past the message end" in str(err)
     assert err.offset == 3
 
@@ -142,7 +142,7 @@ def test_name_running_past_the_message_is_truncated() -> None:
 def test_message_running_past_its_record_is_truncated_with_seq() -> None:
     body = frame(0, b"\x00\x06\x01{}")
     raw = record(9, body[:-1])  # the message claims one byte more than the record has
-    err = raised(lambda: read_all(raw), TruncatedError)
+    err = raised(lambda: read_all(raw), TruncatedInputError)
     assert err.seq == 9
     assert err.offset == HEADER_SIZE
     assert "record seq 9" in str(err)
@@ -150,11 +150,11 @@ def test_message_running_past_its_record_is_truncated_with_seq() -> None:
 
 def test_end_past_the_buffer_is_truncated() -> None:
     raw = encode_message(FORK)
-    err = raised(lambda: decode_messages(raw, 0, len(raw) + 5), TruncatedError)
+    err = raised(lambda: decode_messages(raw, 0, len(raw) + 5), TruncatedInputError)
     assert err.offset == 0
     assert f"messages end at {len(raw) + 5}, past the {len(raw)}-byte buffer" in str(err)
     # A frame claiming one byte more than the buffer holds, with an end past the buffer.
-    err = raised(lambda: decode_message(raw[:-1], 0, end=len(raw) + 5), TruncatedError)
+    err = raised(lambda: decode_message(raw[:-1], 0, end=len(raw) + 5), TruncatedInputError)
     assert "runs 1 bytes past the available data" in str(err)
 
 
@@ -192,7 +192,7 @@ def test_long_varint_beyond_64_bits() -> None:
 
 @pytest.mark.parametrize("data", [b"", b"\x80", b"\x80\x80\x80\x80"])
 def test_truncated_varint(data: bytes) -> None:
-    err = raised(lambda: decode_zigzag_int(data), TruncatedError)
+    err = raised(lambda: decode_zigzag_int(data), TruncatedInputError)
     assert err.offset == 0
     assert "ZigZagInt truncated" in str(err)
 
@@ -239,7 +239,7 @@ def test_record_length_above_maximum() -> None:
 def test_header_lengths_checked_by_parse_header() -> None:
     err = raised(lambda: parse_header(record(1, b"", length=10)), RecordLengthError)
     assert err.offset == 0
-    err = raised(lambda: parse_header(b"\x00" * 10, 0), TruncatedError)
+    err = raised(lambda: parse_header(b"\x00" * 10, 0), TruncatedInputError)
     assert "record header needs 24 bytes, 10 present" in str(err)
 
 
@@ -580,5 +580,5 @@ def test_message_reader_keeps_raising_after_an_error() -> None:
     # A frame that decodes badly fails the reader too, though the framing was intact.
     reader = MessageReader()
     reader.feed(frame(3, b"\x00") + encode_message(TakeCheckpoint()))
-    raised(reader.next_message, TruncatedError)
-    raised(reader.next_message, TruncatedError)
+    raised(reader.next_message, TruncatedInputError)
+    raised(reader.next_message, TruncatedInputError)

@@ -20,7 +20,7 @@ from ambrosia_py.wire import (
     MessageReader,
     ProtocolError,
     RecordReader,
-    TruncatedError,
+    TruncatedInputError,
     Watermark,
     decode_disk_tail,
     decode_message,
@@ -45,7 +45,7 @@ def _drain_records(chunks: list[bytes], *, on_disk: bool = False, verify: bool =
         with pytest.raises(type(exc)):
             reader.next_record()
         return
-    with contextlib.suppress(TruncatedError):
+    with contextlib.suppress(TruncatedInputError):
         reader.close()
 
 
@@ -58,7 +58,7 @@ def _drain_messages(chunks: list[bytes], direction: Direction) -> None:
         with pytest.raises(type(exc)):
             reader.next_message()
         return
-    with contextlib.suppress(TruncatedError):
+    with contextlib.suppress(TruncatedInputError):
         reader.close()
 
 

@@ -19,7 +19,6 @@ from .. import wire
 from ..wire import (
     AttachTo,
     Checkpoint,
-    Frame,
     IncomingReturnValue,
     IncomingRpc,
     InitialMessage,
@@ -27,6 +26,7 @@ from ..wire import (
     MessageType,
     OutgoingReturnValue,
     OutgoingRpc,
+    RawMessage,
     RpcBatch,
     TakeCheckpoint,
 )
@@ -239,7 +239,7 @@ def to_incoming(raw: bytes | memoryview) -> tuple[str, bytes, memoryview]:
         ) from None
     body = mv[name_at + name_len : pos + size]
     if not len(body):
-        raise wire.TruncatedError("RPC body is empty", offset=name_at + name_len)
+        raise wire.TruncatedInputError("RPC body is empty", offset=name_at + name_len)
     return destination, wire.encode_zigzag_int(1 + len(body)) + b"\x00", body
 
 
@@ -361,7 +361,7 @@ class Intake:
         """
         reader = MessageReader(direction=wire.Direction.TO_BINDING)  # the incoming form
         reader.feed(payload)
-        frames: list[Frame] = []
+        frames: list[RawMessage] = []
         try:
             while (frame := reader.next_frame()) is not None:
                 if frame.type != MessageType.RPC:
@@ -459,7 +459,7 @@ class Intake:
             self.new_destinations.append(destination)
         box.add(b"".join(bytes(p) for p in parts))
 
-    def _frame(self, frame: Frame) -> IntakeEvent | None:
+    def _frame(self, frame: RawMessage) -> IntakeEvent | None:
         t = frame.type
         if t == MessageType.RPC:
             destination, prefix, body = to_incoming(frame.raw)

@@ -348,7 +348,7 @@ def _tail_state(fd: int, at: int, size: int) -> str:
         tail = os.pread(fd, want, at)
         try:
             wire.decode_disk_tail(tail)
-        except wire.TruncatedError:
+        except wire.TruncatedInputError:
             if at + len(tail) >= size:
                 return "cut"
             want *= 4

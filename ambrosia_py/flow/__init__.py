@@ -32,10 +32,10 @@ from .errors import (
     FlowError,
     FlowStateError,
     FrameLengthError,
-    TruncatedError,
+    TruncatedFrameError,
 )
 from .events import ConnectionClosed, Event, FrameReceived, PeerConnected
-from .frames import Frame, FrameReader, encode_frame, encode_frame_bytes, frame_checksum
+from .frames import FlowFrame, FrameReader, encode_frame, encode_frame_bytes, frame_checksum
 from .tokens import Token
 
 __all__ = [
@@ -64,13 +64,13 @@ __all__ = [
     "FlowConnection",
     "FlowError",
     "FlowStateError",
-    "Frame",
+    "FlowFrame",
     "FrameLengthError",
     "FrameReader",
     "FrameReceived",
     "PeerConnected",
     "Token",
-    "TruncatedError",
+    "TruncatedFrameError",
     "WellKnown",
     "compatible",
     "connect_packet_size",

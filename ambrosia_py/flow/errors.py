@@ -18,7 +18,7 @@ __all__ = [
     "FlowError",
     "FlowStateError",
     "FrameLengthError",
-    "TruncatedError",
+    "TruncatedFrameError",
 ]
 
 
@@ -46,7 +46,7 @@ class ChecksumError(FlowError):
     """A frame whose XXH3-64 checksum does not match its token and message."""
 
 
-class TruncatedError(FlowError):
+class TruncatedFrameError(FlowError):
     """Input that ends inside a token or a frame."""
 
 

@@ -29,11 +29,11 @@ from .constants import (
     TLS_FRAME_HEADER_LENGTH,
     Buffer,
 )
-from .errors import ChecksumError, FlowError, FrameLengthError, TruncatedError
+from .errors import ChecksumError, FlowError, FrameLengthError, TruncatedFrameError
 from .tokens import Token
 
 __all__ = [
-    "Frame",
+    "FlowFrame",
     "FrameReader",
     "check_frame_limit",
     "encode_frame",
@@ -100,7 +100,7 @@ def encode_frame_bytes(
 
 
 @attrs.frozen
-class Frame:
+class FlowFrame:
     """One received frame: its token and message.
 
     ``message`` is a read-only view that no later ``feed`` changes; ``offset`` is the
@@ -186,7 +186,7 @@ class FrameReader:
             self._pos = 0
         self._data += data
 
-    def next_frame(self) -> Frame | None:
+    def next_frame(self) -> FlowFrame | None:
         """The next complete frame, or ``None`` if more bytes are needed."""
         if self._failed is not None:
             raise self._failed
@@ -196,7 +196,7 @@ class FrameReader:
             self._failed = exc
             raise
 
-    def _next_frame(self) -> Frame | None:
+    def _next_frame(self) -> FlowFrame | None:
         data, pos = self._data, self._pos
         available = len(data) - pos
         if available < _LENGTH.size:
@@ -219,7 +219,7 @@ class FrameReader:
         if not self._checksum:
             _, first, second = _TLS_HEADER.unpack_from(data, pos)
             message = self._take(pos + TLS_FRAME_HEADER_LENGTH, end)
-            return Frame(Token(first, second), message, start)
+            return FlowFrame(Token(first, second), message, start)
         _, expected, first, second = _HEADER.unpack_from(data, pos)
         with memoryview(data) as mv:
             actual = xxhash.xxh3_64_intdigest(mv[pos + _CHECKED_FROM : end])
@@ -230,7 +230,7 @@ class FrameReader:
                 offset=start,
             )
         message = self._take(pos + FRAME_HEADER_LENGTH, end)
-        return Frame(Token(first, second), message, start)
+        return FlowFrame(Token(first, second), message, start)
 
     def _take(self, start: int, end: int) -> memoryview:
         """Bytes ``start:end`` of the buffer as a view no later feed can change; consume them."""
@@ -248,21 +248,21 @@ class FrameReader:
         self._pos = 0
         return memoryview(data).toreadonly()[start:end]
 
-    def __iter__(self) -> Iterator[Frame]:
+    def __iter__(self) -> Iterator[FlowFrame]:
         while (frame := self.next_frame()) is not None:
             yield frame
 
-    def frames(self, data: Buffer) -> list[Frame]:
+    def frames(self, data: Buffer) -> list[FlowFrame]:
         """Feed ``data`` and return every frame it completes."""
         self.feed(data)
         return list(self)
 
     def close(self) -> None:
-        """Say the stream ended; raise :class:`TruncatedError` (for good) if inside a frame."""
+        """Say the stream ended; raise :class:`TruncatedFrameError` (for good) if inside a frame."""
         if self._failed is not None:
             raise self._failed
         if self.buffered:
-            self._failed = TruncatedError(
+            self._failed = TruncatedFrameError(
                 f"stream ends inside a frame ({self.buffered} bytes left over)",
                 offset=self.offset,
             )

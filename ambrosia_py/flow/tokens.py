@@ -14,7 +14,7 @@ from typing import Any
 import attrs
 
 from .constants import TOKEN_STREAM_FLAG, WELL_KNOWN_FIRST, Buffer
-from .errors import TruncatedError
+from .errors import TruncatedFrameError
 
 __all__ = ["TOKEN_LENGTH", "Token"]
 
@@ -85,7 +85,7 @@ class Token:
             raise ValueError(f"negative offset {offset}")
         with memoryview(buf) as mv, mv.cast("B") as data:
             if len(data) - offset < TOKEN_LENGTH:
-                raise TruncatedError(
+                raise TruncatedFrameError(
                     f"a token needs {TOKEN_LENGTH} bytes, {max(len(data) - offset, 0)} present",
                     offset=offset,
                 )

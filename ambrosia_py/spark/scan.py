@@ -122,7 +122,7 @@ def _tail_end(fd: int, at: int, end: int) -> int | None:
         data = os.pread(fd, min(want, end - at), at)
         try:
             _, used = wire.decode_disk_tail(data)
-        except wire.TruncatedError:
+        except wire.TruncatedInputError:
             if at + len(data) >= end:
                 return None
             want *= 4
@@ -281,7 +281,7 @@ class _SpanScan:
                 self._ensure(pos, self.span.end)
             try:
                 _, used = wire.decode_disk_tail(memoryview(self.data), at - self.base)
-            except wire.TruncatedError:
+            except wire.TruncatedInputError:
                 if not whole:
                     if self.span.final:
                         raise _Cut() from None

@@ -15,7 +15,7 @@ from .errors import (
     ProtocolError,
     RecordLengthError,
     SequenceError,
-    TruncatedError,
+    TruncatedInputError,
     UnknownMessageTypeError,
     VarintTooLongError,
 )
@@ -54,8 +54,8 @@ from .messages import (
 from .reader import (
     DEFAULT_MAX_CHECKPOINT_SIZE,
     DEFAULT_MAX_MESSAGE_SIZE,
-    Frame,
     MessageReader,
+    RawMessage,
     RawRecord,
     RecordReader,
 )
@@ -108,7 +108,7 @@ __all__ = [
     "CountReplayableRpcBatch",
     "Direction",
     "DiskRecordTail",
-    "Frame",
+    "RawMessage",
     "IncomingReturnValue",
     "IncomingRpc",
     "InitialMessage",
@@ -138,7 +138,7 @@ __all__ = [
     "TakeCheckpoint",
     "TrimTo",
     "TrimWatermark",
-    "TruncatedError",
+    "TruncatedInputError",
     "UnknownMessageTypeError",
     "UpgradeService",
     "UpgradeTakeCheckpoint",

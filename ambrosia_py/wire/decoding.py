@@ -12,7 +12,7 @@ from .errors import (
     BatchCountError,
     InvalidNameError,
     MalformedMessageError,
-    TruncatedError,
+    TruncatedInputError,
     UnknownMessageTypeError,
 )
 from .messages import (
@@ -54,7 +54,7 @@ def _read_name(mv: memoryview, pos: int, end: int, field: str) -> tuple[str, int
     if n < 0:
         raise MalformedMessageError(f"negative {field} length {n}", offset=pos)
     if pos2 + n > end:
-        raise TruncatedError(f"{field} of {n} bytes runs past the message end", offset=pos2)
+        raise TruncatedInputError(f"{field} of {n} bytes runs past the message end", offset=pos2)
     try:
         return str(mv[pos2 : pos2 + n], "utf-8"), pos2 + n
     except UnicodeDecodeError as exc:
@@ -72,13 +72,13 @@ def _decode_rpc(mv: memoryview, pos: int, end: int, outgoing: bool) -> Message:
     if outgoing:
         destination, pos = _read_name(mv, pos, end, "destination name")
     if pos >= end:
-        raise TruncatedError("RPC body is empty", offset=pos)
+        raise TruncatedInputError("RPC body is empty", offset=pos)
     kind = mv[pos]
     pos += 1
     if kind == 0:
         method_id, pos = _varint(mv, pos, end, False)
         if pos >= end:
-            raise TruncatedError("RPC type byte missing", offset=pos)
+            raise TruncatedInputError("RPC type byte missing", offset=pos)
         raw_type = mv[pos]
         if raw_type > 2:
             raise MalformedMessageError(f"unknown RPC type {raw_type}", offset=pos)
@@ -104,7 +104,9 @@ def _decode_rpc(mv: memoryview, pos: int, end: int, outgoing: bool) -> Message:
         if n < 0:
             raise MalformedMessageError(f"negative return value length {n}", offset=pos)
         if pos + n > end:
-            raise TruncatedError(f"return value of {n} bytes runs past the message end", offset=pos)
+            raise TruncatedInputError(
+                f"return value of {n} bytes runs past the message end", offset=pos
+            )
         value = mv[pos : pos + n]
         pos += n
     if pos != end:
@@ -188,7 +190,7 @@ def decode_message(
         raise MalformedMessageError(f"message size {size} (must be at least 1)", offset=start)
     stop = pos + size
     if stop > limit:
-        raise TruncatedError(
+        raise TruncatedInputError(
             f"message of {size} bytes runs {stop - limit} bytes past the available data",
             offset=start,
         )
@@ -248,7 +250,9 @@ def decode_messages(
     """Decode the messages packed in ``buf[pos:end]`` (a record body)."""
     mv = buf if isinstance(buf, memoryview) else memoryview(buf)
     if end > len(mv):
-        raise TruncatedError(f"messages end at {end}, past the {len(mv)}-byte buffer", offset=pos)
+        raise TruncatedInputError(
+            f"messages end at {end}, past the {len(mv)}-byte buffer", offset=pos
+        )
     out: list[Message] = []
     append = out.append
     incoming = direction is Direction.TO_BINDING

@@ -18,7 +18,7 @@ __all__ = [
     "ProtocolError",
     "RecordLengthError",
     "SequenceError",
-    "TruncatedError",
+    "TruncatedInputError",
     "UnknownMessageTypeError",
     "VarintTooLongError",
 ]
@@ -52,7 +52,7 @@ class CommitterError(ProtocolError):
     """A record whose committer id differs from the stream's."""
 
 
-class TruncatedError(ProtocolError):
+class TruncatedInputError(ProtocolError):
     """The input ends inside a record, a message or a field."""
 
 

@@ -7,7 +7,7 @@ reads the bare messages a binding sends its coordinator.
 
 Both are sans-IO: no sockets, no files. ``feed()`` appends bytes; ``next_*()`` returns the
 next complete unit or ``None`` when more bytes are needed; ``close()`` says the stream
-ended and raises :class:`TruncatedError` if it ended inside a unit. Each record is copied
+ended and raises :class:`TruncatedInputError` if it ended inside a unit. Each record is copied
 out of the input buffer once; the messages decoded from it are views into that copy.
 """
 
@@ -24,7 +24,7 @@ from .errors import (
     MalformedMessageError,
     ProtocolError,
     SequenceError,
-    TruncatedError,
+    TruncatedInputError,
     UnknownMessageTypeError,
 )
 from .messages import (
@@ -52,7 +52,7 @@ from .varint import decode_zigzag_int
 __all__ = [
     "DEFAULT_MAX_CHECKPOINT_SIZE",
     "DEFAULT_MAX_MESSAGE_SIZE",
-    "Frame",
+    "RawMessage",
     "MessageReader",
     "RawRecord",
     "RecordReader",
@@ -221,7 +221,7 @@ class RecordReader:
     def close(self) -> None:
         """The stream has ended: raise if it ended inside a record or blob."""
         if self._pending is not None or self._buf.available:
-            raise TruncatedError(
+            raise TruncatedInputError(
                 f"stream ends inside a record ({self._buf.available} bytes left over)",
                 offset=self._buf.offset,
             )
@@ -252,7 +252,7 @@ class RecordReader:
             try:
                 with memoryview(buf.data) as mv:
                     tail, end = decode_disk_tail(mv, buf.pos + header.length)
-            except TruncatedError:
+            except TruncatedInputError:
                 return None
             except ProtocolError as exc:
                 raise self._fail(exc.relocated(base=buf.consumed, seq=header.seq)) from None
@@ -342,7 +342,7 @@ class RecordReader:
 
 
 @attrs.frozen
-class Frame:
+class RawMessage:
     """One framed message, undecoded: its type, and the whole frame (size prefix included).
 
     ``blob`` is a Checkpoint's blob, which follows its frame on the wire.
@@ -391,12 +391,12 @@ class MessageReader:
 
     def close(self) -> None:
         if self._pending is not None or self._buf.available:
-            raise TruncatedError(
+            raise TruncatedInputError(
                 f"stream ends inside a message ({self._buf.available} bytes left over)",
                 offset=self._buf.offset,
             )
 
-    def next_frame(self) -> Frame | None:
+    def next_frame(self) -> RawMessage | None:
         """The next complete frame (and its checkpoint blob), undecoded.
 
         After an error every later call raises it again: the reader never resyncs.
@@ -409,7 +409,7 @@ class MessageReader:
             self._failed = exc
             raise
 
-    def _next_frame(self) -> Frame | None:
+    def _next_frame(self) -> RawMessage | None:
         buf = self._buf
         if self._pending is None:
             if not buf.available:
@@ -418,7 +418,7 @@ class MessageReader:
             try:
                 with memoryview(buf.data) as mv:
                     size, pos = decode_zigzag_int(mv, buf.pos)
-            except TruncatedError:
+            except TruncatedInputError:
                 return None
             except ProtocolError as exc:
                 raise exc.relocated(base=buf.consumed) from None
@@ -437,7 +437,7 @@ class MessageReader:
                 )
             raw = buf.take(header_len + size)
             if mtype != MessageType.CHECKPOINT:
-                return Frame(mtype, raw, start)
+                return RawMessage(mtype, raw, start)
             try:
                 msg, _ = decode_message(raw, 0, self._direction)
             except ProtocolError as exc:
@@ -453,9 +453,9 @@ class MessageReader:
         if buf.available < length:
             return None
         self._pending = None
-        return Frame(mtype, raw, start, buf.take(length))
+        return RawMessage(mtype, raw, start, buf.take(length))
 
-    def decode(self, frame: Frame) -> Message:
+    def decode(self, frame: RawMessage) -> Message:
         """Decode a frame into its message (a Checkpoint gets its blob)."""
         if frame.blob is not None:
             return Checkpoint(frame.blob)

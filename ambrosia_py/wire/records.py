@@ -28,7 +28,7 @@ from .errors import (
     InvalidNameError,
     MalformedMessageError,
     RecordLengthError,
-    TruncatedError,
+    TruncatedInputError,
 )
 from .messages import Buffer, Message, Payload, frame_parts
 from .varint import decode_zigzag_int, encode_zigzag_int
@@ -90,7 +90,7 @@ def parse_header(
 ) -> RecordHeader:
     """Parse and bound-check the header at ``pos`` (the 24 bytes must be present)."""
     if len(buf) - pos < HEADER_SIZE:
-        raise TruncatedError(
+        raise TruncatedInputError(
             f"record header needs {HEADER_SIZE} bytes, {len(buf) - pos} present", offset=pos
         )
     committer, length, check, seq = HEADER.unpack_from(buf, pos)
@@ -259,7 +259,7 @@ def _name_at(buf: memoryview, pos: int, what: str) -> tuple[str, int]:
     if n < 0:
         raise MalformedMessageError(f"negative {what} name length {n}", offset=pos)
     if pos2 + n > len(buf):
-        raise TruncatedError(f"{what} name runs past the data", offset=pos2)
+        raise TruncatedInputError(f"{what} name runs past the data", offset=pos2)
     try:
         return str(buf[pos2 : pos2 + n], "utf-8"), pos2 + n
     except UnicodeDecodeError as exc:
@@ -268,7 +268,7 @@ def _name_at(buf: memoryview, pos: int, what: str) -> tuple[str, int]:
 
 def _i64_at(buf: memoryview, pos: int, what: str) -> tuple[int, int]:
     if pos + 8 > len(buf):
-        raise TruncatedError(f"{what} truncated", offset=pos)
+        raise TruncatedInputError(f"{what} truncated", offset=pos)
     return int(_I64.unpack_from(buf, pos)[0]), pos + 8
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import struct
 
-from .errors import TruncatedError, VarintTooLongError
+from .errors import TruncatedInputError, VarintTooLongError
 
 __all__ = [
     "INT_FIXED",
@@ -84,7 +84,7 @@ def _decode(
     shift = 0
     while True:
         if pos >= end:
-            raise TruncatedError(f"{name} truncated", offset=start)
+            raise TruncatedInputError(f"{name} truncated", offset=start)
         b = buf[pos]
         pos += 1
         result |= (b & 0x7F) << shift
