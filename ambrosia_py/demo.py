@@ -1,9 +1,11 @@
 """``ambrosia-py demo``: the main job, end to end, on this machine.
 
-It runs ``examples/counter.py`` under ``ambrosia-py run`` in a fresh data directory,
-sends it calls over TCP, kills the service with SIGKILL in the middle of the stream,
-runs the same command again, and shows that every acknowledged call was counted exactly
-once; then it verifies the recorded log and lists the instance. Last, ``examples/hello``:
+It runs ``examples/counter.py`` under ``ambrosia-py run --ingress`` in a fresh data
+directory, calls it with :class:`ambrosia_py.client.Client`, kills the service with
+SIGKILL while a call is in flight, runs the same command again, and shows that every
+call, the one in flight included, was counted exactly once (the client sent it again
+with the same idempotency key); then it verifies the recorded log and lists the
+instance. Last, ``examples/hello``:
 a client awaiting a server on another instance, the server SIGKILLed mid-stream and run
 again, every call run exactly once.
 """
@@ -19,9 +21,13 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.console import Console
+
+from .binding.run_cli import load_service
+from .client import Client
 
 __all__ = ["demo"]
 
@@ -87,11 +93,10 @@ class _Service:
             self.proc.wait()
 
 
-def _ask(f: object, line: str) -> str:
-    assert hasattr(f, "write") and hasattr(f, "readline") and hasattr(f, "flush")
-    f.write(line + "\n")
-    f.flush()
-    return str(f.readline()).strip()
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 @click.command()
@@ -108,35 +113,42 @@ def demo(example: Path, calls: int) -> None:
     console = Console()
     with tempfile.TemporaryDirectory(prefix="ambrosia-demo-") as tmp:
         data_dir = Path(tmp)
-        console.rule("1. start the counter (coordinator + service)")
-        svc = _Service(example, data_dir, ready="counter listening on")
-        console.print(f"counter is listening on 127.0.0.1:{svc.port}")
+        console.rule("1. start the counter (coordinator + service) with its ingress")
+        address = f"127.0.0.1:{_free_port()}"
+        run_args = ("--ingress", address)
+        svc = _Service(example, data_dir, *run_args, ready="ingress listening on")
+        console.print(f"the counter takes calls on {address}")
+        counter: Any = load_service(str(example))
         acked = 0
-        start = time.perf_counter()
-        with socket.create_connection(("127.0.0.1", svc.port), timeout=_DEADLINE) as conn:
-            f = conn.makefile("rw")
+        with Client(address, data_dir=data_dir, timeout=_DEADLINE) as client:
+            start = time.perf_counter()
             for i in range(1, calls + 1):
-                reply = _ask(f, f"add {i}")
-                if not reply.startswith("ok "):
-                    raise click.ClickException(f"unexpected reply {reply!r}")
                 acked += i
-        elapsed = time.perf_counter() - start
-        console.print(
-            f"{calls} calls acknowledged, each logged durably before it ran "
-            f"({calls / elapsed:,.0f} acknowledged round trips/s); count = {acked}"
-        )
-        console.rule("2. SIGKILL the service")
-        svc.kill()
-        console.print(f"killed pid {svc.proc.pid}; its coordinator saw it go and stopped")
-        console.rule("3. run the same command again: recovery")
-        svc = _Service(example, data_dir, ready="counter listening on")
-        with socket.create_connection(("127.0.0.1", svc.port), timeout=_DEADLINE) as conn:
-            f = conn.makefile("rw")
-            count = int(_ask(f, "get").split()[1])
-            after = _ask(f, "add 1")
+                if client.call(counter.add, i) != acked:
+                    raise click.ClickException(f"add {i} did not answer {acked}")
+            elapsed = time.perf_counter() - start
+            console.print(
+                f"{calls} calls answered, each logged durably before it ran "
+                f"({calls / elapsed:,.0f} answered calls/s); count = {acked}"
+            )
+            console.rule("2. SIGKILL the service while a call is in flight")
+            last: list[int] = []
+            in_flight = threading.Thread(
+                target=lambda: last.append(client.call(counter.add, 1, key="demo-last"))
+            )
+            in_flight.start()
+            svc.kill()
+            acked += 1
+            console.print(f"killed pid {svc.proc.pid}; its coordinator saw it go and stopped")
+            console.rule("3. run the same command again: recovery")
+            svc = _Service(example, data_dir, *run_args, ready="ingress listening on")
+            in_flight.join(_DEADLINE)
+            console.print(f"the call in flight was sent again with its key and answered: {last}")
+            count = client.call(counter.get)
         svc.stop()
-        verdict = "[green]exactly once[/green]" if count == acked else "[red]MISMATCH[/red]"
-        console.print(f"recovered count = {count}, expected {acked}: {verdict}; then {after!r}")
+        good = count == acked and last == [acked]
+        verdict = "[green]exactly once[/green]" if good else "[red]MISMATCH[/red]"
+        console.print(f"recovered count = {count}, expected {acked}: {verdict}")
         for line in svc.log:
             if "replayed" in line or "checkpoint" in line:
                 console.print("  " + line.rstrip(), style="dim", markup=False, highlight=False)
@@ -150,7 +162,7 @@ def demo(example: Path, calls: int) -> None:
             )
             console.print(f"$ ambrosia-py {args[0]} {args[1]} ...", style="bold")
             console.print(out.stdout.rstrip(), markup=False, highlight=False)
-        ok = _hello(console, example.parent / "hello", data_dir) and count == acked
+        ok = _hello(console, example.parent / "hello", data_dir) and good
         if not ok:
             raise SystemExit(1)
 

@@ -485,6 +485,8 @@ def run_separated(data_dir: Path, fields: dict[str, str]) -> subprocess.Popen[st
             fields["receive_port"],
             "--send-port",
             fields["send_port"],
+            "--ingress",
+            "127.0.0.1:0",
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -498,7 +500,7 @@ def test_run_separated_proves_itself_with_the_token_file(tmp_path: Path) -> None
     try:
         assert service.stderr is not None
         for line in service.stderr:  # ends when the service exits
-            if "counter listening on" in line:
+            if "ingress listening on" in line:
                 break
         else:
             raise AssertionError("the service never became primary")

@@ -1,121 +1,57 @@
-"""End to end: examples/counter.py under `ambrosia-py run`, SIGKILLed at random points.
+"""End to end: examples/counter.py under `ambrosia-py run --ingress`, SIGKILLed at random
+points, called by a program through ambrosia_py.client.
 
-A client sends ``add v`` with distinct values and waits for each ``ok``. After every
-crash (of the service or of its coordinator, alternately) the command is run again and
-the recovered count must be the sum of a prefix of the values sent that includes every
-acknowledged one: each acknowledged call counted exactly once, none lost, none twice.
+The client adds distinct values one call at a time, each with its own key. After a few
+calls it starts one more in a thread and SIGKILLs the service or its coordinator
+(alternately) while that call is in flight, then runs the same command again; the
+client sends the call again with the same key until it is answered. Every answer must
+be the running total of the values before it, and the final count their sum: every
+call applied exactly once, the one cut by the crash included.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 import random
-import signal
-import socket
-import subprocess
-import sys
 import threading
-import time
 from pathlib import Path
+from typing import Any
+
+from ambrosia_py.binding.run_cli import load_service
+from ambrosia_py.client import Client
+
+from .ingress_process import DEADLINE, RunProcess, free_port
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "counter.py"
-DEADLINE = 60.0
 
 
-class Service:
-    def __init__(self, data_dir: Path) -> None:
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "ambrosia_py.cli",
-                "run",
-                str(EXAMPLE),
-                "--data-dir",
-                str(data_dir),
-            ],
-            stderr=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
-            text=True,
-        )
-        self.lines: list[str] = []
-        self._ready = threading.Event()
-        self.port = 0
-        self.ic_pid = 0
-        threading.Thread(target=self._drain, daemon=True).start()
-        if not self._ready.wait(DEADLINE):
-            raise AssertionError("service did not start:\n" + "".join(self.lines))
-
-    def _drain(self) -> None:
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            self.lines.append(line)
-            if line.startswith("ready "):
-                fields = dict(kv.split("=") for kv in line.split() if "=" in kv)
-                self.ic_pid = int(fields["pid"])
-            if "counter listening on" in line:
-                self.port = int(line.rsplit(":", 1)[1])
-                self._ready.set()
-        self._ready.set()
-
-    def stop(self) -> None:
-        for pid in (self.proc.pid, self.ic_pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        self.proc.wait(timeout=DEADLINE)
-
-
-def wait_gone(pid: int) -> None:
-    deadline = time.monotonic() + DEADLINE
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.01)  # polling for a process to end, bounded by the deadline
-    raise AssertionError(f"process {pid} did not stop")
-
-
-def test_counter_survives_sigkill_of_either_process(tmp_path: Path) -> None:
+def test_counter_counts_every_call_once_across_sigkills(tmp_path: Path) -> None:
+    counter: Any = load_service(str(EXAMPLE))
     rng = random.Random(7)
-    values = list(range(1, 10_000))
-    sent = 0  # values[:sent] were sent
-    acked = 0  # values[:acked] were acknowledged
-    for round_no in range(5):
-        svc = Service(tmp_path)
-        try:
-            with socket.create_connection(("127.0.0.1", svc.port), timeout=DEADLINE) as conn:
-                f = conn.makefile("rw")
-                f.write("get\n")
-                f.flush()
-                count = int(f.readline().split()[1])
-                # Exactly once: the count is the sum of a prefix of what was sent that
-                # holds every acknowledged value.
-                applied = [j for j in range(acked, sent + 1) if sum(values[:j]) == count]
-                assert applied, (
-                    f"round {round_no}: count {count} is no prefix sum ({acked=} {sent=})"
+    port = free_port()
+    svc = RunProcess(EXAMPLE, tmp_path, port)
+    total = 0
+    try:
+        with Client(f"127.0.0.1:{port}", data_dir=tmp_path, timeout=4 * DEADLINE) as client:
+            for round_no in range(4):
+                for _ in range(rng.randint(5, 40)):
+                    value = rng.randint(1, 1000)
+                    total += value
+                    assert client.call(counter.add, value, key=f"add-{total}") == total
+                # One more call in flight when the kill comes: retried until answered.
+                value = rng.randint(1, 1000)
+                total += value
+                answer: list[int] = []
+                call = threading.Thread(
+                    target=lambda v=value, k=f"add-{total}", out=answer: out.append(
+                        client.call(counter.add, v, key=k)
+                    )
                 )
-                sent = acked = applied[0]
-                if round_no == 4:
-                    break
-                for _ in range(rng.randint(5, 60)):
-                    f.write(f"add {values[sent]}\n")
-                    f.flush()
-                    sent += 1
-                    assert f.readline().startswith("ok "), "no acknowledgement"
-                    acked = sent
-                # One more call in flight when the kill comes: it may or may not count.
-                f.write(f"add {values[sent]}\n")
-                f.flush()
-                sent += 1
-                victim = svc.proc.pid if round_no % 2 == 0 else svc.ic_pid
-                os.kill(victim, signal.SIGKILL)
-            # The other process notices and stops by itself.
-            if round_no % 2 == 0:
-                wait_gone(svc.ic_pid)  # the coordinator sees its binding go
-            else:
-                assert svc.proc.wait(timeout=DEADLINE) is not None  # the service sees its IC go
-        finally:
-            svc.stop()
-    assert acked > 0
+                call.start()
+                svc.kill(coordinator=round_no % 2 == 1)
+                svc.stop()
+                svc = RunProcess(EXAMPLE, tmp_path, port)
+                call.join(4 * DEADLINE)
+                assert answer == [total], f"round {round_no}: {answer} != [{total}]"
+            assert client.call(counter.get) == total
+    finally:
+        svc.stop()

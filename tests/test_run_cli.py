@@ -12,6 +12,7 @@ from click.testing import CliRunner
 from ambrosia_py.cli import main
 
 EXAMPLE = str(Path(__file__).resolve().parent.parent / "examples" / "counter.py")
+RUN = [sys.executable, "-m", "ambrosia_py.cli", "run"]
 
 
 def invoke(*args: str) -> tuple[int, str]:
@@ -19,10 +20,15 @@ def invoke(*args: str) -> tuple[int, str]:
     return result.exit_code, result.output
 
 
-def test_service_options_become_flags() -> None:
-    code, out = invoke("--instance", "x", EXAMPLE, "--help")
+def test_service_options_become_flags(tmp_path: Path) -> None:
+    path = tmp_path / "optioned.py"
+    path.write_text(
+        "from ambrosia_py import Immortal\n\n"
+        "class Optioned(Immortal):\n    class Options:\n        port: int = 0\n"
+    )
+    code, out = invoke("--instance", "x", str(path), "--help")
     assert code == 0
-    assert "--port INTEGER" in out and "Counter option." in out
+    assert "--port INTEGER" in out and "Optioned option." in out
 
 
 def test_a_missing_service_file_is_a_clear_error(tmp_path: Path) -> None:
@@ -69,7 +75,7 @@ def test_an_unreachable_port_is_a_clear_error() -> None:
 
 def test_an_instance_already_running_is_refused(tmp_path: Path) -> None:
     first = subprocess.Popen(
-        [sys.executable, "-m", "ambrosia_py.cli", "run", EXAMPLE, "--data-dir", str(tmp_path)],
+        [*RUN, EXAMPLE, "--data-dir", str(tmp_path), "--ingress", "127.0.0.1:0"],
         stderr=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         text=True,
@@ -77,7 +83,7 @@ def test_an_instance_already_running_is_refused(tmp_path: Path) -> None:
     try:
         assert first.stderr is not None
         for line in first.stderr:
-            if "counter listening on" in line:
+            if "ingress listening on" in line:
                 break
         second = subprocess.run(
             [sys.executable, "-m", "ambrosia_py.cli", "run", EXAMPLE, "--data-dir", str(tmp_path)],
@@ -99,7 +105,7 @@ def test_ctrl_c_stops_service_and_coordinator_cleanly(tmp_path: Path) -> None:
     import signal
 
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ambrosia_py.cli", "run", EXAMPLE, "--data-dir", str(tmp_path)],
+        [*RUN, EXAMPLE, "--data-dir", str(tmp_path), "--ingress", "127.0.0.1:0"],
         stderr=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         text=True,
@@ -107,7 +113,7 @@ def test_ctrl_c_stops_service_and_coordinator_cleanly(tmp_path: Path) -> None:
     try:
         assert proc.stderr is not None
         for line in proc.stderr:
-            if "counter listening on" in line:
+            if "ingress listening on" in line:
                 break
         os.kill(proc.pid, signal.SIGINT)
         assert proc.wait(timeout=60) == 0

@@ -4,6 +4,7 @@ the handler's exception."""
 
 from __future__ import annotations
 
+import inspect
 import os
 import secrets
 from collections.abc import Callable
@@ -60,7 +61,7 @@ def encode_call(
     try:
         spec.signature.bind(*args, **kwargs)
     except TypeError as exc:
-        raise TypeError(f"{label}{spec.signature}: {exc}") from None
+        raise TypeError(f"{label}{_plain(spec.signature)}: {exc}") from None
     try:
         return codec.encode_args(spec.codec, spec.signature, args, kwargs)
     except Exception as exc:
@@ -68,6 +69,15 @@ def encode_call(
         raise TypeError(
             f"{label}: argument {bad} cannot be encoded with the {spec.codec} codec: {exc}"
         ) from exc
+
+
+def _plain(signature: inspect.Signature) -> inspect.Signature:
+    """The signature without annotations: ``(token, times=1)``."""
+    empty = inspect.Parameter.empty
+    return signature.replace(
+        parameters=[p.replace(annotation=empty) for p in signature.parameters.values()],
+        return_annotation=empty,
+    )
 
 
 def _unencodable(spec: MethodSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
