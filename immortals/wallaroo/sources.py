@@ -63,7 +63,7 @@ __all__ = [
 log = logging.getLogger("immortals.wallaroo.sources")
 
 _MARK_EVERY: Final = 4096  # lines between the byte offsets a file source remembers
-_WORDS: Final = tuple(f"w{k:02d}" for k in range(64))
+_WORDS: Final = tuple(f"w{k:02d}".encode() for k in range(64))
 _POLL_SECONDS: Final = 0.02  # how often an idle Ockam stream is pulled again
 _BACKOFF_MAX: Final = 1.0
 
@@ -272,18 +272,12 @@ class FileSource:
 def generate(seed: int, position: int, size: int | None = None) -> bytes:
     """Record ``position`` (from 1) of the generator seeded ``seed``: 1 to 8 words of 64,
     from an XXH64 of seed and position only, so any record can be made again alone. With
-    ``size``, more words follow until the payload is ``size`` bytes (the last one cut)."""
+    ``size``, its words repeat until the payload is ``size`` bytes (the last one cut)."""
     h = xxhash.xxh64_intdigest(f"{seed}:{position}".encode())
-    words = [_WORDS[(h >> (6 * i + 3)) & 63] for i in range((h & 7) + 1)]
-    text = " ".join(words).encode()
+    text = b" ".join([_WORDS[(h >> (6 * i + 3)) & 63] for i in range((h & 7) + 1)])
     if size is None:
         return text
-    more = 0
-    while len(text) < size:
-        more += 1
-        h = xxhash.xxh64_intdigest(f"{seed}:{position}:{more}".encode())
-        text += b" " + " ".join(_WORDS[(h >> (6 * i)) & 63] for i in range(10)).encode()
-    return text[:size]
+    return ((text + b" ") * (size // (len(text) + 1) + 1))[:size]
 
 
 class GeneratorSource:
