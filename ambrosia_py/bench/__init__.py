@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from .coordinator import coordinator
+from .ingress import ingress_bench
 from .ockam import ockam_bench
 from .rpc import rpc_bench
 from .spark import spark_bench
@@ -21,5 +22,6 @@ bench.add_command(coordinator)
 bench.add_command(rpc_bench)
 bench.add_command(ockam_bench)
 bench.add_command(spark_bench)
+bench.add_command(ingress_bench)
 
 __all__ = ["bench"]

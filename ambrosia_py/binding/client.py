@@ -132,12 +132,25 @@ async def serve(
     reader, writer = conn.reader, conn.writer
     d = dispatcher or Dispatcher(service, instance, upgrade_to=upgrade_to, options=options)
 
+    impulses: list[Message] = []  # sent by background code in this step of the loop
+
     def send(msgs: list[Message]) -> None:
-        # One transport write for everything a record produced, not one per message.
+        # One transport write for everything a record produced, not one per message;
+        # impulses sent before it go first, in order.
+        if impulses:
+            msgs = [*impulses, *msgs]
+            impulses.clear()
         if msgs:
             writer.writelines([p for m in msgs for p in wire.encode_message_parts(m)])
 
-    d.live_send = lambda m: send([m])
+    def impulse(msg: Message) -> None:
+        # Impulses sent in one step of the loop (an ingress read of many calls) go in one
+        # write at its end: a system call each would cost more than logging them.
+        if not impulses:
+            asyncio.get_running_loop().call_soon(send, [])
+        impulses.append(msg)
+
+    d.live_send = impulse
     records = RecordReader()
     background: list[asyncio.Task[Any]] = []
     try:

@@ -16,6 +16,7 @@ import importlib
 import importlib.util
 import inspect
 import logging
+import os
 import sys
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -266,9 +267,8 @@ async def _run_with_ingress(
     try:
         host, port = await ingress.bind()
     except OSError as exc:
-        raise click.ClickException(
-            f"the ingress cannot listen on {wanted}: {exc.strerror or exc}"
-        ) from None
+        why = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise click.ClickException(f"the ingress cannot listen on {wanted}: {why}") from None
 
     def attach(d: Dispatcher) -> None:
         ingress.attach(d)

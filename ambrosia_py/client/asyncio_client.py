@@ -33,6 +33,7 @@ DEFAULT_TIMEOUT = 60.0  # seconds a call keeps trying, across restarts of the se
 DEFAULT_HANDSHAKE_TIMEOUT = 10.0
 _FIRST_BACKOFF = 0.05
 _READ_SIZE = 256 * 1024
+_HIGH_WATER = 1024 * 1024  # bytes waiting to be sent before a call waits for the socket
 # The service closing the connection right after the client's proof, this many times in a
 # row, means the proof failed (a server says nothing to a client that does not prove).
 _CLOSES_AFTER_PROOF = 2
@@ -63,6 +64,7 @@ class _Link:
         self.open = True
         self._pending: dict[int, asyncio.Future[Outcome | Refusal]] = {}
         self._next_id = 0
+        self._flush_scheduled = False
         self._task = asyncio.ensure_future(self._read())
 
     @classmethod
@@ -96,11 +98,19 @@ class _Link:
         self._pending[request_id] = future
         try:
             self._conn.call(request_id, key, method_id, args)
-            self._writer.write(self._conn.data_to_send())
-            await self._writer.drain()
+            if not self._flush_scheduled:  # calls made in one loop step: one write
+                self._flush_scheduled = True
+                asyncio.get_running_loop().call_soon(self._flush)
+            if self._writer.transport.get_write_buffer_size() > _HIGH_WATER:
+                await self._writer.drain()
             return await future
         finally:
             self._pending.pop(request_id, None)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if self.open:
+            self._writer.write(self._conn.data_to_send())
 
     async def _read(self) -> None:
         why: BaseException = _Lost("the service closed the connection")

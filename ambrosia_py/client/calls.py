@@ -58,13 +58,13 @@ def encode_call(
 ) -> bytes:
     """The arguments in the method's codec, bound to its signature first: a call that
     does not fit fails here, naming the method and the argument, and nothing is sent."""
-    try:
-        spec.signature.bind(*args, **kwargs)
-    except TypeError as exc:
-        raise TypeError(f"{label}{_plain(spec.signature)}: {exc}") from None
-    try:
+    try:  # binds the call to the signature first (once per shape of call)
         return codec.encode_args(spec.codec, spec.signature, args, kwargs)
     except Exception as exc:
+        try:
+            spec.signature.bind(*args, **kwargs)
+        except TypeError as wrong:
+            raise TypeError(f"{label}{_plain(spec.signature)}: {wrong}") from None
         bad = _unencodable(spec, args, kwargs)
         raise TypeError(
             f"{label}: argument {bad} cannot be encoded with the {spec.codec} codec: {exc}"
