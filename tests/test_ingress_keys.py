@@ -390,3 +390,17 @@ def test_the_table_keeps_what_its_retention_says(
             if keep_ms and at < table.now_ms - keep_ms:
                 assert not kept
         assert table.copy() == table
+
+
+def test_the_table_pickles_flat_and_refuses_a_layout_it_does_not_know() -> None:
+    table = KeyTable(7, 9000)
+    table.begin(b"k", 1, 5)
+    table.finish(b"k", 1, value(1))
+    table.begin(b"r", 2, 6)
+    again = pickle.loads(pickle.dumps(table))
+    assert again == table and again.lookup(b"k", 1) == value(1)
+    assert again.lookup(b"r", 2) is Running.RUNNING
+    state = table.__getstate__()
+    assert state[0] == 1 and state[5] == [(b"k", 1, 5, 1, pickle.dumps(1, protocol=P))]
+    with pytest.raises(ValueError, match="a key table in layout 9; this binding reads layout 1"):
+        KeyTable().__setstate__((9, *state[1:]))
