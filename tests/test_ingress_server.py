@@ -22,6 +22,7 @@ from ambrosia_py.binding import UnknownMethodError
 from ambrosia_py.client import (
     AsyncClient,
     AuthenticationError,
+    CallRefusedError,
     CallTimeoutError,
     Client,
     IngressError,
@@ -335,3 +336,17 @@ def test_a_missing_or_open_secret_file_is_one_clear_error(tmp_path: Path) -> Non
     loose.chmod(0o644)
     with pytest.raises(IngressError, match=r"readable or writable by others.*chmod 600"):
         Client("127.0.0.1:1", secret_file=loose)
+
+
+def test_a_call_larger_than_the_service_takes_is_refused_before_it_is_sent(
+    ambrosia: ImmortalRunner, secret_file: Path
+) -> None:
+    running = ambrosia.start(Ledger)
+    server = serve_ingress(running, secret_file, max_call_frame=400)
+    with Client("{}:{}".format(*server.address), secret_file=secret_file) as client:
+        assert client.call(Ledger.apply, "x" * 100, key="k" * 200) == 1
+        with pytest.raises(CallRefusedError, match="the service takes calls of at most 400"):
+            client.call(Ledger.apply, "x" * 400)
+        assert client.resent == 0  # refused here, not by a closed connection
+    assert applied(running) == ["x" * 100]
+    running.loop.call_soon_threadsafe(server.close)

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..ingress.connection import ClientConnection, ConnectionState
+from ..ingress.connection import TAG_SIZE, ClientConnection, ConnectionState
 from ..ingress.errors import (
     AuthenticationError,
     CallRefusedError,
@@ -23,7 +23,14 @@ from ..ingress.errors import (
     ClientClosedError,
     IngressProtocolError,
 )
-from ..ingress.frames import DEFAULT_MAX_REPLY_FRAME, Outcome, Refusal, Reply, ServiceInfo
+from ..ingress.frames import (
+    DEFAULT_MAX_REPLY_FRAME,
+    Outcome,
+    Refusal,
+    Reply,
+    ServiceInfo,
+    call_frame_length,
+)
 from ..ingress.keys import describe_key
 from .calls import call_key, client_address, client_secret, encode_call, method_spec, result_of
 
@@ -209,10 +216,11 @@ class AsyncClient:
             try:
                 async with asyncio.timeout(remaining):
                     link = await self._connected()
-                    if len(data) > link.info.max_call_frame - 64:
+                    size = call_frame_length(len(raw_key), len(data), TAG_SIZE)
+                    if size > link.info.max_call_frame:
                         raise CallRefusedError(
-                            f"{label}: arguments of {len(data)} bytes; the service takes calls "
-                            f"of at most {link.info.max_call_frame} bytes",
+                            f"{label}: a call of {size} bytes (its arguments {len(data)}); "
+                            f"the service takes calls of at most {link.info.max_call_frame}",
                             reason="TOO_LARGE",
                         )
                     attempts += 1

@@ -52,6 +52,7 @@ __all__ = [
     "decode_refused",
     "decode_reply",
     "decode_welcome_info",
+    "call_frame_length",
     "encode_call_body",
     "encode_frame",
     "encode_refused_body",
@@ -270,6 +271,11 @@ def decode_welcome_info(frame: RawFrame, at: int) -> ServiceInfo:
         raise _error(frame, f"WELCOME has {len(body) - at} bytes after the names, not 4", at)
     (limit,) = _U32.unpack_from(body, at)
     return ServiceInfo(names[0], names[1], limit)
+
+
+def call_frame_length(key_size: int, args_size: int, tag_size: int) -> int:
+    """The length field of a CALL frame with this key, these arguments and a tag."""
+    return 1 + _CALL_HEAD.size + key_size + _METHOD.size + args_size + tag_size
 
 
 def encode_call_body(request_id: int, key: bytes, method_id: int, args: bytes) -> list[bytes]:
