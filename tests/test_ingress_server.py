@@ -206,16 +206,25 @@ def test_a_retry_while_the_call_still_runs_waits_for_the_same_answer(
     address = "{}:{}".format(*server.address)
     spec = Ledger.rpc_methods_by_name()["via_other"]
 
+    async def until(condition: Any, what: str) -> None:
+        deadline = time.monotonic() + DEADLINE
+        while not condition():
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            await asyncio.sleep(0.005)  # polling a condition, bounded by the deadline
+
     async def main() -> list[int]:
         async with (
             AsyncClient(address, secret_file=secret_file, timeout=DEADLINE) as first,
             AsyncClient(address, secret_file=secret_file, timeout=DEADLINE) as second,
         ):
             one = asyncio.ensure_future(first.call(Ledger.via_other, "slow", key="k"))
-            while running.dispatcher.keys.lookup(b"k", spec.id) is not Running.RUNNING:
-                await asyncio.sleep(0.005)  # polling a condition, bounded by wait_for below
+            await until(
+                lambda: running.dispatcher.keys.lookup(b"k", spec.id) is Running.RUNNING,
+                "the first call to run",
+            )
             two = asyncio.ensure_future(second.call(Ledger.via_other, "slow", key="k"))
-            await asyncio.sleep(0.1)  # let the retry reach the service (not a sync point)
+            # The retry found the call running: it waits beside the first, nothing is logged.
+            await until(lambda: len(server._waiting.get((b"k", spec.id), ())) == 2, "the retry")
             assert not one.done() and not two.done()
             started = ambrosia.start(Other, "other")  # the awaited call can now return
             try:

@@ -253,19 +253,21 @@ class Dispatcher:
 
     def _dispatch(self, msg: IncomingRpc) -> None:
         spec = type(self.immortal).rpc_methods().get(msg.method_id)
+        if spec is None and msg.method_id == INGRESS_METHOD_ID and msg.rpc_type == RpcType.IMPULSE:
+            self._ingress(msg)  # only this binding sends impulses: links refuse them
+            return
         reply_to = (msg.sender, msg.call_seq) if msg.rpc_type == RpcType.ASYNC_AWAIT else None
+        self._invoke(spec, msg.method_id, msg.args, reply_to)
+
+    def _invoke(
+        self, spec: MethodSpec | None, method_id: int, data: wire.Payload, reply_to: ReplyTo
+    ) -> None:
         if spec is None:
-            if msg.method_id == INGRESS_METHOD_ID and msg.rpc_type == RpcType.IMPULSE:
-                self._ingress(msg)  # only this binding sends impulses: links refuse them
-                return
             err = UnknownMethodError(
-                f"{type(self.immortal).__name__} has no @rpc method with id {msg.method_id}"
+                f"{type(self.immortal).__name__} has no @rpc method with id {method_id}"
             )
             self._finish(None, reply_to, None, err)
             return
-        self._invoke(spec, msg.args, reply_to)
-
-    def _invoke(self, spec: MethodSpec, data: wire.Payload, reply_to: ReplyTo) -> None:
         try:
             args, kwargs = codec.decode_args(spec.codec, data)
         except Exception as exc:
@@ -298,13 +300,7 @@ class Dispatcher:
             self._answer(step.key, step.method_id, step.answer)
         elif step is not None:  # a new key: its outcome is kept under it (_finish)
             spec = type(self.immortal).rpc_methods().get(step.method_id)
-            call = IngressCall(step.key, step.method_id)
-            if spec is not None:
-                self._invoke(spec, step.args, call)
-            else:
-                name = type(self.immortal).__name__
-                err = UnknownMethodError(f"{name} has no @rpc method with id {step.method_id}")
-                self._finish(None, call, None, err)
+            self._invoke(spec, step.method_id, step.args, IngressCall(step.key, step.method_id))
 
     def _answer(self, key: bytes, method_id: int, answer: Outcome | Refusal) -> None:
         """Answer the clients waiting on ``key``: an effect, so never while replaying."""
