@@ -21,7 +21,7 @@ def invoke(*args: str) -> tuple[int, str]:
 def test_help_lists_the_ingress_options() -> None:
     code, out = invoke(EXAMPLE, "--help")
     assert code == 0
-    for option in ("--ingress [HOST:]PORT", "--ingress-keep INTEGER", "--ingress-keep-seconds"):
+    for option in ("--ingress [HOST:]PORT", "--ingress-keep N", "--ingress-keep-seconds S"):
         assert option in out
 
 

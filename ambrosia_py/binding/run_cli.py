@@ -340,18 +340,20 @@ def _ingress(
 )
 @click.option(
     "--ingress-keep",
+    metavar="N",
     type=click.IntRange(min=0),
     default=DEFAULT_KEEP_COUNT,
     show_default=True,
-    help="The ingress keeps the outcomes of the last this many calls by key (0: no limit).",
+    help="The ingress keeps the outcomes of the last N finished calls by key (0: no limit).",
 )
 @click.option(
     "--ingress-keep-seconds",
+    metavar="S",
     type=click.FloatRange(min=0),
     default=DEFAULT_KEEP_SECONDS,
     show_default=True,
-    help="...and none older than this, by logged time (0: no limit). A retry after its "
-    "key was dropped runs the call again.",
+    help="...and none finished more than this many seconds ago, by logged time (0: no "
+    "limit). A retry after its key was dropped runs the call again.",
 )
 @link_options[0]
 @link_options[1]
