@@ -9,6 +9,7 @@ from .ingress import ingress_bench
 from .ockam import ockam_bench
 from .rpc import rpc_bench
 from .spark import spark_bench
+from .wallaroo import wallaroo_bench
 from .wire import wire
 
 
@@ -23,5 +24,6 @@ bench.add_command(rpc_bench)
 bench.add_command(ockam_bench)
 bench.add_command(spark_bench)
 bench.add_command(ingress_bench)
+bench.add_command(wallaroo_bench)
 
 __all__ = ["bench"]
