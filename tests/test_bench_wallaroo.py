@@ -18,8 +18,8 @@ from ambrosia_py.bench.wallaroo import (
     count_messages,
     count_words,
     measure_tcp_frames,
-    wallaroo_bench,
 )
+from ambrosia_py.cli import main
 
 MESSAGES = 2_000
 
@@ -28,7 +28,7 @@ MESSAGES = 2_000
 def test_the_smallest_run_reports_every_figure(dialect: str) -> None:
     args = ["--messages", str(MESSAGES), "--credits", "100", "--runs", "1"]
     args += ["--dialect", dialect, "--no-warm-up", "--json"]
-    result = CliRunner().invoke(wallaroo_bench, args)
+    result = CliRunner().invoke(main, ["bench", "wallaroo", *args])
     assert result.exit_code == 0, result.output
     for label in ("msgs/s (median)", "vs TCP", "msgs/fsync", "fdatasync", "loopback TCP"):
         assert label in result.output
