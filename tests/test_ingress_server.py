@@ -359,3 +359,25 @@ def test_a_call_larger_than_the_service_takes_is_refused_before_it_is_sent(
         assert client.resent == 0  # refused here, not by a closed connection
     assert applied(running) == ["x" * 100]
     running.loop.call_soon_threadsafe(server.close)
+
+
+def test_where_the_client_finds_the_secret(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ambrosia_py.client.calls import client_secret
+
+    def secret(path: Path) -> bytes:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(os.urandom(32))
+        path.chmod(0o600)
+        return path.read_bytes()
+
+    given = secret(tmp_path / "given")
+    in_data_dir = secret(tmp_path / "data" / "link-secret")
+    from_env = secret(tmp_path / "env")
+    monkeypatch.setenv("AMBROSIA_SECRET_FILE", str(tmp_path / "env"))
+    assert client_secret(tmp_path / "given", tmp_path / "data") == (given, tmp_path / "given")
+    assert client_secret(None, tmp_path / "data")[0] == in_data_dir
+    assert client_secret(None, None)[0] == from_env
+    monkeypatch.delenv("AMBROSIA_SECRET_FILE")
+    monkeypatch.chdir(tmp_path)
+    default = secret(tmp_path / "ambrosia-data" / "link-secret")
+    assert client_secret(None, None)[0] == default
