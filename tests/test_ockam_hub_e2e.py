@@ -13,10 +13,8 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -25,40 +23,15 @@ from ambrosia_py.bench.ockam import HubProcess
 from immortals.ockam.client import Consumer, HubError, OckamClient, Publisher
 
 
-class Hub(HubProcess):
-    """The bench's hub process, which tests also SIGKILL."""
-
-    def kill(self, which: str) -> None:
-        """SIGKILL the service process or its coordinator; wait until both are gone."""
-        assert self.proc is not None
-        ic = self._coordinator_pid()
-        victim = self.proc.pid if which == "service" or ic is None else ic
-        os.kill(victim, signal.SIGKILL)
-        self.proc.wait(30)
-        if ic is not None:
-            deadline = time.monotonic() + 30
-            while Path(f"/proc/{ic}").exists() and _state(ic) not in ("Z", "X"):
-                if time.monotonic() > deadline:
-                    os.kill(ic, signal.SIGKILL)
-                time.sleep(0.01)  # polling a condition, bounded by the deadline
-
-
-def _state(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
-    except OSError:
-        return "X"
-
-
 @pytest.fixture
 def hub(tmp_path: Path) -> object:
-    h = Hub(tmp_path / "data")
+    h = HubProcess(tmp_path / "data")
     h.start()
     yield h
     h.stop()
 
 
-async def test_released_behaviour_over_tcp(hub: Hub) -> None:
+async def test_released_behaviour_over_tcp(hub: HubProcess) -> None:
     client = await OckamClient.connect("127.0.0.1", hub.port)
     try:
         stream = await client.create("my_stream")
@@ -92,7 +65,7 @@ async def test_released_behaviour_over_tcp(hub: Hub) -> None:
         await client.close()
 
 
-async def test_publisher_and_consumer_survive_sigkills(hub: Hub) -> None:
+async def test_publisher_and_consumer_survive_sigkills(hub: HubProcess) -> None:
     rng = random.Random(int(os.environ.get("OCKAM_CRASH_SEED", "7")))
     count = 10_000
     payloads = [f"event {i:05d}".encode() for i in range(count)]

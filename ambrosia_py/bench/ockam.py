@@ -21,16 +21,10 @@ The disk's fdatasync rate is taken in the same run, since it bounds every durabl
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import signal
 import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import click
@@ -39,6 +33,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..binding.files import StateFiles, sync_written, use_state_files
+from ..testing.processes import ServiceProcess, wait_for
 from .coordinator import measure_fsync_rate
 
 __all__ = [
@@ -66,65 +61,36 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-class HubProcess:
-    """One ``ambrosia-py run immortals.ockam.hub`` (and its coordinator child process)."""
+class HubProcess(ServiceProcess):
+    """One ``ambrosia-py run immortals.ockam.hub`` (and its coordinator child process),
+    serving once :meth:`start` returns."""
 
     def __init__(self, data_dir: Path) -> None:
-        self.data_dir = data_dir
         self.port = _free_port()
-        self.log = data_dir / "hub.run.log"
-        self.proc: subprocess.Popen[bytes] | None = None
+        super().__init__(
+            "immortals.ockam.hub",
+            "hub",
+            data_dir,
+            ["--listen", f"127.0.0.1:{self.port}"],
+            log=data_dir / "hub.run.log",
+        )
 
     def start(self, timeout: float = 60.0) -> None:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        argv = [sys.executable, "-m", "ambrosia_py.cli", "run", "immortals.ockam.hub"]
-        argv += ["--instance", "hub", "--data-dir", str(self.data_dir)]
-        argv += ["--listen", f"127.0.0.1:{self.port}"]
-        with self.log.open("ab") as log:
-            self.proc = subprocess.Popen(argv, stdout=log, stderr=log)
-        deadline = time.monotonic() + timeout
-        while True:
+        super().start()
+
+        def serving() -> bool:
             try:
                 socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                return
+                return True
             except OSError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    self.stop()
-                    tail = self.log.read_text(errors="replace")[-2000:]
-                    raise RuntimeError(f"the hub did not start:\n{tail}") from None
-                time.sleep(0.02)  # polling a condition, bounded by the deadline
+                self.check_alive()
+                return False
 
-    def _coordinator_pid(self) -> int | None:
-        assert self.proc is not None
-        pid = self.proc.pid
         try:
-            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-        except OSError:
-            return None
-        return int(children[0]) if children else None
-
-    def stop(self) -> None:
-        """SIGINT (the binding stops its coordinator); anything left is killed."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        ic = self._coordinator_pid()
-        self.proc.send_signal(signal.SIGINT)
-        try:
-            self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        if ic is not None and Path(f"/proc/{ic}").exists():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(ic, signal.SIGKILL)
-
-    @contextlib.contextmanager
-    def running(self) -> Iterator[HubProcess]:
-        self.start()
-        try:
-            yield self
-        finally:
+            wait_for("the hub to accept connections", serving, timeout, self.tail)
+        except BaseException:
             self.stop()
+            raise
 
 
 async def measure_pushes(port: int, stream_name: str, count: int, window: int) -> float:

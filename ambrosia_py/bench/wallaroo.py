@@ -32,10 +32,8 @@ each run. ``--json`` prints every figure as one JSON object on the last line.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
 import socket
 import statistics
 import struct
@@ -50,15 +48,14 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from ..testing.processes import ServiceProcess
 from .coordinator import measure_fsync_rate
-from .ockam import HubProcess
 
 __all__ = [
     "APPS",
     "PAYLOAD_SIZE",
     "TARGET",
     "Control",
-    "ServiceProcess",
     "count_messages",
     "count_words",
     "measure_stream",
@@ -98,51 +95,17 @@ APPS: Final = {
 # --- processes ---------------------------------------------------------------------------
 
 
-class ServiceProcess(HubProcess):
-    """One ``ambrosia-py run SERVICE`` and its coordinator (stopped as the hub is)."""
+class _Process(ServiceProcess):
+    """An immortal's processes, with the CPU they have used."""
 
     def __init__(self, data_dir: Path, service: str, instance: str, args: list[str]) -> None:
-        super().__init__(data_dir)
-        self.service, self.instance, self.args = service, instance, args
-        self.log = data_dir / f"{instance}.run.log"
-
-    def start(self, timeout: float = 60.0) -> None:
-        """Start the processes; :meth:`wait_until` says when they serve."""
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        argv = [sys.executable, "-m", "ambrosia_py.cli", "run", self.service]
-        argv += ["--instance", self.instance, "--data-dir", str(self.data_dir), *self.args]
-        with self.log.open("ab") as log:
-            self.proc = subprocess.Popen(
-                argv, stdout=log, stderr=log, preexec_fn=_interruptible, close_fds=True
-            )
-
-    def tail(self) -> str:
-        return self.log.read_text(errors="replace")[-3000:] if self.log.exists() else ""
-
-    def check_alive(self) -> None:
-        if self.proc is not None and self.proc.poll() is not None:
-            raise RuntimeError(f"{self.instance} exited:\n{self.tail()}")
-
-    def _coordinator_pid(self) -> int | None:
-        """The coordinator child, whichever of the service's threads started it."""
-        assert self.proc is not None
-        for children in Path(f"/proc/{self.proc.pid}/task").glob("*/children"):
-            with contextlib.suppress(OSError):
-                if pids := children.read_text().split():
-                    return int(pids[0])
-        return None
+        super().__init__(service, instance, data_dir, args)
 
     def cpu_seconds(self) -> tuple[float, float]:
         """CPU seconds (user + system) so far of the service process and its coordinator."""
         assert self.proc is not None
-        ic = self._coordinator_pid()
+        ic = self.coordinator_pid()
         return _cpu(self.proc.pid), (_cpu(ic) if ic is not None else 0.0)
-
-
-def _interruptible() -> None:
-    """In the child before exec: SIGINT stops it (the binding's KeyboardInterrupt), even
-    when this bench runs in the background, where the shell ignores SIGINT for it."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 _TICK: Final = os.sysconf("SC_CLK_TCK")
@@ -189,7 +152,7 @@ def _free_address() -> str:
         return f"127.0.0.1:{s.getsockname()[1]}"
 
 
-def _connect_control(worker: ServiceProcess, control: str, timeout: float = 60.0) -> Control:
+def _connect_control(worker: _Process, control: str, timeout: float = 60.0) -> Control:
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -217,7 +180,7 @@ def measure_stream(
     """
     control = _free_address()
     listen = _free_address()
-    worker = ServiceProcess(
+    worker = _Process(
         directory / "worker",
         "immortals.wallaroo.worker",
         "worker",
@@ -228,7 +191,7 @@ def measure_stream(
         ],
     )
     source = f"gen://{messages}?seed=1&size={PAYLOAD_SIZE}"
-    connector = ServiceProcess(
+    connector = _Process(
         directory / "connector",
         "immortals.wallaroo.connector",
         "connector",
@@ -247,7 +210,7 @@ def measure_stream(
             ctl.close()
 
 
-def _observe(ctl: Control, procs: tuple[ServiceProcess, ...], messages: int) -> dict[str, Any]:
+def _observe(ctl: Control, procs: tuple[_Process, ...], messages: int) -> dict[str, Any]:
     worker, connector = procs
     # The start: the worker holds the stream (its NOTIFY was handled, the answer is on
     # the way and the connector streams as soon as it arrives).

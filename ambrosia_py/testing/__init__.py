@@ -1,10 +1,19 @@
 """Testing immortals with pytest: real coordinators, crashes on demand, replay.
 
 Installed as the pytest plugin ``ambrosia`` (fixtures ``ambrosia`` and
-``ambrosia_replay``); the runner can also be used directly.
+``ambrosia_replay``); the runner can also be used directly. :class:`ServiceProcess` runs
+an immortal as real processes (``ambrosia-py run`` and its coordinator) to SIGKILL.
 """
 
 from ..binding.replay import Divergence, ReplayResult, replay_instance
+from .processes import ServiceProcess
 from .runner import ImmortalRunner, RunningImmortal
 
-__all__ = ["Divergence", "ImmortalRunner", "ReplayResult", "RunningImmortal", "replay_instance"]
+__all__ = [
+    "Divergence",
+    "ImmortalRunner",
+    "ReplayResult",
+    "RunningImmortal",
+    "ServiceProcess",
+    "replay_instance",
+]
