@@ -18,10 +18,8 @@ messages (read through its control port), never after a sleep.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import random
-import signal
 import socket
 import subprocess
 import sys
@@ -33,6 +31,7 @@ from typing import Any
 
 import pytest
 
+from ambrosia_py.testing import ServiceProcess
 from immortals.ockam.client import OckamClient, Publisher
 from immortals.wallaroo import stream_id_for
 from immortals.wallaroo.sources import generate
@@ -50,13 +49,6 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _proc_state(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
-    except OSError:
-        return "X"
-
-
 def wait_for(what: str, condition: Callable[[], bool], timeout: float = DEADLINE) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -65,70 +57,11 @@ def wait_for(what: str, condition: Callable[[], bool], timeout: float = DEADLINE
         time.sleep(0.02)  # polling a condition, bounded by the deadline
 
 
-class Service:
+class Service(ServiceProcess):
     """One ``ambrosia-py run SERVICE`` and its coordinator child process."""
 
     def __init__(self, data_dir: Path, instance: str, service: str, *args: str) -> None:
-        self.data_dir, self.instance, self.service = data_dir, instance, service
-        self.args = list(args)
-        self.log = data_dir / f"{instance}.run.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.starts = 0
-
-    def start(self) -> None:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        argv = [sys.executable, "-m", "ambrosia_py.cli", "run", self.service]
-        argv += ["--instance", self.instance, "--data-dir", str(self.data_dir), *self.args]
-        with self.log.open("ab") as log:
-            self.proc = subprocess.Popen(argv, stdout=log, stderr=log, cwd=ROOT, env=ENV)
-        self.starts += 1
-
-    def tail(self, n: int = 4000) -> str:
-        return self.log.read_text(errors="replace")[-n:] if self.log.exists() else ""
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def _coordinator_pid(self) -> int | None:
-        assert self.proc is not None
-        pid = self.proc.pid
-        try:
-            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-        except OSError:
-            return None
-        return int(children[0]) if children else None
-
-    def kill(self, which: str) -> None:
-        """SIGKILL the service process, its coordinator, or both; wait until both are gone."""
-        assert self.proc is not None
-        ic = self._coordinator_pid()
-        victims = {"service": [self.proc.pid], "coordinator": [ic], "both": [ic, self.proc.pid]}
-        for pid in victims[which]:
-            if pid is not None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-        self.proc.wait(30)
-        if ic is not None:
-            deadline = time.monotonic() + 30
-            while Path(f"/proc/{ic}").exists() and _proc_state(ic) not in ("Z", "X"):
-                if time.monotonic() > deadline:
-                    os.kill(ic, signal.SIGKILL)
-                time.sleep(0.01)  # polling a condition, bounded by the deadline
-
-    def stop(self) -> None:
-        """SIGINT (the binding stops its coordinator); anything left is killed."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        ic = self._coordinator_pid()
-        self.proc.send_signal(signal.SIGINT)
-        try:
-            self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        if ic is not None and Path(f"/proc/{ic}").exists():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(ic, signal.SIGKILL)
+        super().__init__(service, instance, data_dir, args, cwd=ROOT, env=ENV)
 
 
 class Worker(Service):

@@ -10,18 +10,14 @@ reads OK, ERROR, NOTIFY_ACK and ACK by hand. Every wait has a deadline.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
-import signal
 import socket
 import struct
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
+from ambrosia_py.testing.processes import ServiceProcess, wait_for
 from immortals.wallaroo.worker_ctl import request
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,96 +31,49 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _proc_state(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
-    except OSError:
-        return "X"
-
-
-class WorkerProcess:
+class WorkerProcess(ServiceProcess):
     """One ``ambrosia-py run immortals.wallaroo.worker`` and its coordinator child."""
 
     def __init__(self, data_dir: Path, *extra: str, dialect: str = "v3") -> None:
-        self.data_dir = data_dir
         self.dialect = dialect
         self.port = _free_port()
         self.control = f"127.0.0.1:{_free_port()}"
-        self.extra = extra
-        self.log = data_dir / "worker.run.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.starts = 0
+        super().__init__(
+            "immortals.wallaroo.worker",
+            "worker",
+            data_dir,
+            [
+                *("--listen", f"127.0.0.1:{self.port}", "--control", self.control),
+                *("--cookie", COOKIE, "--dialect", dialect, *extra),
+                *("--app", "tests.wallaroo_apps:word_count"),
+            ],
+            log=data_dir / "worker.run.log",
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
 
     def start(self, timeout: float = 60.0) -> None:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        argv = [sys.executable, "-m", "ambrosia_py.cli", "run", "immortals.wallaroo.worker"]
-        argv += ["--instance", "worker", "--data-dir", str(self.data_dir)]
-        argv += ["--listen", f"127.0.0.1:{self.port}", "--control", self.control]
-        argv += ["--cookie", COOKIE, "--dialect", self.dialect, *self.extra]
-        argv += ["--app", "tests.wallaroo_apps:word_count"]
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        with self.log.open("ab") as log:
-            self.proc = subprocess.Popen(argv, stdout=log, stderr=log, cwd=ROOT, env=env)
-        self.starts += 1
-        deadline = time.monotonic() + timeout
-        while True:
+        """Start it and wait until its operators' port answers."""
+        super().start()
+
+        def answers() -> bool:
             try:
                 request(self.control, COOKIE, {"op": "status"}, timeout=2)
-                return
+                return True
             except (OSError, ValueError):
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    self.stop()
-                    raise RuntimeError(f"the worker did not start:\n{self.tail()}") from None
-                time.sleep(0.02)  # polling a condition, bounded by the deadline
+                self.check_alive()
+                return False
 
-    def tail(self) -> str:
-        return self.log.read_text(errors="replace")[-3000:]
+        try:
+            wait_for("the worker's operators' port", answers, timeout, self.tail)
+        except BaseException:
+            self.stop()
+            raise
 
     def status(self) -> dict[str, Any]:
         answer = request(self.control, COOKIE, {"op": "status"})
         assert answer["ok"], answer
         return dict(answer["status"])
-
-    def _coordinator_pid(self) -> int | None:
-        assert self.proc is not None
-        pid = self.proc.pid
-        try:
-            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-        except OSError:
-            return None
-        return int(children[0]) if children else None
-
-    def kill(self, which: str) -> None:
-        """SIGKILL the service process, its coordinator, or both; wait until both are gone."""
-        assert self.proc is not None
-        ic = self._coordinator_pid()
-        victims = {"service": [self.proc.pid], "coordinator": [ic], "both": [ic, self.proc.pid]}
-        for pid in victims[which]:
-            if pid is not None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-        self.proc.wait(30)
-        if ic is not None:
-            deadline = time.monotonic() + 30
-            while Path(f"/proc/{ic}").exists() and _proc_state(ic) not in ("Z", "X"):
-                if time.monotonic() > deadline:
-                    os.kill(ic, signal.SIGKILL)
-                time.sleep(0.01)  # polling a condition, bounded by the deadline
-
-    def stop(self) -> None:
-        """SIGINT (the binding stops its coordinator); anything left is killed."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        ic = self._coordinator_pid()
-        self.proc.send_signal(signal.SIGINT)
-        try:
-            self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        if ic is not None and Path(f"/proc/{ic}").exists():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(ic, signal.SIGKILL)
 
 
 # --- v3 as the released connector writes it, byte by byte -------------------------------
