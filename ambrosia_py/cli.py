@@ -9,6 +9,7 @@ from .binding.run_cli import replay, run
 from .coordinator.admin_cli import instances, log, register, registry
 from .coordinator.ic_cli import coordinator, debug
 from .demo import demo
+from .spark.analyze import analyze
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -27,6 +28,7 @@ main.add_command(debug)
 main.add_command(run)
 main.add_command(replay)
 main.add_command(demo)
+main.add_command(analyze)
 
 if __name__ == "__main__":  # pragma: no cover
     main()
