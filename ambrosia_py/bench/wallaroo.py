@@ -15,7 +15,9 @@ polls read ``applied`` through the worker's operators' port (``--control``), on 
 kept-open connection, and space themselves by the remaining time the rate so far
 predicts (about a dozen requests a run), so observing barely perturbs the worker. CPU
 time of the four processes (worker and connector, each a service process and its
-coordinator) over the same interval comes from ``/proc`` and says which one limits.
+coordinator) over the same interval comes from ``/proc`` and says which one limits;
+so does the time each service's event loop spent runnable but waiting for a CPU
+(``/proc/PID/schedstat``), which is what the machine's other load took from it.
 
 The machine's speed swings 2-4x with its other load, so each round first measures two
 baselines and every figure is also given as a ratio to its own round's:
@@ -101,11 +103,13 @@ class _Process(ServiceProcess):
     def __init__(self, data_dir: Path, service: str, instance: str, args: list[str]) -> None:
         super().__init__(service, instance, data_dir, args)
 
-    def cpu_seconds(self) -> tuple[float, float]:
-        """CPU seconds (user + system) so far of the service process and its coordinator."""
+    def cpu_seconds(self) -> tuple[float, float, float]:
+        """Seconds so far: CPU (user + system) of the service process and of its
+        coordinator, and how long the service's event loop waited, runnable, for a CPU."""
         assert self.proc is not None
         ic = self.coordinator_pid()
-        return _cpu(self.proc.pid), (_cpu(ic) if ic is not None else 0.0)
+        pid = self.proc.pid
+        return _cpu(pid), (_cpu(ic) if ic is not None else 0.0), _waited(pid)
 
 
 _TICK: Final = os.sysconf("SC_CLK_TCK")
@@ -117,6 +121,15 @@ def _cpu(pid: int) -> float:
     except OSError:
         return 0.0
     return (int(fields[11]) + int(fields[12])) / _TICK  # utime, stime (fields 14, 15)
+
+
+def _waited(pid: int) -> float:
+    """Seconds the main thread has spent on a run queue, runnable but not running: the
+    CPU other load took from it (``/proc/PID/schedstat``, its second field, in ns)."""
+    try:
+        return int(Path(f"/proc/{pid}/schedstat").read_text().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
 
 
 class Control:
@@ -175,8 +188,11 @@ def measure_stream(
     Returns ``msgs_per_s`` (the messages applied between the start of streaming and the
     last one, over that time), ``seconds``, ``timed`` (how many messages that was),
     ``applied`` and ``duplicates`` as the worker reports them once the stream has ended,
-    ``end_point`` (the stream's acknowledged point), and ``cpu``: each process's share
-    of one core over the timed interval. RuntimeError if a process dies or stalls.
+    ``end_point`` (the stream's acknowledged point), and ``cpu``: over the timed
+    interval, each process's share of one core (``worker``, ``worker_ic``,
+    ``connector``, ``connector_ic``) and how much of it each service's event loop spent
+    runnable but waiting for a CPU (``worker_waiting``, ``connector_waiting``: the
+    machine's other load). RuntimeError if a process dies or stalls.
     """
     control = _free_address()
     listen = _free_address()
@@ -243,7 +259,10 @@ def _observe(ctl: Control, procs: tuple[_Process, ...], messages: int) -> dict[s
         wait = min(_MAX_POLL, max(_MIN_POLL, 0.5 * predicted))
     cpu1 = [c for p in procs for c in p.cpu_seconds()]
     seconds = t - t0
-    names = ("worker", "worker_ic", "connector", "connector_ic")
+    names = (
+        *("worker", "worker_ic", "worker_waiting"),
+        *("connector", "connector_ic", "connector_waiting"),
+    )
     cpu = {n: (b - a) / seconds for n, a, b in zip(names, cpu0, cpu1, strict=True)}
     end = _wait_for_end(ctl, messages)
     return {
@@ -340,6 +359,29 @@ def _windows(text: str) -> list[int]:
     return windows
 
 
+def _measure_all(
+    messages: int, windows: list[int], runs: int, dialect: str, app: str, warm_up: bool
+) -> tuple[dict[int, list[dict[str, Any]]], list[dict[str, float]]]:
+    """Every round: the baselines, then one run per window (interleaved, so a swing in
+    the machine's load touches every window alike)."""
+    results: dict[int, list[dict[str, Any]]] = {w: [] for w in windows}
+    rounds: list[dict[str, float]] = []
+    with tempfile.TemporaryDirectory(prefix="ambrosia-bench-wallaroo-") as tmp:
+        root = Path(tmp)
+        if warm_up:
+            measure_stream(root / "warm-up", min(messages, 5_000), max(windows), dialect, app)
+        for i in range(runs):
+            rounds.append(
+                {
+                    "fsync_per_s": measure_fsync_rate(root, 0.5),
+                    "tcp_frames_per_s": measure_tcp_frames(max(200_000, messages)),
+                }
+            )
+            for w in windows:
+                results[w].append(measure_stream(root / f"r{i}-w{w}", messages, w, dialect, app))
+    return results, rounds
+
+
 def _summary(runs: list[dict[str, Any]], rounds: list[dict[str, float]]) -> dict[str, Any]:
     """One window's runs, with ratios to the baselines of each run's own round."""
     rates = [r["msgs_per_s"] for r in runs]
@@ -396,21 +438,10 @@ def wallaroo_bench(
     if messages < 1 or runs < 1:
         raise click.BadParameter("--messages and --runs are positive")
     console = Console(width=150)
-    results: dict[int, list[dict[str, Any]]] = {w: [] for w in windows}
-    rounds: list[dict[str, float]] = []
-    with tempfile.TemporaryDirectory(prefix="ambrosia-bench-wallaroo-") as tmp:
-        root = Path(tmp)
-        if warm_up:
-            measure_stream(root / "warm-up", min(messages, 5_000), max(windows), dialect, app)
-        for i in range(runs):
-            rounds.append(
-                {
-                    "fsync_per_s": measure_fsync_rate(root, 0.5),
-                    "tcp_frames_per_s": measure_tcp_frames(max(200_000, messages)),
-                }
-            )
-            for w in windows:
-                results[w].append(measure_stream(root / f"r{i}-w{w}", messages, w, dialect, app))
+    try:
+        results, rounds = _measure_all(messages, windows, runs, dialect, app, warm_up)
+    except RuntimeError as exc:  # a process died or stalled: its log's end says why
+        raise click.ClickException(str(exc)) from None
     summary = {w: _summary(results[w], rounds) for w in windows}
     _print(console, summary, rounds, messages, dialect, app)
     report: dict[str, Any] = {
@@ -452,7 +483,12 @@ def _print(
         f"of {PAYLOAD_SIZE} B, both sides logging durably"
     )
     columns = ("credits", "msgs/s (median)", f"runs ({len(rounds)})", "vs TCP", "msgs/fsync")
-    for col in (*columns, "cpu: worker / its IC", "connector / its IC"):
+    for col in (
+        *columns,
+        "cpu: worker / its IC",
+        "connector / its IC",
+        "runnable, no cpu: worker / connector",
+    ):
         table.add_column(col, justify="right")
     for w, s in summary.items():
         cpu = s["cpu"]
@@ -464,6 +500,7 @@ def _print(
             f"{s['msgs_per_fsync']:,.1f}",
             f"{cpu['worker']:.0%} / {cpu['worker_ic']:.0%}",
             f"{cpu['connector']:.0%} / {cpu['connector_ic']:.0%}",
+            f"{cpu['worker_waiting']:.0%} / {cpu['connector_waiting']:.0%}",
         )
     console.print(table)
     fsync = [r["fsync_per_s"] for r in rounds]
