@@ -6,7 +6,9 @@ ambrosia.md, *The two local sockets*) — nothing but, given this start's token,
 42-byte preamble first on each socket that proves it was started for this coordinator
 (``coordinator/binding_auth.py``). Records are verified as they are read (check
 bytes, committer id, consecutive sequence ids); a bad one stops the binding. When the
-coordinator goes away the binding stops: they live and die together.
+coordinator goes away the binding stops: they live and die together. When the binding
+must stop (a failed background task, a record it cannot go on from) it closes both
+connections and the coordinator stops too.
 """
 
 from __future__ import annotations
@@ -21,10 +23,13 @@ from typing import Any
 from .. import wire
 from ..coordinator.binding_auth import Socket, encode_preamble
 from ..wire import Message, RecordReader
+from .background import BackgroundFailure, BackgroundTasks
 from .dispatcher import Dispatcher
+from .errors import BindingError
 from .immortal import Immortal
+from .pickling import find_unpicklable
 
-__all__ = ["Connection", "connect", "serve"]
+__all__ = ["Connection", "ServiceFailedError", "connect", "serve"]
 
 log = logging.getLogger("ambrosia_py.binding")
 _READ_SIZE = 256 * 1024
@@ -121,12 +126,16 @@ async def serve(
     options: Any = None,
     token: bytes | None = None,
     on_primary: Callable[[Dispatcher], None] | None = None,
+    background_failure: BackgroundFailure = BackgroundFailure.STOP,
 ) -> Dispatcher:
     """Run ``service`` as ``instance`` until the coordinator goes away; return the dispatcher.
 
     ``token``: this start's binding token (see :func:`connect`). ``on_primary`` runs
     once, when the immortal first becomes primary, beside its background tasks (the
-    ingress starts serving there).
+    ingress starts serving there). ``background_failure``: what a failing ``@background``
+    task does (``background.py``); with ``STOP`` the binding disconnects and this raises
+    :class:`BackgroundTaskError`. A record the binding cannot go on from (a state that
+    cannot be pickled for a checkpoint, ...) raises :class:`ServiceFailedError`.
     """
     conn = await connect(receive_port, send_port, host=host, timeout=timeout, token=token)
     reader, writer = conn.reader, conn.writer
@@ -150,37 +159,79 @@ async def serve(
             asyncio.get_running_loop().call_soon(send, [])
         impulses.append(msg)
 
+    failures: list[BindingError] = []
+
+    def stop(error: BindingError) -> None:
+        # Closing the connection ends the read below; the coordinator sees the binding
+        # go, makes what it holds durable and exits.
+        if not failures:
+            failures.append(error)
+            conn.close()
+
     d.live_send = impulse
     records = RecordReader()
-    background: list[asyncio.Task[Any]] = []
+    background = BackgroundTasks(lambda: d.immortal, background_failure, stop)
     try:
         while data := await reader.read(_READ_SIZE):
             records.feed(data)
             for record in records:
-                send(d.handle(record))
+                try:
+                    out = d.handle(record)
+                except Exception as exc:
+                    raise _record_failure(d, record.seq, exc) from exc
+                send(out)
                 await writer.drain()
                 for fn, args in d.take_effects():
                     _run_effect(fn, args)
                 if d.became_primary:
                     d.became_primary = False
-                    background = _start_background(d, background)
+                    background.start()
                     if on_primary is not None:
                         on_primary(d)
                         on_primary = None
         records.close()
-        if records.offset == 0:
+        if records.offset == 0 and not failures:
             log.error(
                 "the coordinator closed the connection before sending anything: it refused "
                 "this binding (a wrong or missing binding token?) or stopped; see its log"
             )
-        log.info("coordinator went away; stopping")
+        if not failures:
+            log.info("coordinator went away; stopping")
     except ConnectionError as exc:
-        log.info("coordinator connection lost (%s); stopping", exc)
+        if not failures:
+            log.info("coordinator connection lost (%s); stopping", exc)
     finally:
-        for task in background:
-            task.cancel()
+        background.cancel()
         conn.close()
+    if failures:
+        raise failures[0]
     return d
+
+
+class ServiceFailedError(BindingError):
+    """The binding cannot go on from a record; the message says which record and why."""
+
+
+def _record_failure(d: Dispatcher, seq: int, exc: Exception) -> ServiceFailedError:
+    """What stopped the binding at record ``seq``, in one sentence.
+
+    The usual cause is a state attribute that cannot be pickled, met when the
+    coordinator asks for a checkpoint; pickle does not say which attribute, so it is
+    looked for.
+    """
+    cls = type(d.immortal).__name__
+    state = {k: v for k, v in vars(d.immortal).items() if not k.startswith("_ambrosia_")}
+    for name, value in state.items():
+        found = find_unpicklable(value, name)
+        if found is not None:
+            return ServiceFailedError(
+                f"{cls}: {found.describe('state attribute')}. Every attribute is state, "
+                "pickled into each checkpoint: keep sockets, locks, files and the like in a "
+                "@background task, not in self"
+            )
+    # Control records (a checkpoint, a request for one) have negative sequence ids.
+    where = f"record {seq}" if seq >= 0 else "a control record"
+    return ServiceFailedError(f"{cls} stopped at {where}: {type(exc).__name__}: {exc}")
 
 
 _effect_tasks: set[asyncio.Future[Any]] = set()  # keeps running async effects referenced
@@ -192,17 +243,14 @@ def _run_effect(fn: Any, args: tuple[Any, ...]) -> None:
         if inspect.isawaitable(result):
             task = asyncio.ensure_future(result)
             _effect_tasks.add(task)
-            task.add_done_callback(_effect_tasks.discard)
+            task.add_done_callback(_effect_done)
     except Exception:
         log.exception("effect %r failed", fn)
 
 
-def _start_background(d: Dispatcher, running: list[asyncio.Task[Any]]) -> list[asyncio.Task[Any]]:
-    if running:
-        return running
-    tasks = []
-    for name in type(d.immortal).background_methods():
-        coro = getattr(d.immortal, name)()
-        tasks.append(asyncio.ensure_future(coro))
-        log.info("background task %s started", name)
-    return tasks
+def _effect_done(task: asyncio.Future[Any]) -> None:
+    """An async effect ended: one that raised is logged (an effect runs at most once and
+    nothing awaits it, so its exception would otherwise go unseen)."""
+    _effect_tasks.discard(task)
+    if not task.cancelled() and task.exception() is not None:
+        log.error("async effect failed", exc_info=task.exception())

@@ -22,8 +22,10 @@ from typing import Any, Literal
 
 from . import errors
 from .errors import RemoteError
+from .pickling import find_unpicklable
 
 __all__ = [
+    "ArgumentEncodingError",
     "CodecName",
     "decode_args",
     "decode_exception",
@@ -37,13 +39,26 @@ CodecName = Literal["pickle", "json"]
 _PROTOCOL = pickle.HIGHEST_PROTOCOL
 
 
+class ArgumentEncodingError(TypeError):
+    """A call's argument cannot be encoded; the message names the method and the argument.
+
+    A TypeError, as the pickle or json error it stands for was."""
+
+
 def encode_args(
     codec: CodecName, signature: inspect.Signature, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> bytes:
-    """Encode a call's arguments (``signature`` excludes ``self``)."""
+    """Encode a call's arguments (``signature`` excludes ``self``).
+
+    An argument the codec refuses is an :class:`ArgumentEncodingError` naming the method
+    (by ``signature``, see :func:`signature_of`) and the argument.
+    """
     if codec == "json":
         bound = signature.bind(*args, **kwargs)
-        return json.dumps(dict(bound.arguments), separators=(",", ":")).encode()
+        try:
+            return json.dumps(dict(bound.arguments), separators=(",", ":")).encode()
+        except (TypeError, ValueError) as exc:
+            raise _argument_error(codec, signature, args, kwargs, exc) from exc
     # A wrong call fails at the caller, not remotely. Whether a call binds depends only on
     # its shape, so each shape is checked once per signature.
     # Keyed by identity: hashing a Signature costs more than pickling small arguments.
@@ -55,10 +70,42 @@ def encode_args(
     if shape not in entry[1]:
         signature.bind(*args, **kwargs)
         entry[1].add(shape)
-    return pickle.dumps((args, kwargs), protocol=_PROTOCOL)
+    try:
+        return pickle.dumps((args, kwargs), protocol=_PROTOCOL)
+    except Exception as exc:  # TypeError, PicklingError, AttributeError (a local class)...
+        raise _argument_error(codec, signature, args, kwargs, exc) from exc
 
 
 _valid_shapes: dict[int, tuple[inspect.Signature, set[tuple[int, tuple[str, ...]]]]] = {}
+
+
+def _argument_error(
+    codec: CodecName,
+    signature: inspect.Signature,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    exc: Exception,
+) -> ArgumentEncodingError:
+    """Which argument of which method the codec refused (found only once it has)."""
+    method = _method_names.get(id(signature), (signature, "a method"))[1]
+    bound = signature.bind(*args, **kwargs)
+    for name, value in bound.arguments.items():
+        if codec == "json":
+            try:
+                json.dumps(value)
+            except (TypeError, ValueError) as err:
+                return ArgumentEncodingError(
+                    f"{method}: argument {name!r} (of type {type(value).__name__}) cannot be "
+                    f"encoded as json: {err}"
+                )
+            continue
+        found = find_unpicklable(value, name, lambda v: pickle.dumps(v, protocol=_PROTOCOL))
+        if found is not None:
+            return ArgumentEncodingError(f"{method}: {found.describe('argument')}")
+    return ArgumentEncodingError(
+        f"{method}: its arguments cannot be encoded with the {codec} codec: "
+        f"{type(exc).__name__}: {exc}"
+    )
 
 
 def decode_args(
@@ -147,7 +194,18 @@ def _exception_from_json(data: bytes | bytearray | memoryview) -> BaseException:
 
 
 def signature_of(fn: Callable[..., Any]) -> inspect.Signature:
-    """The signature of an @rpc method without ``self``."""
+    """The signature of an @rpc method without ``self``.
+
+    The signature remembers whose it is, so an argument that cannot be encoded is
+    reported with its method's name (:func:`encode_args`).
+    """
     sig = inspect.signature(fn)
     params = list(sig.parameters.values())[1:]
-    return sig.replace(parameters=params)
+    sig = sig.replace(parameters=params)
+    _method_names[id(sig)] = (sig, getattr(fn, "__qualname__", repr(fn)))
+    return sig
+
+
+# By identity (a Signature is not weakly referable); each entry keeps its signature
+# alive, so an id is never reused by another signature.
+_method_names: dict[int, tuple[inspect.Signature, str]] = {}

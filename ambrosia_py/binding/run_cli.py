@@ -12,9 +12,6 @@ recovers.
 from __future__ import annotations
 
 import asyncio
-import importlib
-import importlib.util
-import inspect
 import logging
 import os
 import sys
@@ -23,6 +20,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import attrs
 import click
 
 from ..coordinator.binding_auth import (
@@ -30,6 +28,14 @@ from ..coordinator.binding_auth import (
     read_token,
     token_for_ready_line,
     token_path,
+)
+from ..coordinator.data_dir import (
+    DataDirError,
+    History,
+    data_dir_option,
+    data_dir_origin,
+    earlier_history,
+    writable_data_dir,
 )
 from ..coordinator.ic_cli import (
     coordinator_argv,
@@ -42,82 +48,18 @@ from ..coordinator.ic_cli import (
 from ..coordinator.link_config import LinkSetupError, load_secret
 from ..ingress.keys import DEFAULT_KEEP_COUNT, DEFAULT_KEEP_SECONDS
 from ..ingress.server import IngressServer, IngressSettings, parse_address
-from .client import serve
+from .background import BackgroundFailure, BackgroundTaskError
+from .client import ServiceFailedError, serve
 from .dispatcher import Dispatcher
 from .errors import BindingError
+from .exits import ExitStatus, OneLineError, coordinator_ended, set_verbose
 from .files import StateFiles, state_files_dir, use_state_files
 from .immortal import Immortal
+from .loading import load_service
 
 __all__ = ["load_service", "replay", "run"]
 
 log = logging.getLogger("ambrosia_py.binding")
-
-
-_loaded_files: dict[str, Path] = {}  # module name -> the service file loaded under it
-
-
-def load_service(spec: str) -> type[Immortal]:
-    """The Immortal subclass named by ``spec`` (see the module docstring)."""
-    target, _, class_name = spec.partition(":")
-    if target.endswith(".py") or Path(target).is_file():
-        path = Path(target)
-        if not path.is_file():
-            raise click.BadParameter(f"no such file: {target}", param_hint="SERVICE")
-        # As ``python FILE`` would: the file's folder first on the path, the file a module
-        # named after it. Another process (a caller unpickling this service's exception,
-        # a replay) then finds its classes under the same name.
-        module_name = path.stem
-        if not module_name.isidentifier():
-            raise click.BadParameter(
-                f"{target}: {module_name!r} is not a module name", param_hint="SERVICE"
-            )
-        existing = sys.modules.get(module_name)
-        if existing is not None and module_name not in _loaded_files:
-            raise click.BadParameter(
-                f"{target}: a module {module_name!r} is already loaded from "
-                f"{getattr(existing, '__file__', 'elsewhere')}; rename the file",
-                param_hint="SERVICE",
-            )
-        if existing is not None and _loaded_files[module_name] == path.resolve():
-            module = existing
-        else:
-            _loaded_files[module_name] = path.resolve()
-            sys.path.insert(0, str(path.resolve().parent))
-            mod_spec = importlib.util.spec_from_file_location(module_name, path)
-            if mod_spec is None or mod_spec.loader is None:
-                raise click.BadParameter(f"cannot load {target}", param_hint="SERVICE")
-            module = importlib.util.module_from_spec(mod_spec)
-            sys.modules[module_name] = module
-            mod_spec.loader.exec_module(module)
-    else:
-        try:
-            module = importlib.import_module(target)
-        except ImportError as exc:
-            raise click.BadParameter(
-                f"cannot import {target}: {exc}", param_hint="SERVICE"
-            ) from None
-    found = {
-        name: obj
-        for name, obj in vars(module).items()
-        if inspect.isclass(obj)
-        and issubclass(obj, Immortal)
-        and obj is not Immortal
-        and obj.__module__ == module.__name__
-    }
-    if class_name:
-        if class_name not in found:
-            raise click.BadParameter(
-                f"{target} has no Immortal subclass {class_name!r} (it has {sorted(found)})",
-                param_hint="SERVICE",
-            )
-        return found[class_name]
-    if len(found) != 1:
-        raise click.BadParameter(
-            f"{target} defines {len(found)} Immortal subclasses {sorted(found)}: name one as "
-            f"{target}:Class",
-            param_hint="SERVICE",
-        )
-    return next(iter(found.values()))
 
 
 class _ServiceCommand(click.Command):
@@ -137,8 +79,8 @@ class _ServiceCommand(click.Command):
         if spec is not None:
             try:
                 service = load_service(spec)
-            except click.BadParameter:
-                service = None  # reported properly when the argument is parsed
+            except click.ClickException:
+                service = None  # reported properly when the command runs
             if service is not None:
                 known = {p.name for p in self.params}
                 for name, kind, default in service.option_fields():
@@ -186,65 +128,112 @@ def _separated_token(data_dir: Path, instance: str) -> bytes | None:
     return read_token(path)
 
 
-async def _run(
-    service: type[Immortal],
-    instance: str,
-    data_dir: Path,
-    separated: bool,
-    receive_port: int | None,
-    send_port: int | None,
-    upgrade_to: type[Immortal] | None,
-    upgrade_version: int | None,
-    options: Any,
-    timeout: float,
-    links: list[str],
-    on_primary: Callable[[Dispatcher], None] | None = None,
-) -> int:
-    if separated:
-        if receive_port is None or send_port is None:
-            raise click.UsageError("--separated needs --receive-port and --send-port")
-        await serve(
-            service,
-            instance,
-            receive_port,
-            send_port,
-            upgrade_to=upgrade_to,
-            options=options,
-            timeout=timeout,
-            token=_separated_token(data_dir, instance),
-            on_primary=on_primary,
+@attrs.frozen
+class _Launch:
+    """Everything ``run`` starts a service with."""
+
+    service: type[Immortal]
+    instance: str
+    data_dir: Path
+    data_dir_origin: str  # where --data-dir came from, for the start-up line
+    separated: bool
+    receive_port: int | None
+    send_port: int | None
+    upgrade_to: type[Immortal] | None
+    upgrade_version: int | None
+    options: Any
+    timeout: float
+    links: list[str]
+    background_failure: BackgroundFailure
+
+
+def _say_where(launch: _Launch, history: History | None) -> None:
+    """Which data dir, and whether this is the instance's first start: a service run from
+    another directory, or with a misspelled --data-dir, must not start from empty state
+    unnoticed."""
+    where = launch.data_dir.resolve()
+    click.echo(f"data dir {where} ({launch.data_dir_origin})", err=True)
+    if history is None:
+        click.echo(
+            f"first start of instance {launch.instance} in {where} (no earlier log found)",
+            err=True,
         )
-        return 0
-    args = coordinator_argv(instance, data_dir, *links)
-    if receive_port is not None:
-        args += ["--receive-port", str(receive_port)]
-    if send_port is not None:
-        args += ["--send-port", str(send_port)]
-    if upgrade_version is not None:
-        args += ["--upgrade-version", str(upgrade_version)]
+    else:
+        click.echo(
+            f"instance {launch.instance} recovers from checkpoint {history.checkpoint} "
+            f"(version {history.version}) in {where}",
+            err=True,
+        )
+
+
+def _ready_line(line: str, coordinator_pid: int) -> str:
+    """The coordinator's ready line with both processes' pids, labelled. ``pid=`` (the
+    coordinator's, as it prints it) stays last for scripts that read it."""
+    fields = [f for f in line.split() if not f.startswith("pid=")]
+    return " ".join(
+        [
+            *fields,
+            f"coordinator_pid={coordinator_pid}",
+            f"service_pid={os.getpid()}",
+            f"pid={coordinator_pid}",
+        ]
+    )
+
+
+async def _run(launch: _Launch, on_primary: Callable[[Dispatcher], None] | None = None) -> int:
+    serving = partial(
+        serve,
+        launch.service,
+        launch.instance,
+        upgrade_to=launch.upgrade_to,
+        options=launch.options,
+        timeout=launch.timeout,
+        on_primary=on_primary,
+        background_failure=launch.background_failure,
+    )
+    if launch.separated:
+        if launch.receive_port is None or launch.send_port is None:
+            raise click.UsageError("--separated needs --receive-port and --send-port")
+        _say_where(launch, earlier_history(launch.data_dir, launch.instance))
+        await serving(
+            launch.receive_port,
+            launch.send_port,
+            token=_separated_token(launch.data_dir, launch.instance),
+        )
+        click.echo("the coordinator closed the connection; the service stopped", err=True)
+        return ExitStatus.OK
+    history = earlier_history(launch.data_dir, launch.instance)  # before it starts
+    args = coordinator_argv(launch.instance, launch.data_dir, *launch.links)
+    if launch.receive_port is not None:
+        args += ["--receive-port", str(launch.receive_port)]
+    if launch.send_port is not None:
+        args += ["--send-port", str(launch.send_port)]
+    if launch.upgrade_version is not None:
+        args += ["--upgrade-version", str(launch.upgrade_version)]
     ic = await asyncio.create_subprocess_exec(*args, stdout=asyncio.subprocess.PIPE)
     try:
         assert ic.stdout is not None
         line = (await ic.stdout.readline()).decode()
         if not line.startswith("ready"):
             code = await ic.wait()
-            if code == 2:  # a refusal: it said why, in one line on stderr; nothing to add
+            if code == ExitStatus.USAGE:  # a refusal: it said why, in one line on stderr
                 return code
-            raise click.ClickException(f"the coordinator did not start (exit status {code})")
+            raise OneLineError(
+                f"the coordinator did not start: {coordinator_ended(ic.pid, code)}",
+                status=ExitStatus.COORDINATOR_DIED,
+            )
         fields = dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
-        click.echo(line.strip(), err=True)
-        await serve(
-            service,
-            instance,
+        click.echo(_ready_line(line, ic.pid), err=True)
+        _say_where(launch, history)
+        await serving(
             int(fields["receive_port"]),
             int(fields["send_port"]),
-            upgrade_to=upgrade_to,
-            options=options,
-            timeout=timeout,
-            token=token_for_ready_line(fields, data_dir, instance),
-            on_primary=on_primary,
+            token=token_for_ready_line(fields, launch.data_dir, launch.instance),
         )
-        return await ic.wait()
+        code = await ic.wait()
+        if code != 0:  # it did not stop because it was asked to: say what happened, once
+            raise OneLineError(coordinator_ended(ic.pid, code), status=ExitStatus.COORDINATOR_DIED)
+        return ExitStatus.OK
     finally:
         if ic.returncode is None:
             # The binding's connection is closed by now: the coordinator sees it go, makes
@@ -278,6 +267,20 @@ async def _run_with_ingress(
         return await main(on_primary=attach)
     finally:
         ingress.close()
+        await _connections_closed()
+
+
+async def _connections_closed() -> None:
+    """Let the connection handlers the ingress just closed see their end and return.
+
+    Left to ``asyncio.run`` they would be cancelled instead, and Python 3.11's stream
+    server prints a CancelledError traceback for each (its done callback asks a
+    cancelled task for its exception). Bounded: an effect still running is left to be
+    cancelled.
+    """
+    others = asyncio.all_tasks() - {asyncio.current_task()}
+    if others:
+        await asyncio.wait(others, timeout=1.0)
 
 
 def _ingress(
@@ -301,12 +304,9 @@ def _ingress(
 @click.command(cls=_ServiceCommand)
 @click.argument("service_spec", metavar="SERVICE")
 @click.option("--instance", help="Instance name (default: the class name, lower case).")
-@click.option(
-    "--data-dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=Path("ambrosia-data"),
-    show_default=True,
-    help="Where logs, checkpoints and the registry live.",
+@data_dir_option(
+    "Where logs, checkpoints and the registry live; printed on every start. A data dir "
+    "with no history for the instance means a first start, from empty state."
 )
 @click.option(
     "--separated",
@@ -355,6 +355,21 @@ def _ingress(
     help="...and none finished more than this many seconds ago, by logged time (0: no "
     "limit). A retry after its key was dropped runs the call again.",
 )
+@click.option(
+    "--background-failure",
+    type=click.Choice([f.value for f in BackgroundFailure]),
+    default=BackgroundFailure.STOP.value,
+    show_default=True,
+    help="When a @background task raises (its traceback is logged either way): stop the "
+    f"service (exit status {int(ExitStatus.BACKGROUND_TASK_FAILED)}), or restart the task "
+    "after a delay that doubles with each failure in a row (0.1 s to 30 s).",
+)
+@click.option(
+    "--verbose",
+    is_flag=True,
+    envvar="AMBROSIA_VERBOSE",
+    help="Show the traceback behind an error, not just its one line [env AMBROSIA_VERBOSE].",
+)
 @link_options[0]
 @link_options[1]
 @link_options[2]
@@ -372,6 +387,8 @@ def run(
     ingress_address: str | None,
     ingress_keep: int,
     ingress_keep_seconds: float,
+    background_failure: str,
+    verbose: bool,
     link_host: str,
     link_port: int,
     link_to: tuple[tuple[str, str, int], ...],
@@ -380,8 +397,12 @@ def run(
     """Run an immortal service with its coordinator; run it again to recover.
 
     The service's own options (its nested ``Options`` class) appear below once SERVICE
-    is given: ``ambrosia-py run SERVICE --help``.
+    is given: ``ambrosia-py run SERVICE --help``. Exit statuses: 0 stopped, 1 an error
+    (said in one line), 2 a wrong command line or a coordinator that refused to start,
+    3 a @background task failed, 4 the coordinator was killed or failed, 5 the service
+    could not go on (docs/operations.md).
     """
+    set_verbose(verbose)
     logging.basicConfig(
         stream=sys.stderr,
         level=logging.INFO,
@@ -394,46 +415,47 @@ def run(
         if upgrade_version is None:
             raise click.UsageError("--upgrade-from needs --upgrade-version")
         upgrade_to, service = service, load_service(upgrade_from)
+    instance = instance or service.__name__.lower()
+    try:  # before anything writes there: the ingress's secret, sealed state, the coordinator
+        writable_data_dir(data_dir)
+    except DataDirError as exc:
+        raise OneLineError(str(exc), cause=exc.__cause__) from None
     # Sealed state (``files.py``) lives beside the instance's files in the data dir.
-    files = StateFiles(state_files_dir(data_dir, instance or service.__name__.lower()))
+    files = StateFiles(state_files_dir(data_dir, instance))
     ingress = _ingress(ingress_address, ingress_keep, ingress_keep_seconds, link_security, data_dir)
+    launch = _Launch(
+        service,
+        instance,
+        data_dir,
+        data_dir_origin(click.get_current_context()),
+        separated,
+        receive_port,
+        send_port,
+        upgrade_to,
+        upgrade_version,
+        _options(upgrade_to or service, service_options),
+        connect_timeout,
+        link_argv(link_host, link_port, link_to, **link_security),
+        BackgroundFailure(background_failure),
+    )
     try:
         with use_state_files(files):
-            status = asyncio.run(
-                _run_with_ingress(
-                    ingress,
-                    partial(
-                        _run,
-                        service,
-                        instance or service.__name__.lower(),
-                        data_dir,
-                        separated,
-                        receive_port,
-                        send_port,
-                        upgrade_to,
-                        upgrade_version,
-                        _options(upgrade_to or service, service_options),
-                        connect_timeout,
-                        link_argv(link_host, link_port, link_to, **link_security),
-                    ),
-                )
-            )
+            status = asyncio.run(_run_with_ingress(ingress, partial(_run, launch)))
     except (ConnectionRefusedError, BindingTokenError) as exc:
         raise click.ClickException(str(exc)) from None
+    except BackgroundTaskError as exc:  # its traceback is logged already
+        raise OneLineError(str(exc), status=ExitStatus.BACKGROUND_TASK_FAILED) from None
+    except ServiceFailedError as exc:
+        raise OneLineError(str(exc), exc.__cause__, ExitStatus.SERVICE_FAILED) from None
     except KeyboardInterrupt:
-        status = 0
+        status = ExitStatus.OK
     sys.exit(status)
 
 
 @click.command()
 @click.argument("service_spec", metavar="SERVICE")
 @click.option("--instance", required=True, help="The instance whose history to replay.")
-@click.option(
-    "--data-dir",
-    required=True,
-    type=click.Path(file_okay=False, exists=True, path_type=Path),
-    help="Where its logs and checkpoints live.",
-)
+@data_dir_option("Where its logs and checkpoints live.")
 @click.option("--verify", is_flag=True, help="Find the first non-deterministic message.")
 @click.option("--to-seq", type=int, help="Stop after this record.")
 def replay(

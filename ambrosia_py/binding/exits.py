@@ -1,0 +1,91 @@
+"""How ``ambrosia-py run`` ends: its exit statuses, and errors in one line.
+
+A service author meets these errors at a terminal, so each is one line that names the
+file, attribute, path or process involved and what to do; the traceback behind it is
+for ``--verbose`` (or ``AMBROSIA_VERBOSE=1``). The statuses are documented in
+``docs/operations.md``; scripts and supervisors may rely on them.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import signal
+import sys
+import traceback
+from typing import IO, Any
+
+import click
+
+__all__ = [
+    "ExitStatus",
+    "OneLineError",
+    "coordinator_ended",
+    "set_verbose",
+    "verbose",
+]
+
+VERBOSE_ENV = "AMBROSIA_VERBOSE"
+
+
+class ExitStatus(enum.IntEnum):
+    """``ambrosia-py run``'s exit statuses."""
+
+    OK = 0  # stopped: Ctrl-C, SIGTERM, or the coordinator stopped cleanly
+    ERROR = 1  # an error it explained in one line (a bad service file, an unusable data dir)
+    USAGE = 2  # a wrong command line, or the coordinator refused to start (it said why)
+    BACKGROUND_TASK_FAILED = 3  # a @background task raised (run --background-failure stop)
+    COORDINATOR_DIED = 4  # the coordinator was killed or failed; running again recovers
+    SERVICE_FAILED = 5  # the binding could not go on (a state that cannot be pickled, ...)
+
+
+_verbose = [False]
+
+
+def set_verbose(on: bool) -> None:
+    """``--verbose`` (or ``$AMBROSIA_VERBOSE``): show the traceback behind each one-line
+    error. Set by each command as it starts (commands may run in one process: tests)."""
+    _verbose[0] = on or os.environ.get(VERBOSE_ENV, "") not in ("", "0")
+
+
+def verbose() -> bool:
+    return _verbose[0]
+
+
+class OneLineError(click.ClickException):
+    """An error shown as one line; with ``--verbose``, after the traceback of its cause."""
+
+    def __init__(
+        self, message: str, cause: BaseException | None = None, status: int = ExitStatus.ERROR
+    ) -> None:
+        super().__init__(message)
+        self.cause = cause
+        # click reads the status from the instance; it declares it a class variable.
+        self.exit_code = int(status)  # type: ignore[misc]
+
+    def format_message(self) -> str:
+        if self.cause is not None and not verbose():
+            return f"{self.message} (--verbose shows the traceback)"
+        return self.message
+
+    def show(self, file: IO[Any] | None = None) -> None:
+        if self.cause is not None and verbose():
+            traceback.print_exception(self.cause, file=file or sys.stderr)
+        super().show(file)
+
+
+def coordinator_ended(pid: int, status: int) -> str:
+    """What a coordinator's exit status says happened to it, for a service author."""
+    if status < 0:
+        try:
+            name = signal.Signals(-status).name
+        except ValueError:
+            name = f"signal {-status}"
+        return (
+            f"the coordinator (pid {pid}) was killed by {name}; "
+            "run the same command again to recover"
+        )
+    return (
+        f"the coordinator (pid {pid}) exited with status {status} (its log above says why); "
+        "run the same command again to recover"
+    )

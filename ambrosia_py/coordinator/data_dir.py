@@ -1,0 +1,184 @@
+"""The data directory as the commands see it: its default, and the checks that keep it
+from being a trap.
+
+Every command that works on a data directory takes ``--data-dir``, else
+``$AMBROSIA_DATA_DIR``, else ``./ambrosia-data``. A relative default means a service
+run from another directory, or with a misspelled path, finds no history and starts
+from empty state; so ``run`` says on every start which directory it uses and where the
+choice came from, and says loudly when an instance starts for the first time. Commands
+that only read (``instances``, ``debug``) refuse a data directory that does not exist
+and create nothing in it.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import attrs
+import click
+
+from .modes import make_private_dir
+from .registry import REGISTRY_FILE, InstanceInfo, Registry, RegistryError
+from .registry_files import open_registry_for_start
+from .storage import LOCK_FILE, InstanceFiles
+
+__all__ = [
+    "DATA_DIR_ENV",
+    "DEFAULT_DATA_DIR",
+    "DataDirError",
+    "History",
+    "data_dir_option",
+    "data_dir_origin",
+    "debuggable_instance",
+    "earlier_history",
+    "existing_data_dir",
+    "running_pid",
+    "writable_data_dir",
+]
+
+DATA_DIR_ENV = "AMBROSIA_DATA_DIR"
+DEFAULT_DATA_DIR = Path("ambrosia-data")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class DataDirError(Exception):
+    """A data directory a command cannot use; the message names it and says why."""
+
+
+def data_dir_option(help: str) -> Callable[[F], F]:
+    """``--data-dir`` with the shared default and environment variable, shown in --help."""
+    return click.option(
+        "--data-dir",
+        type=click.Path(file_okay=False, path_type=Path),
+        default=DEFAULT_DATA_DIR,
+        envvar=DATA_DIR_ENV,
+        show_default=True,
+        show_envvar=True,
+        help=help + " Relative paths are from the current directory.",
+    )
+
+
+def data_dir_origin(ctx: click.Context) -> str:
+    """Where the command's ``--data-dir`` came from, for the start-up line."""
+    source = ctx.get_parameter_source("data_dir")
+    if source is click.core.ParameterSource.ENVIRONMENT:
+        return f"from ${DATA_DIR_ENV}"
+    if source is click.core.ParameterSource.COMMANDLINE:
+        return "from --data-dir"
+    return f"the default; --data-dir or ${DATA_DIR_ENV} to change"
+
+
+def writable_data_dir(data_dir: Path) -> None:
+    """Create ``data_dir`` if missing (0700) and prove it can be written, or raise
+    :class:`DataDirError` saying which directory and why."""
+    try:
+        make_private_dir(data_dir)
+        fd, probe = tempfile.mkstemp(prefix=".ambrosia-write-test-", dir=data_dir)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+        where = f" ({exc.filename})" if exc.filename and Path(exc.filename) != data_dir else ""
+        raise DataDirError(
+            f"cannot write to the data dir {data_dir}: {why}{where}; give a directory you "
+            f"can write with --data-dir or ${DATA_DIR_ENV}"
+        ) from exc
+
+
+def existing_data_dir(data_dir: Path, *, need_registry: bool = True) -> None:
+    """Refuse a data directory that does not exist, or (``need_registry``) holds no
+    registry; creating nothing."""
+    if not data_dir.exists():
+        raise DataDirError(
+            f"no data dir {data_dir} (from {Path.cwd()}): nothing has run with it; give the "
+            f"one the service runs with, with --data-dir or ${DATA_DIR_ENV}"
+        )
+    if not data_dir.is_dir():
+        raise DataDirError(f"the data dir {data_dir} is not a directory")
+    if need_registry and not (data_dir / REGISTRY_FILE).exists():
+        raise DataDirError(f"no registry in {data_dir}: no instance has run with this data dir")
+
+
+@attrs.frozen
+class History:
+    """What an instance has in a data directory before a start."""
+
+    version: int
+    checkpoint: int  # the last committed checkpoint: recovery starts there
+
+
+def earlier_history(data_dir: Path, instance: str) -> History | None:
+    """The instance's committed history in ``data_dir``, or None when there is none (a
+    start would be its first). Reads only an existing registry; a registry that cannot
+    be read counts as none here (the coordinator refuses it with its own message)."""
+    if not (data_dir / REGISTRY_FILE).is_file():
+        return None
+    try:
+        with Registry(data_dir) as reg:
+            info = reg.get(instance)
+    except RegistryError:
+        return None
+    if info is None or info.last_checkpoint is None:
+        return None
+    return History(info.current_version, info.last_checkpoint)
+
+
+def running_pid(files: InstanceFiles) -> int | None:
+    """The pid of the coordinator running this instance version, or None if none runs.
+
+    Tests the coordinator's lock without keeping it, and writes nothing: a shared lock
+    is refused while a coordinator holds its exclusive one. 0: the lock is held but the
+    file names no pid.
+    """
+    path = files.path / LOCK_FILE
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise
+            text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+            return int(text) if text.isdigit() else 0
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
+def debuggable_instance(data_dir: Path, instance: str) -> InstanceInfo:
+    """The registry's entry for ``instance``, which ``debug`` may replay: the data dir
+    exists, the registry reads and knows it, and no coordinator runs it (its port would
+    be taken, and its log may grow under the replay). Creates nothing."""
+    existing_data_dir(data_dir)
+    try:
+        registry = open_registry_for_start(data_dir, instance)
+    except RegistryError as exc:
+        raise DataDirError(str(exc)) from None
+    try:
+        info = registry.get(instance)
+        names = sorted(i.name for i in registry.instances())
+    finally:
+        registry.close()
+    if info is None:
+        raise DataDirError(
+            f"no instance {instance!r} in {data_dir} (it has {', '.join(names) or 'none'})"
+        )
+    pid = running_pid(InstanceFiles(data_dir, instance, info.current_version))
+    if pid is not None:
+        holder = f"pid {pid}" if pid else "a process whose pid is not recorded"
+        raise DataDirError(
+            f"instance {instance!r} is running (its coordinator is {holder}): debug replays "
+            "the history of a stopped instance; stop the service first"
+        )
+    return info
