@@ -19,18 +19,20 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
 
 from ambrosia_py.binding.exits import ExitStatus
+from ambrosia_py.binding.run_cli import load_service
 from ambrosia_py.cli import main
 from ambrosia_py.client import Client
 
 DEADLINE = 60.0
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-sys.path.insert(0, str(EXAMPLES))
-from counter import Counter  # noqa: E402
+# Loaded as run loads it, so run finds it loaded already under its own name.
+Counter: Any = load_service(str(EXAMPLES / "counter.py"))
 
 FAILING = """
 import asyncio
@@ -104,7 +106,9 @@ class Locked(Immortal):
 class Run:
     """``ambrosia-py run ARGS`` as a child process; its stderr collected line by line."""
 
-    def __init__(self, *args: str | Path, cwd: Path | None = None) -> None:
+    def __init__(
+        self, *args: str | Path | int, cwd: Path | None = None, env: dict[str, str] | None = None
+    ) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "ambrosia_py.cli", "run", *map(str, args)],
             stdin=subprocess.DEVNULL,
@@ -112,6 +116,7 @@ class Run:
             stderr=subprocess.PIPE,
             text=True,
             cwd=cwd,
+            env=None if env is None else {**os.environ, **env},
         )
         self.lines: list[str] = []
         self._changed = threading.Condition()
@@ -178,8 +183,11 @@ def gone(pid: int) -> bool:
 
 
 @contextlib.contextmanager
-def running(*args: str | Path) -> Iterator[Run]:
-    run = Run(*args)
+def running(
+    *args: str | Path | int, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> Iterator[Run]:
+    """``ambrosia-py run ARGS``, killed (with its coordinator) at the end, pass or fail."""
+    run = Run(*args, cwd=cwd, env=env)
     try:
         yield run
     finally:

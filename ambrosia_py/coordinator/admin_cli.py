@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .. import wire
+from .data_dir import DataDirError, data_dir_option, existing_data_dir
 from .registry import REGISTRY_FILE, InstanceInfo, Registry, RegistryError
 from .registry_files import rebuild_registry
 from .storage import (
@@ -33,12 +34,7 @@ from .storage import (
 
 __all__ = ["instances", "log", "register", "registry"]
 
-_DATA_DIR = click.option(
-    "--data-dir",
-    required=True,
-    type=click.Path(file_okay=False, path_type=Path),
-    help="The coordinators' data directory (registry and instance directories).",
-)
+_DATA_DIR = data_dir_option("The coordinators' data directory (registry and instance directories).")
 _PREVIEW = 16
 
 
@@ -82,7 +78,11 @@ def _opt(value: int | None) -> str:
 @click.command()
 @_DATA_DIR
 def instances(data_dir: Path) -> None:
-    """List the registered instances."""
+    """List the registered instances (creating nothing)."""
+    try:
+        existing_data_dir(data_dir, need_registry=False)
+    except DataDirError as exc:
+        raise click.ClickException(str(exc)) from None
     if not (data_dir / REGISTRY_FILE).exists():
         click.echo(f"no registry in {data_dir}")
         return
@@ -347,8 +347,14 @@ def prune(data_dir: Path, instance: str, version: int | None, keep: int) -> None
     """
     info: InstanceInfo | None = None
     if (data_dir / REGISTRY_FILE).exists():
-        with Registry(data_dir) as reg:
-            info = reg.get(instance)
+        try:
+            with Registry(data_dir) as reg:
+                info = reg.get(instance)
+        except RegistryError as exc:
+            raise click.ClickException(
+                f"{exc}; refusing to prune without it (it names the committed checkpoint): "
+                f"rebuild it with `ambrosia-py registry rebuild --data-dir {data_dir}`"
+            ) from None
     if version is None:
         if info is None:
             raise click.ClickException(

@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from .binding_auth import BindingAuth
+from .data_dir import DataDirError, debuggable_instance
 from .ic_core import StateFormatError
 from .ic_server import (
     DEFAULT_LOG_TRIGGER_MB,
@@ -359,6 +360,11 @@ def debug(
 ) -> None:
     """Replay history to a binding from a checkpoint, writing nothing (what-if testing)."""
     _setup_logging(instance)
+    try:  # before anything is created or listened on
+        debuggable_instance(data_dir, instance)
+    except DataDirError as exc:
+        click.echo(f"ambrosia-py: {exc}", err=True)
+        sys.exit(2)
     config = CoordinatorConfig(
         data_dir=data_dir,
         instance=instance,
