@@ -9,16 +9,20 @@ coordinator, and ``log prune`` and ``registry rebuild`` refuse to run beside one
 
 from __future__ import annotations
 
+import datetime
 import itertools
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Protocol
 
 import click
 from rich.console import Console
 from rich.table import Table
 
 from .. import wire
+from ..ingress.envelope import INGRESS_METHOD_ID, RetentionEnvelope, decode_envelope
+from ..ingress.errors import IngressProtocolError
 from .data_dir import DataDirError, data_dir_option, existing_data_dir
 from .registry import REGISTRY_FILE, InstanceInfo, Registry, RegistryError
 from .registry_files import rebuild_registry
@@ -173,23 +177,74 @@ def _preview(data: wire.Payload) -> str:
     return text
 
 
-def describe(msg: wire.Message) -> list[str]:
-    """Readable lines for one message a coordinator logged (batches indent their RPCs)."""
+class CallDecoder(Protocol):
+    """Reads logged calls in the service's terms (``binding/log_decode.py``)."""
+
+    def call(self, method_id: int, data: wire.Payload) -> str | None: ...
+
+    def value(self, data: wire.Payload) -> str: ...
+
+
+def _call(method_id: int, data: wire.Payload, decoder: CallDecoder | None) -> tuple[str, str]:
+    """The method, and what follows the call's other fields: its arguments."""
+    decoded = decoder.call(method_id, data) if decoder is not None else None
+    if decoded is not None:
+        return f"method {method_id} {decoded}", ""
+    unknown = " (not a method of the service)" if decoder is not None else ""
+    return f"method {method_id}{unknown}", f", args {_preview(data)}"
+
+
+def _key(key: bytes) -> str:
+    try:
+        text = key.decode("utf-8")
+    except UnicodeDecodeError:
+        return key.hex()
+    return repr(text) if text.isprintable() else key.hex()
+
+
+def _ingress(msg: wire.IncomingRpc, decoder: CallDecoder | None) -> str:
+    """An ingress impulse (``ingress/envelope.py``): a call from outside, or retention."""
+    try:
+        envelope = decode_envelope(msg.args)
+    except IngressProtocolError as exc:
+        return f"ingress impulse that does not decode ({exc}), args {_preview(msg.args)}"
+    if isinstance(envelope, RetentionEnvelope):
+        count = envelope.keep_count or "any number of"
+        age = f"none older than {envelope.keep_ms / 1000:g} s" if envelope.keep_ms else "any age"
+        return f"ingress retention: keep the outcomes of the last {count} calls, {age}"
+    at = datetime.datetime.fromtimestamp(envelope.time_ms / 1000, datetime.UTC)
+    method, args = _call(envelope.method_id, envelope.args, decoder)
+    return (
+        f"ingress call key {_key(envelope.key)} at "
+        f"{at.isoformat(timespec='milliseconds').replace('+00:00', 'Z')}, {method}{args}"
+    )
+
+
+def describe(msg: wire.Message, decoder: CallDecoder | None = None) -> list[str]:
+    """Readable lines for one message a coordinator logged (batches indent their RPCs).
+
+    With ``decoder``, method ids read as the service's method names and arguments and
+    values as Python values; ingress impulses are always taken apart.
+    """
     if isinstance(msg, wire.IncomingRpc):
-        line = f"RPC {msg.rpc_type.name.lower()} method {msg.method_id}"
+        if msg.method_id == INGRESS_METHOD_ID and msg.rpc_type is wire.RpcType.IMPULSE:
+            return [_ingress(msg, decoder)]
+        method, args = _call(msg.method_id, msg.args, decoder)
+        line = f"RPC {msg.rpc_type.name.lower()} {method}"
         if msg.rpc_type is wire.RpcType.ASYNC_AWAIT:
             line += f" from {msg.sender!r} call {msg.call_seq}"
-        return [f"{line}, args {_preview(msg.args)}"]
+        return [line + args]
     if isinstance(msg, wire.IncomingReturnValue):
+        value = decoder.value(msg.value) if decoder is not None else _preview(msg.value)
         return [
             f"return {msg.return_type.name.lower()} from {msg.sender!r} call {msg.call_seq}, "
-            f"value {_preview(msg.value)}"
+            f"value {value}"
         ]
     if isinstance(msg, wire.RpcBatch | wire.CountReplayableRpcBatch):
         head = f"RPC batch of {len(msg.messages)}"
         if isinstance(msg, wire.CountReplayableRpcBatch):
             head += f" ({msg.replayable_count} replayable)"
-        return [head] + ["  " + line for inner in msg.messages for line in describe(inner)]
+        return [head] + ["  " + line for inner in msg.messages for line in describe(inner, decoder)]
     if isinstance(msg, wire.InitialMessage):
         return [f"InitialMessage {_preview(msg.data)}"]
     if isinstance(msg, wire.CheckpointHeader):
@@ -234,8 +289,23 @@ def _scan(path: Path, committer: int | None, next_seq: int | None, last: bool) -
 @click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--from-seq", type=int, default=None, help="Skip records before this seq.")
 @click.option("--limit", type=click.IntRange(min=0), default=None, help="Show at most N.")
-def show(path: Path, from_seq: int | None, limit: int | None) -> None:
+@click.option(
+    "--service",
+    "service_spec",
+    metavar="FILE|MODULE[:CLASS]",
+    help="Show method names and decoded arguments and values, with this service's code "
+    "(as `run` takes it). Unpickles what the log holds: only for logs you trust.",
+)
+def show(path: Path, from_seq: int | None, limit: int | None, service_spec: str | None) -> None:
     """Print the records of log file PATH and their messages."""
+    decoder: CallDecoder | None = None
+    if service_spec is not None:
+        # The service's code only when asked for: it is the binding's, not the log's.
+        from ..binding.loading import load_service
+        from ..binding.log_decode import TRUST_WARNING, ServiceDecoder
+
+        decoder = ServiceDecoder(load_service(service_spec))
+        click.echo(f"warning: {TRUST_WARNING}", err=True)
     scan = _scan(path, None, None, _is_last(path))
     shown = 0
     try:
@@ -262,7 +332,7 @@ def show(path: Path, from_seq: int | None, limit: int | None) -> None:
                 trims = "; ".join(f"{t.name!r} seq {t.seq}" for t in tail.trims)
                 click.echo(f"  trims: {trims}")
             for msg in messages:
-                for line in describe(msg):
+                for line in describe(msg, decoder):
                     click.echo(f"  {line}")
     except CorruptLogError as exc:
         raise click.ClickException(str(exc)) from None
