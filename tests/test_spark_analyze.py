@@ -418,3 +418,16 @@ def test_decoding_unpickles_no_global_but_the_services_configs(tmp_path: Path) -
     assert row[:3] == ("svc", 0, "unknown") and row[6:8] == ("undecodable", 1)
     assert row[9].startswith("log L, offset 7, message 0: arguments not decoded")
     assert "is not allowed here" in row[9]
+
+
+def test_services_are_decoded_by_default_only_from_this_user_s_private_logs(
+    tmp_path: Path,
+) -> None:
+    from ambrosia_py.spark.report_services import own_logs
+
+    log = tmp_path / "serverlog1"
+    log.write_bytes(b"")
+    log.chmod(0o600)  # as the coordinator makes them
+    assert own_logs([log])
+    log.chmod(0o620)  # others may have written it
+    assert not own_logs([log])

@@ -70,7 +70,10 @@ def write_tables(out: Path, tables: dict[str, Any]) -> None:
 
 def _table_html(name: str, table: Any) -> str:
     shown = table.head(_ROWS_SHOWN)
-    body = shown.to_html(index=False, na_rep="", border=0, escape=True)
+    # 15 significant digits: epoch seconds keep their milliseconds, means stay short.
+    body = shown.to_html(
+        index=False, na_rep="", border=0, escape=True, float_format="{:.15g}".format
+    )
     more = f" (the first {_ROWS_SHOWN} of {len(table)} rows)" if len(table) > _ROWS_SHOWN else ""
     where = html.escape(f"tables/{name}.parquet")
     return f'<p class="note">Table <a href="{where}">{where}</a>{more}:</p>\n{body}'

@@ -55,6 +55,13 @@ def _F() -> Any:
     return functions
 
 
+def _pd() -> Any:
+    """pandas (the spark extra), imported where used: one place for the untyped import."""
+    import pandas  # type: ignore[import-untyped]
+
+    return pandas
+
+
 def _calls(msgs: Any) -> Any:
     F = _F()
     return msgs.where((F.col("msg_type") == "RPC") & F.col("rpc_type").isin(*CALL_TYPES))
@@ -105,28 +112,27 @@ def instances(msgs: Any) -> Any:
     return to_pandas(df.orderBy("instance", "version"))
 
 
-def calls_over_time(msgs: Any, names: dict[int, str]) -> Any:
-    """Calls per bucket per instance version and method: ``axis`` ``commit_time``
-    (``bucket`` in seconds since the epoch, ``width`` seconds) or ``seq`` (``bucket`` the
-    first seq, ``width`` seqs). Rows without a time in a timed instance version have a
-    null ``bucket``, so the calls add up to all calls. Widths are the smallest of 1 ms,
-    10 ms, ... 1 s, 10 s, 1 min, 10 min, 1 h, ... (seqs: 1, 10, 100, ...) that give at
-    most about 300 buckets, so a short run is not one point and a long one not a blur."""
+def calls_over_time(msgs: Any, names: dict[int, str], per_instance: Any) -> Any:
+    """Calls per bucket per instance version, method and ``rpc_type``: ``axis``
+    ``commit_time`` (``bucket`` in seconds since the epoch, ``start`` the same as a UTC
+    time, ``width`` seconds) or ``seq`` (``bucket`` the first seq, ``width`` seqs). Rows
+    without a time in a timed instance version have a null ``bucket``, so the calls add
+    up to all calls. Widths are the smallest of 1 ms, 10 ms, ... 1 s, 10 s, 1 min, 10 min,
+    1 h, ... (seqs: 1, 10, 100, ...) that cut the instance version's span (from
+    ``per_instance``, the :func:`instances` table) into at most about 300 buckets, so a
+    short run is not one point and a long one not a blur."""
     F = _F()
+    pd = _pd()
     calls = _calls(msgs).withColumn("t", F.unix_micros("commit_time") / 1e6)
-    spans = calls.groupBy("instance", "version").agg(
-        F.min("t").alias("t0"),
-        F.max("t").alias("t1"),
-        F.min("seq").alias("s0"),
-        F.max("seq").alias("s1"),
-    )
     widths = []
-    for r in spans.collect():
-        if r["t0"] is not None:
-            widths.append((r["instance"], r["version"], "commit_time", _width(r["t1"] - r["t0"])))
+    for r in per_instance.to_dict("records"):
+        version = None if pd.isna(r["version"]) else int(r["version"])
+        if pd.notna(r["first_time"]):
+            span = (r["last_time"] - r["first_time"]).total_seconds()
+            widths.append((r["instance"], version, "commit_time", _width(span)))
         else:
-            width = _width(float(r["s1"] - r["s0"]), seqs=True)
-            widths.append((r["instance"], r["version"], "seq", width))
+            span = 0.0 if pd.isna(r["first_seq"]) else float(r["last_seq"] - r["first_seq"])
+            widths.append((r["instance"], version, "seq", _width(span, seqs=True)))
     schema = "instance STRING, version INT, axis STRING, width DOUBLE"
     spans = msgs.sparkSession.createDataFrame(widths, schema)
     joined = calls.join(
@@ -140,12 +146,15 @@ def calls_over_time(msgs: Any, names: dict[int, str]) -> Any:
     bucket = F.floor(value / F.col("width")) * F.col("width")
     df = (
         joined.withColumn("bucket", F.round(bucket, 3))
-        .groupBy("instance", "version", "method_id", "axis", "width", "bucket")
+        .groupBy("instance", "version", "method_id", "rpc_type", "axis", "width", "bucket")
         .agg(F.count(F.lit(1)).alias("calls"))
-        .orderBy("instance", "version", "method_id", "bucket")
+        .orderBy("instance", "version", "method_id", "rpc_type", "bucket")
     )
     out = to_pandas(df)
     out.insert(3, "method", [method_name(i, names) for i in out["method_id"]])
+    # The bucket's start as a UTC time too, for people reading the table.
+    timed = out["bucket"].where(out["axis"] == "commit_time")
+    out.insert(8, "start", pd.to_datetime(timed, unit="s"))
     return out
 
 
@@ -234,19 +243,13 @@ def size_stats(msgs: Any) -> Any:
     return to_pandas(df)
 
 
-def call_kinds(msgs: Any, names: dict[int, str]) -> Any:
-    """Calls per instance, method and ``rpc_type``, with ``replayable`` (async, fork)."""
-    F = _F()
-    df = (
-        _calls(msgs)
-        .groupBy("instance", "method_id", "rpc_type")
-        .agg(F.count(F.lit(1)).alias("calls"))
-        .withColumn("replayable", F.col("rpc_type") != "impulse")
-        .orderBy("instance", "method_id", "rpc_type")
-    )
-    out = to_pandas(df)
-    out.insert(2, "method", [method_name(i, names) for i in out["method_id"]])
-    return out
+def call_kinds(over_time: Any) -> Any:
+    """Calls per instance, method and ``rpc_type``, with ``replayable`` (async, fork):
+    the :func:`calls_over_time` table summed over versions and buckets."""
+    keys = ["instance", "method_id", "method", "rpc_type"]
+    out = over_time.groupby(keys, as_index=False, dropna=False)["calls"].sum()
+    out["replayable"] = out["rpc_type"] != "impulse"
+    return out.sort_values(keys, ignore_index=True)
 
 
 def calls_between(msgs: Any) -> Any:
@@ -295,7 +298,7 @@ def logs(msgs: Any, files: list[LogFile]) -> Any:
     ``torn_copies``: tails a recovery cut from this log and kept beside it
     (``serverlog<N>.torn-*``), the traces a crash mid-write leaves.
     """
-    import pandas as pd  # type: ignore[import-untyped]
+    pd = _pd()
 
     F = _F()
     per_log = to_pandas(
@@ -350,7 +353,7 @@ def logs(msgs: Any, files: list[LogFile]) -> Any:
 
 def _files_beside(files: list[LogFile]) -> dict[tuple[str, str, int], Any]:
     """Checkpoint modification times and torn-tail counts in the logs' directories."""
-    import pandas as pd
+    pd = _pd()
 
     found: dict[tuple[str, str, int], Any] = {}
     for directory in sorted({str(Path(f.path).parent) for f in files}):
