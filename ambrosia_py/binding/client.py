@@ -29,7 +29,7 @@ from .errors import BindingError
 from .immortal import Immortal
 from .pickling import find_unpicklable
 
-__all__ = ["Connection", "ServiceFailedError", "connect", "serve"]
+__all__ = ["Connection", "ServiceFailedError", "connect", "record_failure", "serve"]
 
 log = logging.getLogger("ambrosia_py.binding")
 _READ_SIZE = 256 * 1024
@@ -178,7 +178,7 @@ async def serve(
                 try:
                     out = d.handle(record)
                 except Exception as exc:
-                    raise _record_failure(d, record.seq, exc) from exc
+                    raise record_failure(d, record.seq, exc) from exc
                 send(out)
                 await writer.drain()
                 for fn, args in d.take_effects():
@@ -212,7 +212,7 @@ class ServiceFailedError(BindingError):
     """The binding cannot go on from a record; the message says which record and why."""
 
 
-def _record_failure(d: Dispatcher, seq: int, exc: Exception) -> ServiceFailedError:
+def record_failure(d: Dispatcher, seq: int, exc: Exception) -> ServiceFailedError:
     """What stopped the binding at record ``seq``, in one sentence.
 
     The usual cause is a state attribute that cannot be pickled, met when the

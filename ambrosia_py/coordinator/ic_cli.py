@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from .binding_auth import BindingAuth
-from .data_dir import DataDirError, debuggable_instance
+from .data_dir import DataDirError, data_dir_option, debuggable_instance
 from .ic_core import StateFormatError
 from .ic_server import (
     DEFAULT_LOG_TRIGGER_MB,
@@ -342,29 +342,72 @@ def coordinator(
 
 
 @click.command()
+@click.argument("service_spec", metavar="[SERVICE]", required=False)
 @_instance
-@_data_dir
+@data_dir_option("Where the instance's logs, checkpoints and registry live.")
 @click.option("--checkpoint", type=int, required=True, help="The checkpoint to start from.")
+@click.option(
+    "--to-seq",
+    type=int,
+    help="With SERVICE: stop after this record (default: the last one logged).",
+)
+@click.option(
+    "--pdb",
+    "use_pdb",
+    is_flag=True,
+    help="With SERVICE: open pdb there, the service at hand as `immortal`, instead of "
+    "printing its state.",
+)
 @click.option("--test-upgrade", is_flag=True, help="Send UpgradeService before the replay.")
 @_ports[0]
 @_ports[1]
 @_binding_auth
 def debug(
+    service_spec: str | None,
     instance: str,
     data_dir: Path,
     checkpoint: int,
+    to_seq: int | None,
+    use_pdb: bool,
     test_upgrade: bool,
     receive_port: int | None,
     send_port: int | None,
     binding_auth: str,
 ) -> None:
-    """Replay history to a binding from a checkpoint, writing nothing (what-if testing)."""
-    _setup_logging(instance)
+    """Replay an instance's history from a checkpoint, writing nothing (what-if testing).
+
+    With SERVICE (a file or module, as `run` takes it) the binding runs here too: it
+    restores the checkpoint, handles the logged records through --to-seq, and prints
+    the service's state there (or opens pdb). Without it, the coordinator waits for a
+    binding to attach to its ports. Refused while the instance runs.
+    """
     try:  # before anything is created or listened on
-        debuggable_instance(data_dir, instance)
+        info = debuggable_instance(data_dir, instance)
     except DataDirError as exc:
         click.echo(f"ambrosia-py: {exc}", err=True)
         sys.exit(2)
+    if service_spec is not None:
+        if test_upgrade:
+            raise click.UsageError("--test-upgrade needs a binding of its own: omit SERVICE")
+        # The binding's code only when it is asked for: this package is the coordinator's.
+        from ..binding.debug_session import debug_command
+
+        sys.exit(
+            debug_command(
+                service_spec,
+                data_dir,
+                instance,
+                info.current_version,
+                checkpoint,
+                to_seq=to_seq,
+                use_pdb=use_pdb,
+                receive_port=receive_port,
+                send_port=send_port,
+            )
+        )
+    if to_seq is not None or use_pdb:
+        raise click.UsageError("--to-seq and --pdb are for the binding: give SERVICE")
+    _setup_logging(instance)
     config = CoordinatorConfig(
         data_dir=data_dir,
         instance=instance,
