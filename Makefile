@@ -20,6 +20,9 @@ $(STAMP_DEV): $(BIN)/python pyproject.toml
 JAVA_CHECK = command -v java >/dev/null 2>&1 || [ -x "$$JAVA_HOME/bin/java" ] || \
 	echo "no java: the Spark tests will skip; to run them: apt-get install openjdk-17-jre-headless"
 
+# The main job (docs/demo.md): producer -> Ockam hub -> Wallaroo connector -> worker, every
+# process SIGKILLed mid-stream, checked for exactly once, then Spark over the logs (without
+# java the demo says what to install and still runs and checks the pipeline).
 demo: $(STAMP_DEV)
 	$(BIN)/ambrosia-py demo
 

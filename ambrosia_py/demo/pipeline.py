@@ -41,7 +41,7 @@ from ..testing.processes import ServiceProcess, Victim
 from .producer import ProducerProcess
 from .view import PipelineView
 
-__all__ = ["Crash", "DemoError", "Kill", "Pipeline", "Settings", "STREAM"]
+__all__ = ["EACH_PROCESS", "PLAN", "STREAM", "Crash", "DemoError", "Kill", "Pipeline", "Settings"]
 
 STREAM = "readings"
 _TICK = 0.1  # seconds between looks at the pipeline (progress, kills, the view)
@@ -77,22 +77,21 @@ class Kill:
         return f"SIGKILL {victim} at {self.threshold(events):,} readings {self.metric}"
 
 
-# Each process of each immortal once, at different points of the run: the hub's while
-# the producer pushes (by readings stored), the others' by readings aggregated.
-EACH_PROCESS = (
+# In the order they happen: the hub's kills by readings stored, early enough to land
+# while the producer still pushes; the others' by readings aggregated. The quick run
+# kills each process of each immortal once; the full run also both processes at once.
+PLAN = (
     Kill("hub", "service", "stored", 0.10),
-    Kill("worker", "coordinator", "aggregated", 0.20),
+    Kill("worker", "coordinator", "aggregated", 0.15),
+    Kill("hub", "coordinator", "stored", 0.30),
     Kill("connector", "service", "aggregated", 0.35),
-    Kill("hub", "coordinator", "stored", 0.50),
-    Kill("worker", "service", "aggregated", 0.60),
-    Kill("connector", "coordinator", "aggregated", 0.75),
+    Kill("hub", "both", "stored", 0.55),
+    Kill("worker", "service", "aggregated", 0.55),
+    Kill("connector", "coordinator", "aggregated", 0.70),
+    Kill("worker", "both", "aggregated", 0.80),
+    Kill("connector", "both", "aggregated", 0.90),
 )
-# Then both processes of each at once.
-BOTH = (
-    Kill("hub", "both", "stored", 0.85),
-    Kill("worker", "both", "aggregated", 0.85),
-    Kill("connector", "both", "aggregated", 0.92),
-)
+EACH_PROCESS = tuple(k for k in PLAN if k.which != "both")
 
 
 @attrs.frozen
@@ -238,19 +237,29 @@ class Pipeline:
             out["producer"] = self.producer.tail()
         return out
 
-    def wait(self, what: str, condition: Callable[[], bool], logs: tuple[str, ...]) -> float:
+    def wait(
+        self,
+        what: str,
+        condition: Callable[[], bool],
+        logs: tuple[str, ...],
+        *,
+        paced: bool = False,
+    ) -> float:
         """Look every tick until ``condition`` holds; the seconds it took. DemoError with
-        ``logs``' ends past the deadline."""
+        ``logs``' ends past the deadline: :attr:`Settings.deadline`, plus, if the condition
+        waits on the stream's progress (``paced``), the time the producer takes at its
+        rate (at no rate: 1,000 readings a second, far below what the pipeline does)."""
         start = time.monotonic()
-        deadline = start + self.settings.deadline
+        s = self.settings
+        timeout = s.deadline + (s.events / (s.rate or 1000.0) if paced else 0.0)
+        deadline = start + timeout
         while True:
             self._look()
             if condition():
                 return time.monotonic() - start
             if time.monotonic() > deadline:
                 raise DemoError(
-                    f"timed out after {self.settings.deadline:g} s waiting for {what}",
-                    self.logs_of(*logs),
+                    f"timed out after {timeout:.0f} s waiting for {what}", self.logs_of(*logs)
                 )
             time.sleep(_TICK)  # polling a condition, bounded by the deadline
 
@@ -306,6 +315,7 @@ class Pipeline:
             f"{threshold:,} readings {kill.metric} (to {kill.describe(events)})",
             lambda: int(getattr(self.view.counters, kill.metric)) >= threshold,
             ("hub", "connector", "worker", "producer"),
+            paced=True,
         )
         name = kill.service
         before = self.status or {}
@@ -331,19 +341,23 @@ class Pipeline:
             "connector": lambda: bool(self._streaming() - connections),
         }
         self.view.set_service(name, "recovering")
+        self.view.next_step = f"waiting for the {name} to recover"
         self.services[name].start()
         self._down.discard(name)
         took = self.wait(f"the {name} to recover", recovered[name], (name,))
         self.view.set_service(name, "up", self._pids(name))
         self.crashes.append(Crash(kill, pids, stored, aggregated, took))
-        self.view.event(f"{name} recovered in {took:.1f} s: {self._recovery(name)}", "green")
+        self.view.event(f"{name} recovered in {took:.1f} s: {self._recovery(name, aggregated)}")
 
-    def _recovery(self, name: str) -> str:
+    def _recovery(self, name: str, aggregated: int) -> str:
+        """What the recovery shows; for the worker, whether its state kept every reading
+        it had aggregated before the kill (it must: each was in its log first)."""
         c = self.view.counters
         if name == "hub":
             return "its log replayed, it accepts connections again"
         if name == "worker":
-            return f"state replayed: {c.aggregated:,} readings aggregated, none lost"
+            kept = "none lost" if c.aggregated >= aggregated else f"LOST, {aggregated:,} before"
+            return f"state replayed: {c.aggregated:,} readings aggregated, {kept}"
         return f"reconnected, resumes after the worker's point {c.delivered:,}"
 
     def finish(self) -> None:
@@ -353,6 +367,7 @@ class Pipeline:
             "the producer to finish",
             lambda: self.producer.exited() == 0,
             ("producer", "hub"),
+            paced=True,
         )
         if not self.producer.done:
             raise DemoError("the producer exited without finishing", self.logs_of("producer"))
@@ -362,6 +377,7 @@ class Pipeline:
             f"the worker to hold all {events:,} readings",
             lambda: self.view.counters.delivered >= events,
             ("connector", "worker", "hub"),
+            paced=True,
         )
         self.view.next_step = ""
 

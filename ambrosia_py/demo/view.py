@@ -95,7 +95,8 @@ class PipelineView:
             counts.add_row(key, bar, Text(f"{value:>9,}", style="bold"), Text(meaning, "dim"))
         c = self.counters
         extra = (
-            f"producer reconnects {c.reconnects}, readings found stored after a drop {c.recovered}"
+            f"producer: {c.reconnects} reconnects mid-push, {c.recovered} readings "
+            "found stored after a drop (not pushed again)"
         )
         procs = Table.grid(padding=(0, 2))
         for _ in range(4):
