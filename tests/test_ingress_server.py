@@ -378,6 +378,11 @@ def test_where_the_client_finds_the_secret(tmp_path: Path, monkeypatch: pytest.M
     assert client_secret(None, tmp_path / "data")[0] == in_data_dir
     assert client_secret(None, None)[0] == from_env
     monkeypatch.delenv("AMBROSIA_SECRET_FILE")
+    monkeypatch.delenv("AMBROSIA_DATA_DIR", raising=False)
     monkeypatch.chdir(tmp_path)
     default = secret(tmp_path / "ambrosia-data" / "link-secret")
     assert client_secret(None, None)[0] == default
+    # run's data dir from the environment, as run takes it
+    elsewhere = secret(tmp_path / "elsewhere" / "link-secret")
+    monkeypatch.setenv("AMBROSIA_DATA_DIR", str(tmp_path / "elsewhere"))
+    assert client_secret(None, None)[0] == elsewhere != default

@@ -14,6 +14,7 @@ from typing import Any
 from ..binding import codec
 from ..binding.errors import UnknownMethodError
 from ..binding.immortal import MethodSpec, rpc_spec
+from ..coordinator.data_dir import DATA_DIR_ENV, DEFAULT_DATA_DIR
 from ..coordinator.link_config import (
     DEFAULT_SECRET_NAME,
     SECRET_ENV,
@@ -38,7 +39,6 @@ __all__ = [
 ]
 
 DEFAULT_KEY_SIZE = 16  # random bytes of a key the client makes up
-DEFAULT_DATA_DIR = Path("ambrosia-data")  # ambrosia-py run's default --data-dir
 
 
 def method_spec(method: Callable[..., Any]) -> tuple[MethodSpec, str]:
@@ -118,7 +118,8 @@ def client_secret(
 ) -> tuple[bytes, Path]:
     """The cluster secret and where it came from: ``secret_file``; else the service's
     data dir's ``link-secret`` (``data_dir``); else ``$AMBROSIA_SECRET_FILE``; else
-    ``ambrosia-data/link-secret`` (``run``'s default data dir). Never made here."""
+    ``link-secret`` in ``run``'s default data dir (``$AMBROSIA_DATA_DIR``, else
+    ``./ambrosia-data``). Never made here."""
     if secret_file is not None:
         path = Path(secret_file)
     elif data_dir is not None:
@@ -126,7 +127,7 @@ def client_secret(
     elif os.environ.get(SECRET_ENV):
         path = Path(os.environ[SECRET_ENV])
     else:
-        path = DEFAULT_DATA_DIR / DEFAULT_SECRET_NAME
+        path = Path(os.environ.get(DATA_DIR_ENV) or DEFAULT_DATA_DIR) / DEFAULT_SECRET_NAME
     if not path.exists():
         raise IngressError(
             f"no cluster secret at {path}: give the client secret_file= (the service's "
