@@ -117,10 +117,11 @@ def test_a_failure_prints_the_end_of_the_failing_process_log(tmp_path: Path) -> 
         assert pipeline.stop() == []
     assert failure.value.what == "the worker exited by itself"
     assert "no_such_module" in failure.value.logs["worker"]
-    _failed(console, failure.value)
+    _failed(console, failure.value, tmp_path)
     text = console.export_text()
     assert "the end of the worker's log" in text and "no_such_module" in text
     assert "demo failed: the worker exited by itself" in text
+    assert f"every log and the data are in {tmp_path}" in text
 
 
 # --- the verdict --------------------------------------------------------------------------

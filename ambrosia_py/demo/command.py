@@ -105,7 +105,7 @@ def demo(
     try:
         verdict, manifest, state = _run(pipeline, view)
     except DemoError as exc:
-        _failed(console, exc)
+        _failed(console, exc, workdir)
         raise SystemExit(1) from None
     finally:
         for problem in pipeline.stop():
@@ -163,11 +163,12 @@ def _run(pipeline: Pipeline, view: PipelineView) -> tuple[Verdict, dict[str, Any
     return compare(manifest, state, stream, len(pipeline.crashes)), manifest, state
 
 
-def _failed(console: Console, exc: DemoError) -> None:
+def _failed(console: Console, exc: DemoError, workdir: Path) -> None:
     for name, tail in exc.logs.items():
         console.rule(f"the end of the {name}'s log")
         console.print(tail.rstrip(), markup=False, highlight=False)
     console.print(f"demo failed: {exc.what}", style="bold red", markup=False)
+    console.print(f"every log and the data are in {workdir}", markup=False)
 
 
 def _crashes(console: Console, pipeline: Pipeline) -> None:
