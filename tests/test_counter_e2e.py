@@ -47,8 +47,7 @@ def test_counter_counts_every_call_once_across_sigkills(tmp_path: Path) -> None:
                     )
                 )
                 call.start()
-                svc.kill(coordinator=round_no % 2 == 1)
-                svc.stop()
+                svc.kill("coordinator" if round_no % 2 == 1 else "service")
                 svc = RunProcess(EXAMPLE, tmp_path, port)
                 call.join(4 * DEADLINE)
                 assert answer == [total], f"round {round_no}: {answer} != [{total}]"

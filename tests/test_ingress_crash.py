@@ -93,8 +93,7 @@ def test_every_call_applied_exactly_once_across_sigkills(tmp_path: Path) -> None
                 time.sleep(0.01)  # polling the callers' progress, bounded by the deadline
             if kill == KILLS:
                 break
-            svc.kill(coordinator=kill % 2 == 1)  # calls are in flight: they are retried
-            svc.stop()
+            svc.kill("coordinator" if kill % 2 == 1 else "service")  # calls in flight: retried
             svc = RunProcess(service_file, data_dir, port)
         stop.set()
         for thread in threads:

@@ -44,6 +44,7 @@ TESTING = [
     "ReplayResult",
     "RunningImmortal",
     "ServiceProcess",
+    "free_port",
     "replay_instance",
 ]
 MEMBERS = {

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -28,6 +27,7 @@ from ambrosia_py.binding.exits import ExitStatus
 from ambrosia_py.binding.run_cli import load_service
 from ambrosia_py.cli import main
 from ambrosia_py.client import Client
+from ambrosia_py.testing import free_port
 
 DEADLINE = 60.0
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -310,12 +310,6 @@ def test_the_service_options_of_a_file_that_does_not_load(tmp_path: Path) -> Non
 
 
 # --- the coordinator dies -----------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_a_killed_coordinator_is_said_once(tmp_path: Path) -> None:

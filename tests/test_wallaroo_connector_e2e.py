@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-import socket
 import subprocess
 import sys
 import time
@@ -31,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from ambrosia_py.testing import ServiceProcess
+from ambrosia_py.testing import ServiceProcess, free_port
 from immortals.ockam.client import OckamClient, Publisher
 from immortals.wallaroo import stream_id_for
 from immortals.wallaroo.sources import generate
@@ -41,12 +40,6 @@ ROOT = Path(__file__).resolve().parents[1]
 COOKIE = "e2e-cookie"
 DEADLINE = 180.0  # seconds for a whole exchange to finish
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_for(what: str, condition: Callable[[], bool], timeout: float = DEADLINE) -> None:
@@ -66,8 +59,8 @@ class Service(ServiceProcess):
 
 class Worker(Service):
     def __init__(self, data_dir: Path, instance: str, dialect: str, *extra: str) -> None:
-        self.port = _free_port()
-        self.control = f"127.0.0.1:{_free_port()}"
+        self.port = free_port()
+        self.control = f"127.0.0.1:{free_port()}"
         self.address = f"127.0.0.1:{self.port}"
         super().__init__(
             data_dir,
@@ -327,7 +320,7 @@ def test_a_wrong_cookie_is_refused_without_disturbing_a_healthy_connector(
 def test_an_ockam_stream_through_a_hub_exactly_once_through_sigkills(
     tmp_path: Path, processes: list[Service]
 ) -> None:
-    hub_port = _free_port()
+    hub_port = free_port()
     hub = Service(
         tmp_path / "hub", "hub", "immortals.ockam.hub", "--listen", f"127.0.0.1:{hub_port}"
     )

@@ -17,7 +17,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from ambrosia_py.testing.processes import ServiceProcess, wait_for
+from ambrosia_py.testing.processes import ServiceProcess, free_port, wait_for
 from immortals.wallaroo.worker_ctl import request
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,19 +25,13 @@ COOKIE = "e2e-cookie"
 NOTHING_SEEN = 2**64 - 1
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class WorkerProcess(ServiceProcess):
     """One ``ambrosia-py run immortals.wallaroo.worker`` and its coordinator child."""
 
     def __init__(self, data_dir: Path, *extra: str, dialect: str = "v3") -> None:
         self.dialect = dialect
-        self.port = _free_port()
-        self.control = f"127.0.0.1:{_free_port()}"
+        self.port = free_port()
+        self.control = f"127.0.0.1:{free_port()}"
         super().__init__(
             "immortals.wallaroo.worker",
             "worker",

@@ -33,7 +33,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..binding.files import StateFiles, sync_written, use_state_files
-from ..testing.processes import ServiceProcess, wait_for
+from ..testing.processes import ServiceProcess, free_port, wait_for
 from .coordinator import measure_fsync_rate
 
 __all__ = [
@@ -55,18 +55,12 @@ def payloads(tag: str, count: int, size: int = PAYLOAD_SIZE) -> list[bytes]:
     return [f"{tag}:{k}:".encode().ljust(size, b".") for k in range(count)]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class HubProcess(ServiceProcess):
     """One ``ambrosia-py run immortals.ockam.hub`` (and its coordinator child process),
     serving once :meth:`start` returns."""
 
     def __init__(self, data_dir: Path) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         super().__init__(
             "immortals.ockam.hub",
             "hub",

@@ -50,7 +50,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from ..testing.processes import ServiceProcess
+from ..testing.processes import ServiceProcess, free_port
 from .coordinator import measure_fsync_rate
 
 __all__ = [
@@ -160,9 +160,7 @@ class Control:
 
 
 def _free_address() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{s.getsockname()[1]}"
+    return f"127.0.0.1:{free_port()}"
 
 
 def _connect_control(worker: _Process, control: str, timeout: float = 60.0) -> Control:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,6 +27,7 @@ from rich.console import Console
 
 from ..binding.run_cli import load_service
 from ..client import Client
+from ..testing.processes import free_port
 
 __all__ = ["run_basics"]
 
@@ -93,12 +93,6 @@ class _Service:
             self.proc.wait()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def run_basics(console: Console, examples: Path, calls: int = 200) -> bool:
     """The counter and examples/hello, each SIGKILLed mid-stream, recovered, checked;
     whether each was exactly once."""
@@ -106,7 +100,7 @@ def run_basics(console: Console, examples: Path, calls: int = 200) -> bool:
     with tempfile.TemporaryDirectory(prefix="ambrosia-demo-") as tmp:
         data_dir = Path(tmp)
         console.rule("1. start the counter (coordinator + service) with its ingress")
-        address = f"127.0.0.1:{_free_port()}"
+        address = f"127.0.0.1:{free_port()}"
         run_args = ("--ingress", address)
         svc = _Service(example, data_dir, *run_args, ready="ingress listening on")
         console.print(f"the counter takes calls on {address}")

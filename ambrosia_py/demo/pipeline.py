@@ -37,7 +37,7 @@ from typing import Any
 
 import attrs
 
-from ..testing.processes import ServiceProcess, Victim
+from ..testing.processes import ServiceProcess, Victim, free_port
 from .producer import ProducerProcess
 from .view import PipelineView
 
@@ -115,12 +115,6 @@ class Crash:
     stored: int
     aggregated: int
     recovered_in: float
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _accepts(port: int) -> bool:

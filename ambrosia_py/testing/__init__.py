@@ -6,7 +6,7 @@ an immortal as real processes (``ambrosia-py run`` and its coordinator) to SIGKI
 """
 
 from ..binding.replay import Divergence, ReplayResult, replay_instance
-from .processes import ServiceProcess
+from .processes import ServiceProcess, free_port
 from .runner import ImmortalRunner, RunningImmortal
 
 __all__ = [
@@ -15,5 +15,6 @@ __all__ = [
     "ReplayResult",
     "RunningImmortal",
     "ServiceProcess",
+    "free_port",
     "replay_instance",
 ]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -25,7 +26,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
-__all__ = ["Victim", "ServiceProcess", "wait_for"]
+__all__ = ["Victim", "ServiceProcess", "free_port", "wait_for"]
 
 Victim = Literal["service", "coordinator", "both"]
 DEADLINE = 30.0
@@ -50,6 +51,13 @@ def wait_for(
         time.sleep(0.01)  # polling a condition, bounded by the deadline
 
 
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now (for a service to listen on)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def _gone(pid: int) -> bool:
     """Exited: no such process, or a zombie nobody has reaped yet (an orphaned
     coordinator's parent may be a PID 1 that never reaps)."""
@@ -67,12 +75,13 @@ def _interruptible() -> None:
 
 
 class ServiceProcess:
-    """One ``ambrosia-py run SERVICE`` and the coordinator it starts."""
+    """One ``ambrosia-py run SERVICE`` and the coordinator it starts (``instance`` None:
+    the name ``run`` gives by default)."""
 
     def __init__(
         self,
         service: str,
-        instance: str,
+        instance: str | None,
         data_dir: Path,
         args: Sequence[str] = (),
         *,
@@ -81,10 +90,11 @@ class ServiceProcess:
         env: Mapping[str, str] | None = None,
     ) -> None:
         self.service = service
-        self.instance = instance
+        self.instance = instance or Path(service).stem  # None: run's default name
+        self._instance_args = ["--instance", instance] if instance else []
         self.data_dir = Path(data_dir)
         self.args = list(args)
-        self.log = log or self.data_dir / f"{instance}.run.log"
+        self.log = log or self.data_dir / f"{self.instance}.run.log"
         self.cwd = cwd
         self.env = dict(env) if env is not None else None
         self.proc: subprocess.Popen[bytes] | None = None
@@ -99,8 +109,7 @@ class ServiceProcess:
             "ambrosia_py.cli",
             "run",
             self.service,
-            "--instance",
-            self.instance,
+            *self._instance_args,
             "--data-dir",
             str(self.data_dir),
             *self.args,

@@ -30,7 +30,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -41,6 +40,8 @@ from typing import Any
 
 import attrs
 import click
+
+from ambrosia_py.testing import free_port
 
 ACCOUNT_PY = Path(__file__).resolve().with_name("account.py")
 NAMES = ("a", "b", "c")
@@ -153,12 +154,6 @@ def audit(reports: dict[str, Report], transfers: dict[str, int]) -> Audit:
         total_before=sum(r["opening"] for r in reports.values()),
         total_after=sum(r["balance"] for r in reports.values()),
     )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _gone(pid: int) -> bool:
