@@ -26,6 +26,7 @@ import attrs
 import cloudpickle
 import lz4.frame
 
+from .. import crashpoints
 from ..ingress.keys import KeyTable
 from .errors import CheckpointFormatError
 
@@ -52,6 +53,7 @@ class Snapshot:
 
 def encode_snapshot(snapshot: Snapshot) -> bytes:
     body: bytes = lz4.frame.compress(cloudpickle.dumps(snapshot))
+    crashpoints.reach("binding.checkpoint")  # taken, not yet handed to the coordinator
     return _HEADER.pack(MAGIC, FORMAT_VERSION) + body
 
 

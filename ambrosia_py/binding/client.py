@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .. import wire
+from .. import crashpoints, wire
 from ..coordinator.binding_auth import Socket, encode_preamble
 from ..wire import Message, RecordReader
 from .background import BackgroundFailure, BackgroundTasks
@@ -150,7 +150,9 @@ async def serve(
             msgs = [*impulses, *msgs]
             impulses.clear()
         if msgs:
-            writer.writelines([p for m in msgs for p in wire.encode_message_parts(m)])
+            parts = [p for m in msgs for p in wire.encode_message_parts(m)]
+            crashpoints.reach_midway("binding.mid_send", writer, parts)
+            writer.writelines(parts)
 
     def impulse(msg: Message) -> None:
         # Impulses sent in one step of the loop (an ingress read of many calls) go in one
@@ -181,6 +183,7 @@ async def serve(
                     raise record_failure(d, record.seq, exc) from exc
                 send(out)
                 await writer.drain()
+                crashpoints.reach("binding.before_effects")
                 for fn, args in d.take_effects():
                     _run_effect(fn, args)
                 if d.became_primary:

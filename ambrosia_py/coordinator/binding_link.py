@@ -20,7 +20,7 @@ import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from .. import wire
+from .. import crashpoints, wire
 from ..wire import CONTROL_SEQ, Message
 from .binding_auth import PREAMBLE_SIZE, Socket, TokenGate
 
@@ -214,6 +214,7 @@ class BindingLink:
             if self._last is not None and self._last.exception() is not None:
                 self.gone = True
                 return
+            crashpoints.reach_midway("ic.forward.mid_send", self._send, views)
             try:
                 _advance(views, self._send.sendmsg(views[:_IOV_MAX], [], socket.MSG_DONTWAIT))
             except BlockingIOError:

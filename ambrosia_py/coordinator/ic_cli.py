@@ -300,6 +300,8 @@ _binding_auth = click.option(
     type=float,
     default=DEFAULT_LOG_TRIGGER_MB,
     show_default=True,
+    envvar="AMBROSIA_LOG_TRIGGER_MB",  # reaches the coordinator that `run` starts
+    show_envvar=True,
     help="Roll to a new log file and take a checkpoint when a log passes this size.",
 )
 @click.option("--upgrade-version", type=int, help="Recover, then upgrade to this version.")

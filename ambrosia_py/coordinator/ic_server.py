@@ -42,7 +42,7 @@ from pathlib import Path
 
 import attrs
 
-from .. import wire
+from .. import crashpoints, wire
 from ..wire import (
     CHECKPOINT_SEQ,
     Checkpoint,
@@ -288,6 +288,7 @@ class _Coordinator:
             dict(self.intake.inbox.incarnations),
         )
         await asyncio.to_thread(self.files.write_checkpoint, n, state.encode_parts())
+        crashpoints.reach("ic.checkpoint.before_commit")
         await asyncio.to_thread(
             self.registry.commit_checkpoint, self.config.instance, self.files.version, n, n
         )
@@ -387,6 +388,7 @@ class _Coordinator:
         """Move to the next log and ask the binding for the checkpoint that pairs with it."""
         assert self.binding is not None
         self._open_log(self.log_number + 1)
+        crashpoints.reach("ic.log.roll")  # the new log exists; no checkpoint registers it yet
         self._awaiting_checkpoint = self.log_number
         self._roll_requested = False
         log.info("rolled to log %d; asking for checkpoint %d", self.log_number, self.log_number)

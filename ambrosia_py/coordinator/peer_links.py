@@ -27,7 +27,7 @@ import socket
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from .. import wire
+from .. import crashpoints, wire
 from ..flow import (
     ConnectionClosed,
     ConnectPacket,
@@ -196,7 +196,9 @@ class _Conn:
     async def _send_tagged(self, token: Token, parts: tuple[bytes, ...]) -> None:
         assert self.channel is not None, "frames are sent only after the handshake"
         tag = self.channel.seal(token, parts)
-        self.writer.writelines(self.flow.send(token, b"".join([*parts, tag])))
+        out = self.flow.send(token, b"".join([*parts, tag]))
+        crashpoints.reach_midway("ic.link.mid_send", self.writer, out)
+        self.writer.writelines(out)
         await self.writer.drain()
 
     def close(self) -> None:

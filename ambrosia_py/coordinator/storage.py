@@ -27,6 +27,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
+from .. import crashpoints
 from .errors import CorruptLogError, InstanceLockedError, StorageError
 from .logindex import EVERY_BYTES, INDEX_PREFIX, IndexWriter, index_path_for
 from .logscan import LogScan, TailDamage
@@ -124,9 +125,11 @@ class LogWriter:
         """Write ``parts`` at the end of the file, not yet durable (see :meth:`sync`)."""
         with self._lock:
             fd = self._usable()
+            crashpoints.reach("ic.log.before_write")
             if self._index is not None:
                 self._index.note(self.size, parts)
             try:
+                crashpoints.reach_midway("ic.log.mid_write", fd, parts)
                 written = _write_all(fd, parts)
             except OSError as exc:
                 self._broken = exc.strerror or str(exc)
@@ -140,11 +143,13 @@ class LogWriter:
         commit pipeline); a record written during the call waits for the next sync.
         """
         fd = self._usable()
+        crashpoints.reach("ic.log.before_sync")
         try:
             os.fdatasync(fd)
         except OSError as exc:
             self._broken = exc.strerror or str(exc)
             raise StorageError(f"cannot sync log {self.path}: {self._broken}") from exc
+        crashpoints.reach("ic.log.after_sync")
 
     def _usable(self) -> int:
         if self._fd is None:
@@ -288,6 +293,7 @@ class InstanceFiles:
         try:
             try:
                 os.fchmod(fd, PRIVATE_FILE)  # mkstemp's mode already; stated, as for every file
+                crashpoints.reach_midway("ic.checkpoint.mid_write", fd, parts)
                 _write_all(fd, parts)
                 os.fsync(fd)
             finally:
