@@ -1,14 +1,22 @@
-"""``ambrosia-py run --ingress``: its options, and the errors a user can meet, in one line."""
+"""``ambrosia-py run --ingress``: its options, the errors a user can meet, in one line, and
+a stop by SIGTERM."""
 
 from __future__ import annotations
 
+import signal
 import socket
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
 
+from ambrosia_py.binding.run_cli import load_service
 from ambrosia_py.cli import main
+from ambrosia_py.client import Client
+from ambrosia_py.testing.processes import _gone, wait_for
+
+from .ingress_process import DEADLINE, RunProcess, free_port
 
 EXAMPLE = str(Path(__file__).resolve().parent.parent / "examples" / "counter.py")
 
@@ -55,3 +63,28 @@ def test_a_secret_others_can_read_is_one_line(tmp_path: Path) -> None:
     assert code == 1
     assert "readable or writable by others (mode 0644); chmod 600 it" in out
     assert "Traceback" not in out
+
+
+def test_sigterm_stops_run_cleanly_and_keeps_every_answered_call(tmp_path: Path) -> None:
+    """What process managers send to stop a service: ``run`` exits 0 (as on Ctrl-C), its
+    coordinator makes what it holds durable and exits, and a start after it has every
+    call that was answered, once."""
+    counter: Any = load_service(str(EXAMPLE))
+    port = free_port()
+    svc = RunProcess(Path(EXAMPLE), tmp_path, port)
+    try:
+        with Client(f"127.0.0.1:{port}", data_dir=tmp_path, timeout=DEADLINE) as client:
+            answers = [client.call(counter.add, n, key=f"add-{n}") for n in range(1, 21)]
+        assert answers == [n * (n + 1) // 2 for n in range(1, 21)]
+        ic = svc.coordinator_pid()
+        assert svc.proc is not None and ic is not None
+        svc.proc.send_signal(signal.SIGTERM)
+        assert svc.proc.wait(DEADLINE) == 0, svc.tail()
+        wait_for("the coordinator to exit after its binding", lambda: _gone(ic), DEADLINE)
+        assert "binding disconnected" in svc.output()
+        svc = RunProcess(Path(EXAMPLE), tmp_path, port)
+        with Client(f"127.0.0.1:{port}", data_dir=tmp_path, timeout=DEADLINE) as client:
+            assert client.call(counter.add, 20, key="add-20") == 210  # stored: not run again
+            assert client.call(counter.get) == 210
+    finally:
+        svc.stop()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import sys
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -249,7 +250,12 @@ async def _run_with_ingress(
     ingress: IngressServer | None, main: Callable[..., Awaitable[int]]
 ) -> int:
     """``main`` (:func:`_run`), with the ingress bound before anything starts (a port in
-    use is one line) and serving once the immortal is primary."""
+    use is one line) and serving once the immortal is primary. SIGTERM, what process
+    managers send to stop a service, stops it as Ctrl-C does: the task is cancelled, the
+    coordinator makes what it holds durable and exits, and ``run`` exits 0."""
+    task = asyncio.current_task()
+    assert task is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
     if ingress is None:
         return await main()
     wanted = f"{ingress.settings.host}:{ingress.settings.port}"
@@ -447,7 +453,7 @@ def run(
         raise OneLineError(str(exc), status=ExitStatus.BACKGROUND_TASK_FAILED) from None
     except ServiceFailedError as exc:
         raise OneLineError(str(exc), exc.__cause__, ExitStatus.SERVICE_FAILED) from None
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, asyncio.CancelledError):  # Ctrl-C, SIGTERM
         status = ExitStatus.OK
     sys.exit(status)
 
