@@ -10,13 +10,11 @@ per file.
 from __future__ import annotations
 
 import itertools
-import os
 from collections.abc import Sequence
-from pathlib import Path
 
 import attrs
 
-from ..coordinator.logindex import IndexEntry, read_index
+from ..coordinator.logindex import INDEX_PREFIX, IndexEntry, decode_index
 from .layout import LogFile
 from .scan import Neighbour, Span, verify_record_at
 
@@ -45,6 +43,15 @@ def _entries_for(entries: Sequence[IndexEntry], span: Span) -> tuple[IndexEntry,
     return (*before, *inside)
 
 
+def index_of(log: LogFile) -> list[IndexEntry]:
+    """The valid entries of the sidecar index beside ``log`` (none without one), read
+    through its file system (:func:`ambrosia_py.coordinator.logindex.decode_index`)."""
+    if log.number == 0:
+        return []
+    data = log.location.sibling(f"{INDEX_PREFIX}{log.number}").read_bytes()
+    return [] if data is None else decode_index(data)
+
+
 def pieces_of(log: LogFile, start: int, end: int, *, final: bool, split_bytes: int) -> list[Piece]:
     """``[start, end)`` of ``log`` as pieces split at verified index entries.
 
@@ -54,24 +61,21 @@ def pieces_of(log: LogFile, start: int, end: int, *, final: bool, split_bytes: i
     """
     if end <= start:
         return []
-    entries = read_index(Path(log.path))
+    entries = index_of(log)
     points: list[tuple[int, int]] = []  # (offset, seq) of each verified split point
-    fd = os.open(log.path, os.O_RDONLY)
-    try:
-        first = verify_record_at(fd, 0, end) if entries else None
+    with log.location.open() as src:
+        first = verify_record_at(src, 0, end) if entries else None
         last = start
         for e in entries:
             if first is None or e.offset - last < split_bytes or e.offset >= end:
                 continue
-            header = verify_record_at(fd, e.offset, end)
+            header = verify_record_at(src, e.offset, end)
             if header is not None and (header.seq, header.committer_id) == (
                 e.seq,
                 first.committer_id,
             ):
                 points.append((e.offset, e.seq))
                 last = e.offset
-    finally:
-        os.close(fd)
     out = []
     bounds: list[tuple[int, int | None]] = [(start, None), *points, (end, None)]
     for (a, a_seq), (b, b_seq) in itertools.pairwise(bounds):
@@ -93,7 +97,7 @@ def plan(logs: Sequence[LogFile], split_bytes: int = DEFAULT_SPLIT_BYTES) -> lis
     """Every log of ``logs`` from its start to its present end, split."""
     out: list[Piece] = []
     for log in logs:
-        size = os.path.getsize(log.path)
+        size = log.location.size()
         out += pieces_of(log, 0, size, final=True, split_bytes=split_bytes)
     return out
 

@@ -307,7 +307,8 @@ def columns_of(
         return Columns(level, log.instance, log.version, log.path)
 
     columns = fresh()
-    for record in read_span(log.path, piece.span, piece.entries, fail_on_damage=fail_on_damage):
+    spans = read_span(log.location, piece.span, piece.entries, fail_on_damage=fail_on_damage)
+    for record in spans:
         columns.add(record)
         if len(columns) >= max_rows or columns.payload_bytes >= max_bytes:
             yield columns
@@ -322,11 +323,15 @@ def read_rows(
     level: str = "message",
     on_damage: str = "report",
     split_bytes: int = DEFAULT_SPLIT_BYTES,
+    filesystem: Any = None,
 ) -> Iterator[dict[str, Any]]:
     """The data source's rows, in pure Python: the same rows, in the same order, as
-    ``spark.read.format("ambrosia").load(path)`` (see :mod:`.source` for the options)."""
+    ``spark.read.format("ambrosia").load(path)`` (see :mod:`.source` for the options).
+
+    ``path`` is a local path or a URI, or a path in ``filesystem`` (a
+    ``pyarrow.fs.FileSystem``): files are read through ``pyarrow.fs`` (:mod:`.fs`)."""
     fail = damage_mode(on_damage)
-    for piece in plan(find_logs(path), split_bytes):
+    for piece in plan(find_logs(path, filesystem), split_bytes):
         for columns in columns_of(
             piece, level, fail_on_damage=fail, max_rows=1 << 16, max_bytes=64 << 20
         ):

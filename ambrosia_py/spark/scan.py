@@ -38,7 +38,6 @@ committer id), so the search is cheap and bounded by the distance to the next re
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Generator, Iterator, Sequence
 
@@ -49,6 +48,7 @@ from .. import wire
 from ..coordinator.logindex import IndexEntry
 from ..wire.records import HEADER
 from .errors import LogDamageError, LogFormatError
+from .fs import Location, LogInput
 
 __all__ = [
     "Neighbour",
@@ -115,11 +115,11 @@ class _Cut(Exception):
     """The record at the position runs past the end of the range."""
 
 
-def _tail_end(fd: int, at: int, end: int) -> int | None:
+def _tail_end(src: LogInput, at: int, end: int) -> int | None:
     """The end of the watermark sections at ``at`` if they parse within ``end``."""
     want = _TAIL_PROBE
     while True:
-        data = os.pread(fd, min(want, end - at), at)
+        data = src.pread(min(want, end - at), at)
         try:
             _, used = wire.decode_disk_tail(data)
         except wire.TruncatedInputError:
@@ -132,10 +132,10 @@ def _tail_end(fd: int, at: int, end: int) -> int | None:
         return at + used
 
 
-def _body_check(fd: int, start: int, stop: int) -> int:
+def _body_check(src: LogInput, start: int, stop: int) -> int:
     hasher = xxhash.xxh64()
     while start < stop:
-        piece = os.pread(fd, min(_CHUNK, stop - start), start)
+        piece = src.pread(min(_CHUNK, stop - start), start)
         if not piece:
             break
         hasher.update(piece)
@@ -144,10 +144,10 @@ def _body_check(fd: int, start: int, stop: int) -> int:
 
 
 def verify_record_at(
-    fd: int, pos: int, end: int, max_record: int = wire.DEFAULT_MAX_RECORD_SIZE
+    src: LogInput, pos: int, end: int, max_record: int = wire.DEFAULT_MAX_RECORD_SIZE
 ) -> wire.RecordHeader | None:
     """The header of a valid on-disk record at ``pos`` that ends by ``end``, else ``None``."""
-    raw = os.pread(fd, wire.HEADER_SIZE, pos)
+    raw = src.pread(wire.HEADER_SIZE, pos)
     if len(raw) < wire.HEADER_SIZE:
         return None
     try:
@@ -160,9 +160,9 @@ def verify_record_at(
     if header.seq == wire.CHECKPOINT_SEQ:
         if header.check != 0:
             return None
-    elif _body_check(fd, pos + wire.HEADER_SIZE, stop) != header.check:
+    elif _body_check(src, pos + wire.HEADER_SIZE, stop) != header.check:
         return None
-    return header if _tail_end(fd, stop, end) is not None else None
+    return header if _tail_end(src, stop, end) is not None else None
 
 
 def _plain(raw: bytes, pos: int, end: int) -> bool:
@@ -224,14 +224,14 @@ def _candidates(committers: set[int]) -> re.Pattern[bytes]:
 class _SpanScan:
     def __init__(
         self,
-        fd: int,
+        src: LogInput,
         path: str,
         span: Span,
         entries: Sequence[IndexEntry],
         fail_on_damage: bool,
         max_record: int,
     ) -> None:
-        self.fd = fd
+        self.src = src
         self.path = path
         self.span = span
         self.fail = fail_on_damage
@@ -246,9 +246,9 @@ class _SpanScan:
         """The time of the last verified index entry before the span, if one of the last
         few before it verifies (the span's records come after it)."""
         before = [e for e in entries if e.offset < self.span.start][-3:]
-        size = os.fstat(self.fd).st_size
+        size = self.src.size()
         for e in reversed(before):
-            header = verify_record_at(self.fd, e.offset, size, self.max_record)
+            header = verify_record_at(self.src, e.offset, size, self.max_record)
             if header is not None and header.seq == e.seq:
                 return e.time_ns
         return None
@@ -265,7 +265,7 @@ class _SpanScan:
         keep = self.data[pos - self.base :] if pos < have else b""
         at = pos + len(keep)
         want = min(max(stop - at, _CHUNK), self.span.end - at)
-        chunk = os.pread(self.fd, want, at)
+        chunk = self.src.pread(want, at)
         self.data = keep + chunk
         self.base = pos
         return self.base + len(self.data) >= stop
@@ -358,12 +358,12 @@ class _SpanScan:
         overlap = wire.HEADER_SIZE - 1
         at = lo
         while at < hi:
-            chunk = os.pread(self.fd, min(_SEARCH, hi - at) + overlap, at)
+            chunk = self.src.pread(min(_SEARCH, hi - at) + overlap, at)
             for m in pattern.finditer(chunk):
                 q = at + m.start()
                 if q >= hi:
                     break
-                if verify_record_at(self.fd, q, self.span.end, self.max_record) is not None:
+                if verify_record_at(self.src, q, self.span.end, self.max_record) is not None:
                     return q
             at += _SEARCH
         return None
@@ -373,13 +373,13 @@ class _SpanScan:
         length and watermarks that end the range exactly: a damaged length field, not a
         cut write (as the coordinator's log scan judges it). Ends within the last
         :data:`_TAIL_WINDOW` bytes are tried."""
-        raw = os.pread(self.fd, wire.HEADER_SIZE, pos)
+        raw = self.src.pread(wire.HEADER_SIZE, pos)
         if len(raw) < wire.HEADER_SIZE:
             return False
         check = int(HEADER.unpack(raw)[2])  # whatever the (damaged) length field says
         end = self.span.end
         low = max(pos + wire.HEADER_SIZE, end - _TAIL_WINDOW)
-        window = memoryview(os.pread(self.fd, end - low, low))
+        window = memoryview(self.src.pread(end - low, low))
         for at in range(len(window) - 2, -1, -1):  # the shortest watermarks are two bytes
             try:
                 _, stop = wire.decode_disk_tail(window, at)
@@ -387,7 +387,7 @@ class _SpanScan:
                 continue
             if (
                 stop == len(window)
-                and _body_check(self.fd, pos + wire.HEADER_SIZE, low + at) == check
+                and _body_check(self.src, pos + wire.HEADER_SIZE, low + at) == check
             ):
                 return True
         return False
@@ -497,29 +497,27 @@ class _SpanScan:
 
 
 def read_span(
-    path: str,
+    location: Location,
     span: Span,
     entries: Sequence[IndexEntry] = (),
     *,
     fail_on_damage: bool = False,
     max_record_size: int = wire.DEFAULT_MAX_RECORD_SIZE,
 ) -> Iterator[Record]:
-    """The records in ``span`` of the log at ``path`` (see the module docstring).
+    """The records in ``span`` of the log at ``location`` (see the module docstring).
 
     ``entries`` are the log's index entries (for ``commit_time``); each is trusted only
     where a record with its seq is found at its offset.
     """
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        yield from _SpanScan(fd, path, span, entries, fail_on_damage, max_record_size).records()
-    finally:
-        os.close(fd)
+    with location.open() as src:
+        scan = _SpanScan(src, location.shown, span, entries, fail_on_damage, max_record_size)
+        yield from scan.records()
 
 
-def whole_end(path: str, start: int, end: int) -> int:
+def whole_end(location: Location, start: int, end: int) -> int:
     """Where the whole records (and damaged regions a valid record follows) from
     ``start`` end, up to ``end``: what a reader may take now of a log still being written."""
     stop = start
-    for record in read_span(path, Span(start, end, final=True)):
+    for record in read_span(location, Span(start, end, final=True)):
         stop = record.offset + record.size
     return stop

@@ -22,9 +22,8 @@ the installed package (pickled by reference) and holds only plain values.
 
 from __future__ import annotations
 
-import os
+import posixpath
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import attrs
@@ -38,6 +37,7 @@ from pyspark.sql.types import StructType
 
 from .arrow import to_batch
 from .errors import LogReadError, NoLogsError
+from .fs import Location, resolve
 from .layout import LogFile, find_logs
 from .plan import DEFAULT_SPLIT_BYTES, Piece, pack, pieces_of, plan
 from .rows import LEVELS, columns_of, damage_mode
@@ -126,8 +126,10 @@ class AmbrosiaReader(DataSourceReader):
         return _read(self.options, partition.value)
 
 
-def _key(root: str, log: LogFile) -> str:
-    return os.path.relpath(log.path, root) if os.path.isdir(root) else os.path.basename(log.path)
+def _key(root: Location, log: LogFile) -> str:
+    """A log's name in the offsets: its path under the data dir (or its file name)."""
+    inside = log.location.path.startswith(root.path.rstrip("/") + "/")
+    return posixpath.relpath(log.location.path, root.path) if inside else log.location.name
 
 
 class AmbrosiaStreamReader(DataSourceStreamReader):
@@ -135,7 +137,7 @@ class AmbrosiaStreamReader(DataSourceStreamReader):
 
     def __init__(self, options: Options) -> None:
         self.options = options
-        self.root = str(Path(options.path).absolute())
+        self.root = resolve(options.path)
         self._latest: dict[str, Any] = self.initialOffset()
 
     def _logs(self) -> dict[str, LogFile]:
@@ -157,10 +159,10 @@ class AmbrosiaStreamReader(DataSourceStreamReader):
         files = dict(before)
         for key, log in self._logs().items():
             at = before.get(key, 0)
-            size = os.path.getsize(log.path)
+            size = log.location.size()
             if size <= at:
                 continue
-            files[key] = whole_end(log.path, at, size) if log.last else size
+            files[key] = whole_end(log.location, at, size) if log.last else size
         self._latest = {"files": files}
         return self._latest
 
@@ -174,7 +176,7 @@ class AmbrosiaStreamReader(DataSourceStreamReader):
             log = logs.get(key)
             if log is None:
                 raise LogReadError(
-                    os.path.join(self.root, key),
+                    self.root.child(key).shown,
                     f"log file vanished before bytes {at}..{stop} were read (pruned?)",
                 )
             pieces += pieces_of(log, at, stop, final=True, split_bytes=self.options.split_bytes)
