@@ -292,6 +292,40 @@ def test_a_syntax_error_in_the_service_file_is_one_line(tmp_path: Path) -> None:
     assert code == ExitStatus.ERROR and "Traceback" in out and "SyntaxError" in out
 
 
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["replay", "{path}", "--instance", "x"],
+        ["log", "show", "{log}", "--service", "{path}"],
+    ],
+    ids=["replay", "log show"],
+)
+def test_every_command_that_loads_a_service_has_the_verbose_its_error_names(
+    tmp_path: Path, command: list[str]
+) -> None:
+    path = service(tmp_path, "broken_import", "import no_such_module_here\n")
+    log = tmp_path / "serverlog1"
+    log.write_bytes(b"")
+    argv = [a.format(path=path, log=log) for a in command] + ["--data-dir", str(tmp_path)]
+    if command[0] == "log":
+        argv = argv[:-2]
+    result = CliRunner().invoke(main, argv)
+    assert result.exit_code == ExitStatus.ERROR, result.output
+    assert (
+        "ModuleNotFoundError" in result.output and "--verbose shows the traceback" in result.output
+    )
+    assert "Traceback" not in result.output
+    verbose = CliRunner().invoke(main, [*argv, "--verbose"])
+    assert verbose.exit_code == ExitStatus.ERROR, verbose.output
+    assert "Traceback" in verbose.output and "no_such_module_here" in verbose.output
+
+
+def test_debug_takes_verbose_too() -> None:
+    # debug loads the service after it found the instance's checkpoint (a real run).
+    result = CliRunner().invoke(main, ["debug", "--help"])
+    assert result.exit_code == 0 and "--verbose" in result.output
+
+
 def test_an_exception_while_loading_names_its_line(tmp_path: Path) -> None:
     path = service(tmp_path, "broken_body", "import os\n\nvalue = undefined_name\n")
     code, out = invoke(path)

@@ -13,7 +13,8 @@ import os
 import signal
 import sys
 import traceback
-from typing import IO, Any
+from collections.abc import Callable
+from typing import IO, Any, TypeVar
 
 import click
 
@@ -23,9 +24,11 @@ __all__ = [
     "coordinator_ended",
     "set_verbose",
     "verbose",
+    "verbose_option",
 ]
 
 VERBOSE_ENV = "AMBROSIA_VERBOSE"
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 
 class ExitStatus(enum.IntEnum):
@@ -50,6 +53,22 @@ def set_verbose(on: bool) -> None:
 
 def verbose() -> bool:
     return _verbose[0]
+
+
+def verbose_option(command: _F) -> _F:
+    """``--verbose`` for a command whose errors are :class:`OneLineError`: every command
+    that loads a service file (``run``, ``replay``, ``debug``, ``log show --service``),
+    since each such error says "--verbose shows the traceback". Eager, so it is set before
+    the options that load the service file are read."""
+    return click.option(
+        "--verbose",
+        is_flag=True,
+        envvar=VERBOSE_ENV,
+        expose_value=False,
+        is_eager=True,
+        callback=lambda _ctx, _param, on: set_verbose(bool(on)),
+        help=f"Show the traceback behind an error, not just its one line [env {VERBOSE_ENV}].",
+    )(command)
 
 
 class OneLineError(click.ClickException):

@@ -53,7 +53,7 @@ from .background import BackgroundFailure, BackgroundTaskError
 from .client import ServiceFailedError, serve
 from .dispatcher import Dispatcher
 from .errors import BindingError
-from .exits import ExitStatus, OneLineError, coordinator_ended, set_verbose
+from .exits import ExitStatus, OneLineError, coordinator_ended, verbose_option
 from .files import StateFiles, state_files_dir, use_state_files
 from .immortal import Immortal
 from .loading import load_service
@@ -370,12 +370,7 @@ def _ingress(
     f"service (exit status {int(ExitStatus.BACKGROUND_TASK_FAILED)}), or restart the task "
     "after a delay that doubles with each failure in a row (0.1 s to 30 s).",
 )
-@click.option(
-    "--verbose",
-    is_flag=True,
-    envvar="AMBROSIA_VERBOSE",
-    help="Show the traceback behind an error, not just its one line [env AMBROSIA_VERBOSE].",
-)
+@verbose_option
 @link_options[0]
 @link_options[1]
 @link_options[2]
@@ -394,7 +389,6 @@ def run(
     ingress_keep: int,
     ingress_keep_seconds: float,
     background_failure: str,
-    verbose: bool,
     link_host: str,
     link_port: int,
     link_to: tuple[tuple[str, str, int], ...],
@@ -408,7 +402,6 @@ def run(
     3 a @background task failed, 4 the coordinator was killed or failed, 5 the service
     could not go on (docs/operations.md).
     """
-    set_verbose(verbose)
     logging.basicConfig(
         stream=sys.stderr,
         level=logging.INFO,
@@ -464,6 +457,7 @@ def run(
 @data_dir_option("Where its logs and checkpoints live.")
 @click.option("--verify", is_flag=True, help="Find the first non-deterministic message.")
 @click.option("--to-seq", type=int, help="Stop after this record.")
+@verbose_option
 def replay(
     service_spec: str, instance: str, data_dir: Path, verify: bool, to_seq: int | None
 ) -> None:

@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .. import wire
+from ..binding.exits import verbose_option
 from ..ingress.envelope import INGRESS_METHOD_ID, RetentionEnvelope, decode_envelope
 from ..ingress.errors import IngressProtocolError
 from .data_dir import DataDirError, data_dir_option, existing_data_dir
@@ -296,6 +297,7 @@ def _scan(path: Path, committer: int | None, next_seq: int | None, last: bool) -
     help="Show method names and decoded arguments and values, with this service's code "
     "(as `run` takes it). Unpickles what the log holds: only for logs you trust.",
 )
+@verbose_option
 def show(path: Path, from_seq: int | None, limit: int | None, service_spec: str | None) -> None:
     """Print the records of log file PATH and their messages."""
     decoder: CallDecoder | None = None

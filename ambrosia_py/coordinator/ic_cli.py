@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from ..binding.exits import verbose_option
 from .binding_auth import BindingAuth
 from .data_dir import DataDirError, data_dir_option, debuggable_instance
 from .ic_core import StateFormatError
@@ -361,6 +362,7 @@ def coordinator(
     "printing its state.",
 )
 @click.option("--test-upgrade", is_flag=True, help="Send UpgradeService before the replay.")
+@verbose_option
 @_ports[0]
 @_ports[1]
 @_binding_auth
