@@ -24,13 +24,10 @@ account's log (its coordinator's and binding's output). The test
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import random
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,15 +38,15 @@ from typing import Any
 import attrs
 import click
 
-from ambrosia_py.testing import free_port
+from ambrosia_py.testing import ServiceProcess, free_port
+from ambrosia_py.testing.processes import Victim, wait_for
 
 ACCOUNT_PY = Path(__file__).resolve().with_name("account.py")
 NAMES = ("a", "b", "c")
-KILL_KINDS = ("service", "coordinator", "both")
+KILL_KINDS: tuple[Victim, ...] = ("service", "coordinator", "both")
 # What an account's recovered state must repeat (its tick count may still move after the
 # last transfer: ticks already sent are handled, and change nothing else).
 LEDGER = ("opening", "transfers", "balance", "debits", "credits", "duplicates")
-RUN = [sys.executable, "-m", "ambrosia_py.cli", "run", str(ACCOUNT_PY)]
 
 Report = dict[str, Any]  # an account's report (its two JSON lines in one), see account.py
 
@@ -156,111 +153,52 @@ def audit(reports: dict[str, Report], transfers: dict[str, int]) -> Audit:
     )
 
 
-def _gone(pid: int) -> bool:
-    """The process has ended (a zombie counts: nobody may reap an orphan here)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return True
-    except OSError:  # not Linux: ask the kernel whether the pid exists
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
-
-
 def _wait_for(
     what: str, condition: Callable[[], bool], deadline_s: float, tails: Callable[[], str]
 ) -> None:
-    deadline = time.monotonic() + deadline_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise SoakError(f"{what}: not within {deadline_s:.0f} s\n{tails()}")
-        time.sleep(0.02)  # polling a condition, bounded by the deadline
+    try:
+        wait_for(what, condition, deadline_s)
+    except TimeoutError:
+        raise SoakError(f"{what}: not within {deadline_s:.0f} s\n{tails()}") from None
 
 
-class AccountProcess:
-    """One account under ``ambrosia-py run``: its service process and its coordinator."""
+class AccountProcess(ServiceProcess):
+    """One account under ``ambrosia-py run``: its service process and its coordinator,
+    with the soak's deadlines, and :class:`SoakError` for a missed one."""
 
     def __init__(self, name: str, root: Path, args: list[str]) -> None:
         self.name = name
-        self.data_dir = root / name
-        self.log = root / f"{name}.log"
         self.report_path = root / f"{name}.report.json"
-        self.args = [*args, "--report", str(self.report_path)]
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.ic_pid = 0
-        self.starts = 0
+        super().__init__(
+            str(ACCOUNT_PY),
+            name,
+            root / name,
+            [*args, "--report", str(self.report_path)],
+            log=root / f"{name}.log",
+        )
 
-    def start(self, deadline_s: float) -> None:
+    def start(self, deadline_s: float = 60.0) -> None:
         """Run the same command again; wait until its coordinator is ready (its pid is
         needed to kill it). Kills land anywhere after that: while the binding attaches
         (between its two connections), during recovery, or later.
         """
-        self.starts += 1
         with self.log.open("ab") as log:
-            log.write(f"=== soak: start {self.starts} of {self.name} ===\n".encode())
-            offset = log.tell()
-            self.proc = subprocess.Popen(
-                [*RUN, "--instance", self.name, "--data-dir", str(self.data_dir), *self.args],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-            )
-        proc = self.proc
+            log.write(f"=== soak: start {self.starts + 1} of {self.name} ===\n".encode())
+        super().start()
 
         def ready() -> bool:
-            with self.log.open("rb") as f:
-                f.seek(offset)
-                lines = f.read().decode(errors="replace").splitlines()
-            for line in lines:
-                if line.startswith("ready "):
-                    fields = dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
-                    self.ic_pid = int(fields["pid"])
-                    return True
-            if proc.poll() is not None:
-                raise SoakError(f"{self.name} exited ({proc.returncode})\n{self.tail()}")
-            return False
+            if self.exited() is not None:
+                raise SoakError(f"{self.name} exited ({self.exited()})\n{self.tail()}")
+            return any(line.startswith("ready ") for line in self.output().splitlines())
 
-        self.ic_pid = 0
         _wait_for(f"{self.name}'s coordinator ready", ready, deadline_s, self.tail)
 
-    def kill(self, kind: str, deadline_s: float) -> None:
-        """SIGKILL the service process, the coordinator or both; wait until both are gone.
-
-        Either way both end: a coordinator stops when its binding goes, and a binding
-        when its coordinator goes.
-        """
-        assert self.proc is not None
-        pids = {
-            "service": [self.proc.pid],
-            "coordinator": [self.ic_pid],
-            "both": [self.proc.pid, self.ic_pid],
-        }[kind]
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        proc, ic_pid = self.proc, self.ic_pid
-        _wait_for(
-            f"{self.name}'s service ({proc.pid}) and coordinator ({ic_pid}) gone after "
-            f"SIGKILL of its {kind}",
-            lambda: proc.poll() is not None and _gone(ic_pid),
-            deadline_s,
-            self.tail,
-        )
-
-    def stop(self) -> None:
-        """SIGKILL whatever still runs (the end of a soak, pass or fail)."""
-        if self.proc is None:
-            return
-        for pid in (self.proc.pid, self.ic_pid):
-            if pid and not _gone(pid):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=10)
+    def kill(self, which: Victim = "both", timeout: float = 60.0) -> None:
+        """SIGKILL the service process, the coordinator or both; wait until both are gone."""
+        try:
+            super().kill(which, timeout)
+        except TimeoutError as exc:
+            raise SoakError(f"{self.name} after SIGKILL of its {which}: {exc}") from None
 
     def read_report(self, ledger: bool = False) -> Report | None:
         """The account's report: its summary line, and with ``ledger`` every transfer."""
@@ -277,12 +215,8 @@ class AccountProcess:
         """The exit status of the service process, if it ended (None: running)."""
         return None if self.proc is None else self.proc.poll()
 
-    def tail(self, lines: int = 25) -> str:
-        try:
-            text = self.log.read_text(errors="replace").splitlines()[-lines:]
-        except FileNotFoundError:
-            text = ["(no log yet)"]
-        return f"--- {self.name}: the end of {self.log} ---\n" + "\n".join(text)
+    def tail(self, n: int = 4000) -> str:
+        return f"--- {self.name}: the end of {self.log} ---\n" + (super().tail(n) or "(no log yet)")
 
 
 def _per_account(total: int) -> dict[str, int]:
