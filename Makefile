@@ -4,6 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP_DEV := $(VENV)/.installed-dev-spark
+STAMP_BENCH := $(VENV)/.installed-dev-spark-bench
 
 .PHONY: demo test lint typecheck unit bench clean
 
@@ -39,8 +40,14 @@ unit: $(STAMP_DEV)
 	@$(JAVA_CHECK)
 	$(BIN)/pytest -q
 
-bench: $(STAMP_DEV)
-	$(BIN)/ambrosia-py bench wire
+# Ours beside the peers (gRPC, DBOS: the `bench` extra) and this machine's limits, in one
+# run (docs/performance.md); `make bench BENCH_ARGS=--quick` for a fast check.
+$(STAMP_BENCH): $(BIN)/python pyproject.toml
+	$(BIN)/pip install --quiet -e '.[dev,spark,bench]'
+	touch $@
+
+bench: $(STAMP_BENCH)
+	$(BIN)/ambrosia-py bench compare $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

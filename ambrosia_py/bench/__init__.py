@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from .compare import compare_bench
 from .coordinator import coordinator
 from .ingress import ingress_bench
 from .ockam import ockam_bench
@@ -25,5 +26,6 @@ bench.add_command(ockam_bench)
 bench.add_command(spark_bench)
 bench.add_command(ingress_bench)
 bench.add_command(wallaroo_bench)
+bench.add_command(compare_bench)
 
 __all__ = ["bench"]

@@ -110,14 +110,15 @@ class RpcCaller(Immortal):
 
 
 def measure_remote(
-    runner: ImmortalRunner, k_forks: int, k_pings: int, suffix: str = ""
+    runner: ImmortalRunner, k_forks: int, k_pings: int, suffix: str = "", size: int = 16
 ) -> tuple[float, list[float]]:
-    """Forks per second to another instance (16 B), and awaited round trips to it."""
+    """Forks per second to another instance (``size``-byte arguments), and awaited
+    round trips to it."""
     peer = runner.start(RpcPeer, f"remote-peer{suffix}")
     caller = runner.start(RpcCaller, f"remote-caller{suffix}", peer=f"remote-peer{suffix}")
     try:
         start = time.perf_counter()
-        caller.impulse.burst(k_forks, 16)
+        caller.impulse.burst(k_forks, size)
         peer.wait_until(lambda s: s["received"] >= k_forks, timeout=600)
         forks = k_forks / (time.perf_counter() - start)
         _stamps.clear()

@@ -1,0 +1,189 @@
+"""Ours, for ``bench compare``: calls between two immortals, recovery, failover, memory.
+
+- **Forks and awaited calls to another instance**: two coordinators (each logging and
+  ``fdatasync``ing every input before its binding sees it) and the link between them;
+  forks are :func:`~ambrosia_py.bench.rpc.measure_remote`'s, with the argument size
+  varied; awaited calls carry a ``size``-byte argument and return an int, one after the
+  other, each reply timestamped by an effect (handlers may not read the clock).
+- **Replay**: an instance with a long log (one burst of self-call forks) is SIGKILLed
+  and started again; recovery replays every logged call through the handlers. The
+  replay rate is the calls replayed over the extra time that restart took compared with
+  restarting an instance whose log is one burst of one call (process start, handshake
+  and checkpoint cost the same for both).
+- **Failover**: a real ``ambrosia-py run`` with an ingress; SIGKILL the service
+  process, run the same command again, and time from the kill until a client's call is
+  answered (the coordinator notices its binding is gone and exits; the new start
+  recovers; the client retries with a short backoff).
+- **Memory**: the resident set of that service process and of its coordinator, idle
+  (after a few calls) and at its peak (``VmHWM``) after a load of calls through the
+  ingress, 64 in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import re
+import statistics
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..binding.immortal import rpc
+from ..client import AsyncClient, Client
+from ..testing import ImmortalRunner, ServiceProcess, free_port
+from .ingress import IngressBench, measure_calls
+from .rpc import RpcBench, RpcCaller, RpcPeer, measure_remote
+
+__all__ = [
+    "CompareCaller",
+    "ComparePeer",
+    "measure_awaits",
+    "measure_failover_and_memory",
+    "measure_remote_forks",
+    "measure_replay",
+]
+
+_stamps: list[float] = []
+
+
+def _stamp() -> None:
+    _stamps.append(time.perf_counter())
+
+
+class ComparePeer(RpcPeer):
+    """:class:`RpcPeer` with a handler that takes an argument of any size."""
+
+    @rpc
+    def take(self, data: bytes) -> int:
+        self.received += 1
+        return len(data)
+
+
+class CompareCaller(RpcCaller):
+    """:class:`RpcCaller` with awaited calls that carry a ``size``-byte argument."""
+
+    @rpc
+    async def ping_sized(self, k: int, size: int) -> None:
+        peer = self.proxy(self.options.peer, ComparePeer)
+        data = b"x" * size
+        for _ in range(k):
+            await peer.take(data)
+            self.effect(_stamp)
+            self.rounds += 1
+
+
+def measure_remote_forks(runner: ImmortalRunner, size: int, k: int, suffix: str) -> float:
+    """Durable forks per second to another instance with ``size``-byte arguments."""
+    forks, _ = measure_remote(runner, k, 0, suffix, size)
+    return forks
+
+
+def measure_awaits(
+    runner: ImmortalRunner, sizes: Sequence[int], k: int, suffix: str
+) -> dict[int, tuple[float, float]]:
+    """Awaited calls to another instance, one after the other, ``k`` per size (one pair
+    of instances for all sizes: starting one costs seconds): ``{size: (calls/s, p50 s)}``."""
+    peer = runner.start(ComparePeer, f"await-peer{suffix}")
+    caller = runner.start(CompareCaller, f"await-caller{suffix}", peer=f"await-peer{suffix}")
+    out = {}
+    try:
+        for i, size in enumerate(sizes):
+            _stamps.clear()
+            start = time.perf_counter()
+            _stamps.append(start)
+            caller.impulse.ping_sized(k, size)
+            rounds = (i + 1) * k
+            caller.wait_until(lambda s: bool(s["rounds"] >= rounds), timeout=600)  # noqa: B023
+            elapsed = _stamps[-1] - start
+            gaps = [b - a for a, b in itertools.pairwise(_stamps[1:])] or [elapsed]
+            out[size] = (k / elapsed, statistics.median(gaps))
+        return out
+    finally:
+        caller.stop()
+        peer.stop()
+
+
+def _replayed_records(ic_log: Path) -> int:
+    """What the coordinator's last start said it replayed (``log_replay.py``'s line)."""
+    found = re.findall(r"replayed (\d+) records", ic_log.read_text(errors="replace"))
+    if not found:
+        raise RuntimeError(f"{ic_log} does not say how many records it replayed")
+    return int(found[-1])
+
+
+def _restart_time(runner: ImmortalRunner, instance: str, k: int) -> tuple[float, int]:
+    """Log ``k`` self-call forks, SIGKILL, start again: (seconds until primary, records)."""
+    svc = runner.start(RpcBench, instance)
+    svc.impulse.burst(k, 16)
+    svc.wait_until(lambda s: s["received"] >= k, timeout=600)
+    svc.kill()
+    start = time.perf_counter()
+    again = runner.start(RpcBench, instance)  # returns once it is primary: replay done
+    elapsed = time.perf_counter() - start
+    try:
+        received = again.state["received"]
+        if received != k:
+            raise RuntimeError(f"{instance}: replay restored {received} calls, logged {k}")
+        return elapsed, _replayed_records(again.ic_log)
+    finally:
+        again.stop()
+
+
+def measure_replay(runner: ImmortalRunner, k: int, suffix: str) -> dict[str, float]:
+    """Replay rate after SIGKILL: calls and log records per second, and the restart time."""
+    base, _ = _restart_time(runner, f"replay-base{suffix}", 1)
+    long, records = _restart_time(runner, f"replay{suffix}", k)
+    replay = max(long - base, 1e-6)  # the extra time the long log took
+    return {
+        "replay_calls_per_s": (k + 1) / replay,  # the burst and its k forks
+        "replay_records_per_s": records / replay,
+        "replay_records": float(records),
+        "recovery_s": long,
+    }
+
+
+def _memory_mib(pid: int | None) -> tuple[float, float]:
+    """(VmRSS, VmHWM) of ``pid`` in MiB."""
+    if pid is None:
+        raise RuntimeError("no such process to measure")
+    fields = dict(
+        line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+    )
+    rss, peak = (int(fields[k].split()[0]) / 1024 for k in ("VmRSS", "VmHWM"))
+    return rss, peak
+
+
+def measure_failover_and_memory(directory: Path, load_calls: int) -> dict[str, float]:
+    """Failover time after SIGKILL of the service process, and the memory figures."""
+    address = f"127.0.0.1:{free_port()}"
+    svc = ServiceProcess(
+        "ambrosia_py.bench.ingress:IngressBench", "memory", directory, ["--ingress", address]
+    )
+    svc.start()
+    try:
+        svc.wait_for_log("ingress listening on")
+        with Client(address, data_dir=directory, max_backoff=0.05) as client:
+            for _ in range(10):
+                client.call(IngressBench.add, b"x" * 16)
+        figures: dict[str, float] = {}
+        figures["rss_idle_service_mib"], _ = _memory_mib(svc.proc.pid if svc.proc else None)
+        figures["rss_idle_coordinator_mib"], _ = _memory_mib(svc.coordinator_pid())
+
+        async def load() -> None:
+            async with AsyncClient(address, data_dir=directory) as client:
+                await measure_calls(client, load_calls, 64)
+
+        asyncio.run(load())
+        _, figures["rss_load_service_mib"] = _memory_mib(svc.proc.pid if svc.proc else None)
+        _, figures["rss_load_coordinator_mib"] = _memory_mib(svc.coordinator_pid())
+
+        start = time.perf_counter()
+        svc.kill("service")
+        svc.start()
+        with Client(address, data_dir=directory, max_backoff=0.05) as client:
+            client.call(IngressBench.add, b"x" * 16)
+        figures["failover_s"] = time.perf_counter() - start
+        return figures
+    finally:
+        svc.stop()
