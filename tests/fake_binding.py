@@ -23,6 +23,8 @@ from typing import IO
 
 import xxhash
 
+from ambrosia_py.testing import readline_within
+
 HEADER = struct.Struct("<iiQq")
 DEADLINE = 30.0
 RECEIVE_SOCKET, SEND_SOCKET = 1, 2
@@ -265,7 +267,7 @@ def coordinator(
         binding: FakeBinding | None = None
         try:
             assert proc.stdout is not None
-            line = proc.stdout.readline()
+            line = readline_within(proc.stdout, DEADLINE)
             if not line.startswith("ready"):
                 proc.wait(timeout=DEADLINE)
                 log.seek(0)

@@ -31,6 +31,7 @@ from ambrosia_py.coordinator.binding_auth import Socket, TokenGate, encode_pream
 from ambrosia_py.coordinator.binding_link import MAX_UNPROVEN, Listener
 from ambrosia_py.coordinator.ic_core import Intake
 from ambrosia_py.coordinator.links import LinkError
+from ambrosia_py.testing import readline_within
 from ambrosia_py.testing.runner import ImmortalRunner, RunningImmortal
 from ambrosia_py.wire import (
     Checkpoint,
@@ -353,7 +354,7 @@ def start_ic(
 ) -> tuple[subprocess.Popen[str], dict[str, str]]:
     proc = start_coordinator(data_dir, instance, *extra)
     assert proc.stdout is not None
-    line = proc.stdout.readline()
+    line = readline_within(proc.stdout, DEADLINE)
     assert line.startswith("ready"), line
     return proc, dict(kv.split("=") for kv in line.split() if "=" in kv)
 
@@ -499,11 +500,8 @@ def test_run_separated_proves_itself_with_the_token_file(tmp_path: Path) -> None
     service = run_separated(tmp_path, fields)
     try:
         assert service.stderr is not None
-        for line in service.stderr:  # ends when the service exits
-            if "ingress listening on" in line:
-                break
-        else:
-            raise AssertionError("the service never became primary")
+        while "ingress listening on" not in (line := readline_within(service.stderr, DEADLINE)):
+            assert line, "the service never became primary"  # its end, or the deadline
         proc.terminate()  # the coordinator stops; the binding goes with it
         assert proc.wait(DEADLINE) == 0 and service.wait(DEADLINE) == 0
     finally:

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ambrosia_py.testing import readline_within
 from tests.fake_binding import (
     FakeBinding,
     checkpoint,
@@ -87,7 +88,7 @@ def test_a_binding_that_dies_between_its_two_connections_lets_the_instance_start
     for attempt in range(2):
         proc = start_coordinator(tmp_path, "svc")
         assert proc.stdout is not None and proc.stderr is not None
-        line = proc.stdout.readline()
+        line = readline_within(proc.stdout, DEADLINE)
         fields = dict(kv.split("=") for kv in line.split() if "=" in kv)
         half = FakeBinding(
             int(fields["receive_port"]),

@@ -115,7 +115,7 @@ class _Run:
             self.lines.append(line)
             if line.startswith("ready "):
                 fields = dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
-                self.ic_pid = int(fields["pid"])
+                self.ic_pid = int(fields["coordinator_pid"])
                 self.ready.set()
             if line.startswith("done:"):
                 self.done.set()

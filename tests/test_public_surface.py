@@ -45,7 +45,9 @@ TESTING = [
     "RunningImmortal",
     "ServiceProcess",
     "free_port",
+    "readline_within",
     "replay_instance",
+    "wait_for",
 ]
 MEMBERS = {
     Immortal: [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import socket
 import subprocess
 import sys
@@ -10,9 +11,9 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from ambrosia_py.cli import main
+from ambrosia_py.testing import ServiceProcess, wait_for
 
 EXAMPLE = str(Path(__file__).resolve().parent.parent / "examples" / "counter.py")
-RUN = [sys.executable, "-m", "ambrosia_py.cli", "run"]
 
 
 def invoke(*args: str) -> tuple[int, str]:
@@ -74,17 +75,9 @@ def test_an_unreachable_port_is_a_clear_error() -> None:
 
 
 def test_an_instance_already_running_is_refused(tmp_path: Path) -> None:
-    first = subprocess.Popen(
-        [*RUN, EXAMPLE, "--data-dir", str(tmp_path), "--ingress", "127.0.0.1:0"],
-        stderr=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
-        text=True,
-    )
-    try:
-        assert first.stderr is not None
-        for line in first.stderr:
-            if "ingress listening on" in line:
-                break
+    first = ServiceProcess(EXAMPLE, None, tmp_path, ["--ingress", "127.0.0.1:0"])
+    with first.running():
+        first.wait_for_log("ingress listening on")
         second = subprocess.run(
             [sys.executable, "-m", "ambrosia_py.cli", "run", EXAMPLE, "--data-dir", str(tmp_path)],
             capture_output=True,
@@ -95,34 +88,16 @@ def test_an_instance_already_running_is_refused(tmp_path: Path) -> None:
         assert second.returncode == 2
         assert "is locked by pid" in second.stderr
         assert len(second.stderr.splitlines()) == 1 and "Traceback" not in second.stderr
-    finally:
-        first.kill()
-        first.wait()
 
 
 def test_ctrl_c_stops_service_and_coordinator_cleanly(tmp_path: Path) -> None:
-    import os
-    import signal
-
-    proc = subprocess.Popen(
-        [*RUN, EXAMPLE, "--data-dir", str(tmp_path), "--ingress", "127.0.0.1:0"],
-        stderr=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
-        text=True,
-    )
-    try:
-        assert proc.stderr is not None
-        for line in proc.stderr:
-            if "ingress listening on" in line:
-                break
-        os.kill(proc.pid, signal.SIGINT)
-        assert proc.wait(timeout=60) == 0
-        rest = proc.stderr.read()
-        assert "binding disconnected" in rest  # the coordinator stopped after flushing
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    svc = ServiceProcess(EXAMPLE, None, tmp_path, ["--ingress", "127.0.0.1:0"])
+    with svc.running():
+        svc.wait_for_log("ingress listening on")
+        assert svc.proc is not None
+        svc.proc.send_signal(signal.SIGINT)
+        assert svc.proc.wait(timeout=60) == 0
+        wait_for("the coordinator's last line", lambda: "binding disconnected" in svc.output())
 
 
 def test_a_malformed_link_address_is_a_clear_error(tmp_path: Path) -> None:

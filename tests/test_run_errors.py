@@ -195,7 +195,11 @@ def running(
         with contextlib.suppress(AssertionError, ValueError, KeyError):
             ready = [line for line in run.lines if line.startswith("ready ")]
             if ready:
-                pid = int(dict(kv.split("=", 1) for kv in ready[0].split() if "=" in kv)["pid"])
+                pid = int(
+                    dict(kv.split("=", 1) for kv in ready[0].split() if "=" in kv)[
+                        "coordinator_pid"
+                    ]
+                )
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
 

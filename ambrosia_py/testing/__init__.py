@@ -2,11 +2,12 @@
 
 Installed as the pytest plugin ``ambrosia`` (fixtures ``ambrosia`` and
 ``ambrosia_replay``); the runner can also be used directly. :class:`ServiceProcess` runs
-an immortal as real processes (``ambrosia-py run`` and its coordinator) to SIGKILL.
+an immortal as real processes (``ambrosia-py run`` and its coordinator) to SIGKILL;
+:func:`wait_for` and :func:`readline_within` wait on them with a deadline.
 """
 
 from ..binding.replay import Divergence, ReplayResult, replay_instance
-from .processes import ServiceProcess, free_port
+from .processes import ServiceProcess, free_port, readline_within, wait_for
 from .runner import ImmortalRunner, RunningImmortal
 
 __all__ = [
@@ -16,5 +17,7 @@ __all__ = [
     "RunningImmortal",
     "ServiceProcess",
     "free_port",
+    "readline_within",
     "replay_instance",
+    "wait_for",
 ]

@@ -17,16 +17,18 @@ from __future__ import annotations
 
 import contextlib
 import os
+import queue
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import IO, Literal
 
-__all__ = ["Victim", "ServiceProcess", "free_port", "wait_for"]
+__all__ = ["Victim", "ServiceProcess", "free_port", "readline_within", "wait_for"]
 
 Victim = Literal["service", "coordinator", "both"]
 DEADLINE = 30.0
@@ -49,6 +51,18 @@ def wait_for(
                 + (f"\n{extra}" if extra else "")
             )
         time.sleep(0.01)  # polling a condition, bounded by the deadline
+
+
+def readline_within(stream: IO[str], timeout: float = DEADLINE) -> str:
+    """A line from a child's ``stream``, or ``""`` at its end or if none comes within
+    ``timeout``: a child that hangs before its line must not hang the caller. (A line
+    that comes later is lost to the thread left reading: give up on the stream then.)"""
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: lines.put(stream.readline()), daemon=True).start()
+    try:
+        return lines.get(timeout=timeout)
+    except queue.Empty:
+        return ""
 
 
 def free_port() -> int:

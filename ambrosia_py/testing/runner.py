@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import os
-import queue
 import signal
 import subprocess
 import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import cloudpickle
 
@@ -28,21 +27,11 @@ from ..binding.files import StateFiles, state_files_dir, use_state_files
 from ..binding.immortal import Immortal
 from ..coordinator.binding_auth import token_for_ready_line
 from ..coordinator.ic_cli import coordinator_argv
+from .processes import readline_within
 
 __all__ = ["ImmortalRunner", "RunningImmortal"]
 
 DEFAULT_TIMEOUT = 30.0
-
-
-def _readline_within(stream: IO[str], timeout: float) -> str:
-    """A line from ``stream``, or ``""`` at its end or if none comes within ``timeout``
-    (a coordinator that hangs before its ready line must not hang the test)."""
-    lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=lambda: lines.put(stream.readline()), daemon=True).start()
-    try:
-        return lines.get(timeout=timeout)
-    except queue.Empty:
-        return ""
 
 
 class _Impulses:
@@ -88,7 +77,7 @@ class RunningImmortal:
                 text=True,
             )
         assert self.ic.stdout is not None
-        line = _readline_within(self.ic.stdout, timeout)
+        line = readline_within(self.ic.stdout, timeout)
         if not line.startswith("ready"):
             if line == "" and self.ic.poll() is None:  # no line, and it still runs: hung
                 self.ic.kill()
