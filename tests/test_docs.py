@@ -180,11 +180,13 @@ def blocks(page: Path) -> list[Block]:
 
 
 def page_ports(page: Path) -> list[str]:
-    text = page.read_text()
+    """Every ``port=N`` of the page's directives (a comment may name several)."""
     return [
-        parse_directives(d.group(1))["port"]
-        for d in map(_DIRECTIVE.match, text.splitlines())
-        if d and "port" in parse_directives(d.group(1))
+        word.partition("=")[2]
+        for d in map(_DIRECTIVE.match, page.read_text().splitlines())
+        if d
+        for word in shlex.split(d.group(1))
+        if word.startswith("port=")
     ]
 
 
