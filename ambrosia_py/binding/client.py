@@ -192,7 +192,10 @@ async def serve(
                     if on_primary is not None:
                         on_primary(d)
                         on_primary = None
-        records.close()
+        try:
+            records.close()
+        except wire.TruncatedInputError as exc:  # it died mid-send: it stopped, as below
+            log.info("the coordinator's stream ended inside a record: %s", exc)
         if records.offset == 0 and not failures:
             log.error(
                 "the coordinator closed the connection before sending anything: it refused "
