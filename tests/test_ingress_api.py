@@ -20,6 +20,7 @@ CLIENT_API = [
     "IngressProtocolError",
     "KeyReusedError",
     "ServiceInfo",
+    "tls_context",
 ]
 
 INGRESS_API = [

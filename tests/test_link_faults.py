@@ -15,8 +15,6 @@ import collections
 import dataclasses
 import os
 import re
-import shutil
-import subprocess
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -34,6 +32,7 @@ from ambrosia_py.coordinator.link_auth import (
 from ambrosia_py.flow.constants import CONNECT_PACKET_LENGTH, FRAME_HEADER_LENGTH
 from ambrosia_py.testing import ImmortalRunner, RunningImmortal
 from examples.hello.server import HelloServer, Refused
+from tests.certs import mutual_tls, needs_openssl
 from tests.fake_binding import free_port
 from tests.fault_proxy import KINDS, FaultPlan, FaultProxy, Faults
 
@@ -266,45 +265,12 @@ def test_plain_links_stay_exactly_once_under_heavy_faults(tmp_path: Path, seed: 
     _check_log_replays(tmp_path, COUNT)
 
 
-def _openssl(*args: str) -> None:
-    subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=DEADLINE)
-
-
-def _mutual_tls(directory: Path, names: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
-    """A throwaway CA and a certificate from it per instance (EC P-256, openssl): the
-    coordinator options of mutual TLS, by instance."""
-    key_options = ("-nodes", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1")
-    ca, ca_key = directory / "ca.pem", directory / "ca.key"
-    _openssl(
-        *("req", "-x509", "-days", "2", *key_options, "-subj", "/CN=test-ca"),
-        *("-keyout", str(ca_key), "-out", str(ca)),
-    )
-    options: dict[str, tuple[str, ...]] = {}
-    for name in names:
-        key, csr, cert = (directory / f"{name}{ext}" for ext in (".key", ".csr", ".pem"))
-        _openssl(
-            *("req", *key_options, "-subj", f"/CN={name}"),
-            *("-keyout", str(key), "-out", str(csr)),
-        )
-        _openssl(
-            *("x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key)),
-            *("-CAcreateserial", "-out", str(cert), "-days", "2"),
-        )
-        options[name] = ("--tls-cert", str(cert), "--tls-key", str(key), "--tls-ca", str(ca))
-    return options
-
-
-needs_openssl = pytest.mark.skipif(
-    shutil.which("openssl") is None, reason="the openssl command makes the test certificates"
-)
-
-
 @needs_openssl
 @pytest.mark.parametrize("seed", [1])
 def test_tls_links_stay_exactly_once_under_heavy_faults(tmp_path: Path, seed: int) -> None:
     """Over mutual TLS, frames carry no checksum: TLS's record integrity catches every
     flipped, replayed or reordered byte before the flow reader or the tags see it."""
-    extra = _mutual_tls(tmp_path, ("server", "client"))
+    extra = mutual_tls(tmp_path, ("server", "client"))
     with _linked(tmp_path, HEAVY_TLS, COUNT, seed, extra) as pair:
         _check_exactly_once(pair, COUNT)
         counts = pair.counts()

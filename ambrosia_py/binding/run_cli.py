@@ -46,7 +46,7 @@ from ..coordinator.ic_cli import (
     link_settings,
     pop_link_security,
 )
-from ..coordinator.link_config import LinkSetupError, load_secret
+from ..coordinator.link_config import LinkSetupError, load_secret, tls_contexts
 from ..ingress.keys import DEFAULT_KEEP_COUNT, DEFAULT_KEEP_SECONDS
 from ..ingress.server import IngressServer, IngressSettings, parse_address
 from .background import BackgroundFailure, BackgroundTaskError
@@ -300,11 +300,13 @@ def _ingress(
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--ingress") from None
     try:
-        secret = load_secret(link_settings(**security), data_dir)
+        links = link_settings(**security)
+        secret = load_secret(links, data_dir)
+        tls = tls_contexts(links)  # the ingress takes the links' TLS (docs/ingress.md)
     except LinkSetupError as exc:
         raise click.ClickException(str(exc)) from None
     settings = IngressSettings(host, port, keep_count=keep, keep_seconds=keep_seconds)
-    return IngressServer(secret, settings)
+    return IngressServer(secret, settings, tls[0] if tls is not None else None)
 
 
 @click.command(cls=_ServiceCommand)

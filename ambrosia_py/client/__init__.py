@@ -23,6 +23,7 @@ from ..ingress.errors import (
 )
 from ..ingress.frames import ServiceInfo
 from .asyncio_client import DEFAULT_TIMEOUT, AsyncClient
+from .calls import tls_context
 from .sync_client import Client
 
 __all__ = [
@@ -37,4 +38,5 @@ __all__ = [
     "IngressProtocolError",
     "KeyReusedError",
     "ServiceInfo",
+    "tls_context",
 ]

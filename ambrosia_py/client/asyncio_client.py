@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import ssl
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from ..ingress.errors import (
     CallRefusedError,
     CallTimeoutError,
     ClientClosedError,
+    IngressError,
     IngressProtocolError,
 )
 from ..ingress.frames import (
@@ -32,7 +34,15 @@ from ..ingress.frames import (
     call_frame_length,
 )
 from ..ingress.keys import describe_key
-from .calls import call_key, client_address, client_secret, encode_call, method_spec, result_of
+from .calls import (
+    call_key,
+    client_address,
+    client_secret,
+    encode_call,
+    method_spec,
+    result_of,
+    tls_refused,
+)
 
 __all__ = ["DEFAULT_TIMEOUT", "AsyncClient"]
 
@@ -52,6 +62,11 @@ class _Lost(ConnectionError):
 
 class _ClosedAfterProof(ConnectionError):
     pass
+
+
+class _ClosedAfterTls(ConnectionError):
+    """Closed after the TLS handshake, before the HELLO: how a service refuses a client
+    certificate under TLS 1.3 (asyncio closes without sending the alert)."""
 
 
 class _Link:
@@ -76,9 +91,17 @@ class _Link:
 
     @classmethod
     async def connect(
-        cls, host: str, port: int, secret: bytes, max_reply_frame: int, handshake_timeout: float
+        cls,
+        host: str,
+        port: int,
+        secret: bytes,
+        max_reply_frame: int,
+        handshake_timeout: float,
+        tls: ssl.SSLContext | None,
     ) -> _Link:
-        reader, writer = await asyncio.open_connection(host, port)
+        reader, writer = await asyncio.open_connection(
+            host, port, ssl=tls, ssl_handshake_timeout=handshake_timeout if tls else None
+        )
         conn = ClientConnection(secret, max_reply_frame=max_reply_frame)
         try:
             async with asyncio.timeout(handshake_timeout):
@@ -87,6 +110,8 @@ class _Link:
                     if not data:
                         if conn.state is ConnectionState.AWAIT_WELCOME:
                             raise _ClosedAfterProof(f"{host}:{port} closed after our proof")
+                        if tls is not None:
+                            raise _ClosedAfterTls(f"{host}:{port} closed after TLS, before HELLO")
                         raise ConnectionResetError(f"{host}:{port} closed before its HELLO")
                     conn.receive_data(data)
                     writer.write(conn.data_to_send())
@@ -150,7 +175,8 @@ class AsyncClient:
     ``address`` is the service's ``--ingress`` (``"host:port"`` or a pair). The secret is
     the cluster's (see :func:`~ambrosia_py.client.calls.client_secret`): ``secret_file``
     or the service's ``data_dir``. ``timeout`` bounds each call, retries included;
-    ``max_backoff`` the wait between attempts. Use it from one event loop.
+    ``max_backoff`` the wait between attempts. ``tls``: for a service run with
+    ``--tls-cert`` (:func:`~ambrosia_py.client.tls_context`). Use it from one event loop.
     """
 
     def __init__(
@@ -163,6 +189,7 @@ class AsyncClient:
         max_backoff: float = 2.0,
         handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
         max_reply_frame: int = DEFAULT_MAX_REPLY_FRAME,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         if timeout <= 0 or max_backoff <= 0:
             raise ValueError("timeout and max_backoff must be positive")
@@ -172,9 +199,11 @@ class AsyncClient:
         self.max_backoff = max_backoff
         self._handshake_timeout = handshake_timeout
         self._max_reply_frame = max_reply_frame
+        self._tls = tls
         self._link: _Link | None = None
         self._lock = asyncio.Lock()
         self._closes_after_proof = 0
+        self._closes_after_tls = 0
         self._closed = False
         self.resent = 0  # calls sent again after their connection failed (for tests, benches)
 
@@ -233,6 +262,8 @@ class AsyncClient:
                     continue
                 raise self._timed_out(label, raw_key, attempts, last) from None
             except (ConnectionError, OSError) as exc:
+                if tls_refused(exc):
+                    raise IngressError(f"{label}: TLS with {self.address} refused: {exc}") from None
                 last = exc
                 failures += 1
                 delay = min(self.max_backoff, _FIRST_BACKOFF * 2 ** min(failures - 1, 16))
@@ -255,6 +286,7 @@ class AsyncClient:
                     self._secret,
                     self._max_reply_frame,
                     self._handshake_timeout,
+                    self._tls,
                 )
             except _ClosedAfterProof:
                 self._closes_after_proof += 1
@@ -263,6 +295,16 @@ class AsyncClient:
                         f"the service at {self.address} closed the connection after this "
                         f"client's proof {self._closes_after_proof} times in a row: the secret "
                         f"from {self.secret_path} is not its cluster secret"
+                    ) from None
+                raise
+            except _ClosedAfterTls:
+                self._closes_after_tls += 1
+                if self._closes_after_tls >= _CLOSES_AFTER_PROOF:
+                    raise IngressError(
+                        f"TLS with {self.address} refused: the service closed "
+                        f"{self._closes_after_tls} connections in a row after TLS, before its "
+                        "HELLO: it refuses this client's certificate (with --tls-ca it needs "
+                        "one from that CA; its log says why)"
                     ) from None
                 raise
             except AuthenticationError as exc:
@@ -279,7 +321,7 @@ class AsyncClient:
                     frame=exc.frame,
                     offset=exc.offset,
                 ) from None
-            self._closes_after_proof = 0
+            self._closes_after_proof = self._closes_after_tls = 0
             self._link = link
             return link
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import inspect
 import os
 import secrets
+import ssl
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -36,9 +37,44 @@ __all__ = [
     "encode_call",
     "method_spec",
     "result_of",
+    "tls_context",
+    "tls_refused",
 ]
 
 DEFAULT_KEY_SIZE = 16  # random bytes of a key the client makes up
+
+
+def tls_context(
+    cert: str | Path | None = None, key: str | Path | None = None, ca: str | Path | None = None
+) -> ssl.SSLContext:
+    """A client's TLS context for an ingress the service runs with ``--tls-cert``.
+
+    ``ca``: the service's certificate must chain to it (without it, TLS only encrypts,
+    as between coordinators). ``cert`` (and ``key``, if not in the same file): the
+    client's certificate, which a service with ``--tls-ca`` requires. Host names are not
+    checked, as between coordinators: the secret's handshake says who answers.
+    """
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        if cert is not None:
+            ctx.load_cert_chain(cert, key)
+        if ca is not None:
+            ctx.load_verify_locations(ca)
+    except (OSError, ssl.SSLError) as exc:
+        raise IngressError(f"TLS certificate {cert} / key {key} / CA {ca}: {exc}") from None
+    ctx.verify_mode = ssl.CERT_REQUIRED if ca is not None else ssl.CERT_NONE
+    return ctx
+
+
+def tls_refused(exc: BaseException) -> bool:
+    """A TLS failure that trying again cannot mend: a certificate one side refused (the
+    service's does not chain to our CA, or it refused ours or its absence)."""
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return True
+    reason = getattr(exc, "reason", None) if isinstance(exc, ssl.SSLError) else None
+    return isinstance(reason, str) and ("CERTIFICATE" in reason or "UNKNOWN_CA" in reason)
 
 
 def method_spec(method: Callable[..., Any]) -> tuple[MethodSpec, str]:

@@ -7,6 +7,7 @@ its connection.
 from __future__ import annotations
 
 import asyncio
+import ssl
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -37,6 +38,7 @@ class Client:
         max_backoff: float = 2.0,
         handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
         max_reply_frame: int = DEFAULT_MAX_REPLY_FRAME,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self._client = AsyncClient(
             address,
@@ -46,6 +48,7 @@ class Client:
             max_backoff=max_backoff,
             handshake_timeout=handshake_timeout,
             max_reply_frame=max_reply_frame,
+            tls=tls,
         )
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(

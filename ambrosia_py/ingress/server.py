@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from typing import TYPE_CHECKING
 
@@ -125,9 +126,12 @@ class _Client:
 class IngressServer:
     """The ingress of one immortal: :meth:`bind`, then :meth:`attach` once primary."""
 
-    def __init__(self, secret: bytes, settings: IngressSettings) -> None:
+    def __init__(
+        self, secret: bytes, settings: IngressSettings, tls: ssl.SSLContext | None = None
+    ) -> None:
         self._secret = secret
         self.settings = settings
+        self.tls = tls  # the links' server context (run --tls-cert): calls in TLS too
         self._server: asyncio.Server | None = None
         self._dispatcher: Dispatcher | None = None
         self._info: ServiceInfo | None = None
@@ -146,7 +150,12 @@ class IngressServer:
     async def bind(self) -> tuple[str, int]:
         """Listen on the configured address; accept nothing until :meth:`attach`."""
         self._server = await asyncio.start_server(
-            self._serve, self.settings.host, self.settings.port, start_serving=False
+            self._serve,
+            self.settings.host,
+            self.settings.port,
+            ssl=self.tls,
+            ssl_handshake_timeout=self.settings.handshake_timeout_s if self.tls else None,
+            start_serving=False,
         )
         return self.address
 
