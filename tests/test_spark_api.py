@@ -17,6 +17,7 @@ SPARK_API = [
     "LogFormatError",
     "LogReadError",
     "NoLogsError",
+    "cluster_session",
     "find_logs",
     "java_problem",
     "local_session",

@@ -1,10 +1,12 @@
 """Spark over the recorded logs: the ``ambrosia`` PySpark data source.
 
 ``register(spark)`` adds the data source to a session, ``local_session()`` makes a
-configured local one; then ``spark.read.format("ambrosia").load(PATH)`` reads logs as
-rows (batch) and ``spark.readStream.format("ambrosia").load(DATA_DIR)`` follows them as
-they grow. :func:`read_rows` gives the same rows in pure Python. Importing this package
-needs neither PySpark nor PyArrow; using Spark does (``pip install 'ambrosia-py[spark]'``).
+configured local one and ``cluster_session(master)`` one on a cluster; then
+``spark.read.format("ambrosia").load(PATH)`` reads logs as rows (batch) and
+``spark.readStream.format("ambrosia").load(DATA_DIR)`` follows them as they grow.
+:func:`read_rows` gives the same rows in Python alone (no Spark). Importing this package
+needs neither PySpark nor PyArrow; reading logs needs PyArrow (files are read through
+``pyarrow.fs``), Spark needs both (``pip install 'ambrosia-py[spark]'``).
 See ``docs/spark.md``.
 """
 
@@ -12,7 +14,7 @@ from .errors import LogDamageError, LogFormatError, LogReadError, NoLogsError
 from .layout import LogFile, find_logs
 from .rows import read_rows
 from .schema import MESSAGE_COLUMNS, MSG_TYPE_NAMES, RECORD_COLUMNS
-from .session import java_problem, local_session, register
+from .session import cluster_session, java_problem, local_session, register
 
 __all__ = [
     "MESSAGE_COLUMNS",
@@ -23,6 +25,7 @@ __all__ = [
     "LogFormatError",
     "LogReadError",
     "NoLogsError",
+    "cluster_session",
     "find_logs",
     "java_problem",
     "local_session",
