@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from ambrosia_py import background
 from ambrosia_py.binding.exits import ExitStatus
 from ambrosia_py.binding.run_cli import load_service
 from ambrosia_py.cli import main
@@ -235,10 +236,15 @@ def test_a_failing_background_task_stops_the_service(tmp_path: Path) -> None:
     assert "binding disconnected" in text
 
 
-def test_a_background_task_can_be_restarted_with_backoff(tmp_path: Path) -> None:
-    path = service(tmp_path, "flaky_feed", FLAKY)
-    args = (path, "--data-dir", tmp_path / "data", "--background-failure", "restart")
-    with running(*args) as run:
+@pytest.mark.parametrize("where", ["run's option", "the task's own policy"])
+def test_a_background_task_can_be_restarted_with_backoff(tmp_path: Path, where: str) -> None:
+    if where == "run's option":
+        path = service(tmp_path, "flaky_feed", FLAKY)
+        args: tuple[Any, ...] = ("--background-failure", "restart")
+    else:  # run's policy is stop, the task's restart
+        code = FLAKY.replace("@background\n", '@background(on_failure="restart")\n')
+        path, args = service(tmp_path, "flaky_own_feed", code), ()
+    with running(path, "--data-dir", tmp_path / "data", *args) as run:
         run.wait_for(lambda line: "feed is up after 3 starts" in line)
         restarts = [line for line in run.lines if "restarting it in" in line]
         assert len(restarts) == 2
@@ -248,6 +254,21 @@ def test_a_background_task_can_be_restarted_with_backoff(tmp_path: Path) -> None
         assert run.proc.poll() is None  # the service ran on meanwhile
         run.proc.send_signal(signal.SIGINT)
         assert run.finish() == ExitStatus.OK
+
+
+def test_a_task_that_must_stop_the_service_does_so_whatever_run_says(tmp_path: Path) -> None:
+    code = FAILING.replace("@background\n", '@background(on_failure="stop")\n')
+    path = service(tmp_path, "failing_own_feed", code)
+    args = (path, "--data-dir", tmp_path / "data", "--background-failure", "restart")
+    with running(*args) as run:
+        assert run.finish() == ExitStatus.BACKGROUND_TASK_FAILED
+    assert "background task 'feed' failed: ValueError: the feed broke" in error_lines(run.text)[0]
+    assert "restarting it" not in run.text
+
+
+def test_a_background_policy_must_be_stop_or_restart() -> None:
+    with pytest.raises(ValueError, match=r"on_failure='retry'.*one of \('stop', 'restart'\)"):
+        background(on_failure="retry")
 
 
 def test_an_unpicklable_impulse_argument_names_method_argument_and_task(tmp_path: Path) -> None:

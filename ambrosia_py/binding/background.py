@@ -11,6 +11,8 @@ policy ``ambrosia-py run --background-failure`` chooses:
 * ``restart``: the task is started again after a delay that doubles with each failure in
   a row (:class:`Backoff`), and the rest of the service runs on meanwhile.
 
+A task marked ``@background(on_failure=...)`` follows its own policy instead.
+
 A task that returns is logged and not started again: returning is how a task says it is
 done. Cancelling (the service stopping) is not a failure.
 """
@@ -26,7 +28,7 @@ from typing import Any
 import attrs
 
 from .errors import BindingError
-from .immortal import Immortal
+from .immortal import Immortal, background_policy
 
 __all__ = ["Backoff", "BackgroundFailure", "BackgroundTaskError", "BackgroundTasks"]
 
@@ -121,7 +123,8 @@ class BackgroundTasks:
             log.info("background task %s finished", name)
             return
         log.error("background task %s failed", name, exc_info=exc)
-        if self._policy is BackgroundFailure.STOP:
+        own = background_policy(getattr(type(self._immortal()), name))
+        if (BackgroundFailure(own) if own else self._policy) is BackgroundFailure.STOP:
             self._stop(BackgroundTaskError(name, exc))
             return
         ran = asyncio.get_running_loop().time() - self._started_at[name]

@@ -94,12 +94,42 @@ def rpc_spec(fn: Callable[..., Any]) -> MethodSpec | None:
     return spec if isinstance(spec, MethodSpec) else None
 
 
-def background(fn: F) -> F:
-    """Mark an ``async def`` method to run on the real event loop once primary."""
-    if not inspect.iscoroutinefunction(fn):
-        raise TypeError(f"@background needs an async def method, not {fn!r}")
-    setattr(fn, _BACKGROUND_ATTR, True)
-    return fn
+BACKGROUND_POLICIES = ("stop", "restart")  # binding/background.py: BackgroundFailure
+
+
+@overload
+def background(fn: F, /) -> F: ...
+
+
+@overload
+def background(*, on_failure: str) -> Callable[[F], F]: ...
+
+
+def background(fn: F | None = None, /, *, on_failure: str | None = None) -> F | Callable[[F], F]:
+    """Mark an ``async def`` method to run on the real event loop once primary.
+
+    ``@background(on_failure="restart")`` (or ``"stop"``) sets what this task's failure
+    does, whatever ``run --background-failure`` says for the others: a feed that may
+    retry its connection can restart while a front end whose loss must stop the service
+    stops it (``binding/background.py``)."""
+    if on_failure is not None and on_failure not in BACKGROUND_POLICIES:
+        raise ValueError(
+            f"@background(on_failure={on_failure!r}): it takes one of {BACKGROUND_POLICIES}"
+        )
+
+    def mark(method: F) -> F:
+        if not inspect.iscoroutinefunction(method):
+            raise TypeError(f"@background needs an async def method, not {method!r}")
+        setattr(method, _BACKGROUND_ATTR, on_failure or True)
+        return method
+
+    return mark if fn is None else mark(fn)
+
+
+def background_policy(method: Callable[..., Any]) -> str | None:
+    """The ``on_failure`` a ``@background`` method was given, or None (run's policy)."""
+    policy = getattr(method, _BACKGROUND_ATTR, None)
+    return policy if isinstance(policy, str) else None
 
 
 class CallFuture:
