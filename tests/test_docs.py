@@ -35,6 +35,8 @@ A block may carry directives: an HTML comment on the line(s) right before its fe
   ``kill -9 16480``: the pid a reader takes from their own ready line).
 - ``check-output``: the output lines shown must appear in the command's output, in
   order; ``...`` in a line matches anything.
+- ``retry``: for a command whose outcome waits on background work (a stream still
+  flowing): run it again until it passes, within a deadline, as a reader would.
 - ``file=NAME`` (python and text blocks): write the block to NAME in the page's
   directory, for later commands.
 - ``run`` (python): run the block as a program, from the page's directory.
@@ -358,6 +360,20 @@ class PageRun:
             self.wait_exit(block)
 
     def run_foreground(self, block: Block, command: str, shown: list[str]) -> None:
+        deadline = time.monotonic() + START_TIMEOUT
+        while True:
+            failure = self.try_foreground(block, command, shown)
+            if failure is None:
+                return
+            if "retry" not in block.directives or time.monotonic() > deadline:
+                self.fail(block, *failure)
+                return
+            time.sleep(0.1)  # retrying a command until it passes, bounded by the deadline
+
+    def try_foreground(
+        self, block: Block, command: str, shown: list[str]
+    ) -> tuple[str, str] | None:
+        """None if the command passed, else what went wrong and its output."""
         try:
             done = subprocess.run(
                 ["bash", "-c", command],
@@ -371,14 +387,14 @@ class PageRun:
             )
         except subprocess.TimeoutExpired as exc:
             out = exc.output.decode(errors="replace") if exc.output else ""
-            self.fail(block, f"`{command}` did not finish within {COMMAND_TIMEOUT:g} s", out)
-            return
+            return f"`{command}` did not finish within {COMMAND_TIMEOUT:g} s", out
         output = done.stdout.decode(errors="replace")
         want = int(block.directives.get("status", "0"))
         if done.returncode != want:
-            self.fail(block, f"`{command}` exited {done.returncode}, not {want}", output)
-        elif "check-output" in block.directives and (miss := matches_in_order(shown, output)):
-            self.fail(block, f"`{command}`: {miss}", output)
+            return f"`{command}` exited {done.returncode}, not {want}", output
+        if "check-output" in block.directives and (miss := matches_in_order(shown, output)):
+            return f"`{command}`: {miss}", output
+        return None
 
     def start_background(self, block: Block, command: str) -> None:
         log = self.dir / f"_background_{len(self.background)}.log"
