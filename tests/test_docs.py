@@ -400,7 +400,7 @@ class PageRun:
         log = self.dir / f"_background_{len(self.background)}.log"
         with log.open("wb") as out:
             proc = subprocess.Popen(
-                ["bash", "-c", f"exec {command}" if "|" not in command else command],
+                ["bash", "-c", command],
                 cwd=self.dir,
                 env=self.env,
                 stdin=subprocess.DEVNULL,
