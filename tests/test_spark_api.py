@@ -18,6 +18,7 @@ SPARK_API = [
     "LogReadError",
     "NoLogsError",
     "cluster_session",
+    "decoded",
     "find_logs",
     "java_problem",
     "local_session",

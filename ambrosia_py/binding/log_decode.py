@@ -51,6 +51,20 @@ class ServiceDecoder:
         text = f"{spec.name}({', '.join(parts)})"
         return text if len(text) <= _MAX_CALL else text[: _MAX_CALL - 4] + "...)"
 
+    def arguments(self, method_id: int, data: wire.Payload) -> tuple[str, dict[str, Any]] | None:
+        """The method's name and the arguments its handler ran with, by parameter name
+        (defaults applied), for a call to ``method_id``; None for an id the service lacks.
+        Raises what decoding or binding raised (arguments that do not decode, or that do
+        not fit the method's present signature). The Spark decoding's columns
+        (``ambrosia_py/spark/decode.py``) are built on this."""
+        spec = self.service.rpc_methods().get(method_id)
+        if spec is None:
+            return None
+        args, kwargs = codec.decode_args(spec.codec, data)
+        bound = spec.signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return spec.name, dict(bound.arguments)
+
     def value(self, data: wire.Payload) -> str:
         """A return value or exception, by its first byte: a pickle starts with 0x80,
         the json form (a json method's value, or any exception in json) otherwise."""

@@ -7,9 +7,11 @@ configured local one and ``cluster_session(master)`` one on a cluster; then
 :func:`read_rows` gives the same rows in Python alone (no Spark). Importing this package
 needs neither PySpark nor PyArrow; reading logs needs PyArrow (files are read through
 ``pyarrow.fs``), Spark needs both (``pip install 'ambrosia-py[spark]'``).
-See ``docs/spark.md``.
+``decoded(df, Service)`` adds the calls' method names and arguments as columns (opt-in:
+it unpickles, so only for logs you trust). See ``docs/spark.md``.
 """
 
+from .decode import decoded
 from .errors import LogDamageError, LogFormatError, LogReadError, NoLogsError
 from .layout import LogFile, find_logs
 from .rows import read_rows
@@ -26,6 +28,7 @@ __all__ = [
     "LogReadError",
     "NoLogsError",
     "cluster_session",
+    "decoded",
     "find_logs",
     "java_problem",
     "local_session",
