@@ -31,53 +31,10 @@ record at position ``k`` (1-based) is sent with message id ``k``, and a stream a
 consumed" and needs no special case; ``NOTHING_SEEN`` from the worker means it never saw
 the stream, and the stream starts at the source's origin (``Go.start is None``).
 
-Rules, where the seeds leave room:
-
-- HELLO on every new connection; on OK, one NOTIFY per stream that is not finished,
-  carrying the last acknowledged point (seed 000, *Streaming*: "if a connector is resuming
-  from Wallaroo's provided point of reference it should provide that reference"). The
-  draft's OK may list points too; they are hints, used only for a stream the core knows
-  no point for. A stream starts only when the NOTIFY_ACK for its last NOTIFY arrives.
-- NOTIFY_ACK(false): the stream is held by another connection (say, our own previous
-  one, not yet seen closed by the worker); NOTIFY again after a back-off (``RetryLater``).
-- ACK: (stream, point) pairs (its credits went to the edge as it arrived). A point below
-  the last acknowledged one (or ``NOTHING_SEEN``) is a rewind: the reader starts again
-  after it (reference: "a point of reference lower than the connector's current one tells
-  the connector to rewind its source"). NACK (draft): the stream is stopped, one NOTIFY
-  answers each NACK (seed 000: NACKs stack, "each NACK will require a NOTIFY") and it
-  resumes from the point of the NOTIFY_ACK answering the last one.
-- End of stream: the reader reports the point it ended at; the core sends EOS (draft: a
-  boundary flagged EOS with that point as its id, seed 000 D0; v3: EOS_MESSAGE). A stream
-  whose EOS the worker acknowledged at its end point is finished and not introduced again.
-- RESTART(host:port): the worker closes; connect there, HELLO again, re-notify every
-  stream (reference). The new address is the target from then on (it is state, so a
-  restarted connector goes there too).
-- MIGRATE(host, port) follows the addendum's order (seed 001, *Migration Protocol*): the
-  reader halts every running stream and reports where it stopped; the core sends EOS at
-  that point (steps 2 and 3) and meanwhile dials the new address and says HELLO (steps
-  7, 8, old connection still open). Once the new worker's OK came and the old worker has
-  acknowledged every stream at or past its EOS (step 6; a stream whose NOTIFY was in
-  flight is settled by its refusal, which carries the old worker's point), MIGRATION_ACK
-  goes out on the old connection (step 9) and the streams are introduced on the new one
-  with the old worker's final points (step 11), which a target run with ``--adopt-points``
-  takes over. If the old connection fails first the migration is abandoned (the old
-  worker is still the system of record) and the connector reconnects to it; if the new
-  one fails, it is dialled again.
-- A move is exactly once for the streams open on the moved connection: their final
-  point reaches the connector (the old worker's ACKs after EOS in the draft, its last ACK
-  before RESTART in v3) before the new worker is told it. A stream whose NOTIFY is in
-  flight or was refused (held by a connection the old worker has not seen close) when
-  the move comes carries the last point the connector knows, which may lag the old
-  worker's: a target that adopts it may take a few messages again. (Released Wallaroo
-  moved a source's state between workers itself; ``--adopt-points`` stands in for that.)
-- Anything from the worker that does not decode or is not valid in its state: ERROR with
-  the reason, close, reconnect (seed 000, *Protocol State Machine*). A source that cannot
-  resume from the point the worker gave (a file shorter than it): ERROR, and the stream
-  is not introduced again in this incarnation (seed 000, D5: "an error here should
-  always mean halt").
-- Back-off: ``Dial.attempt`` counts the sessions in a row that ended before OK (a refused
-  cookie backs off; a worker that crashed mid-stream is redialled at once, and the edge
-  backs off between refused connects).
+The rules where the seeds leave room (NOTIFY and resume, rewinds, stacked NACKs, the end
+of a stream, RESTART, MIGRATE in the addendum's order, bad input, back-off) are written
+down once, in ``docs/wallaroo_connector.md``, *The protocol as the connector plays it*;
+the handlers below cite them.
 """
 
 from __future__ import annotations
@@ -112,7 +69,7 @@ from .connector_actions import (
     format_address,
     parse_address,
 )
-from .errors import FrameTooLargeError, ProtocolError
+from .errors import FrameTooLargeError, ProtocolError, UnknownStreamError
 from .frames import (
     Ack,
     Error,
@@ -128,25 +85,13 @@ from .frames import (
 )
 from .states import ConnectionMachine, ConnectionState, Role, StreamMachine, StreamState
 
-__all__ = ["ConnectorCore", "UnknownStreamError"]
+__all__ = ["ConnectorCore", "UnknownStreamError"]  # the error lives in errors.py
 
 _C = Role.CONNECTOR
 _CS, _SS = ConnectionState, StreamState
 _MAX_REASON: Final = 2000  # characters of an ERROR reason we send (seed 000: "short")
 _MAIN, _MIGRATION = "main", "migration"
 _NOTHING: Final = Actions()
-
-
-class UnknownStreamError(ProtocolError):
-    """A frame from the worker naming a stream this connector never introduced."""
-
-    def __init__(self, dialect: str, frame: str, offset: int, stream_id: int) -> None:
-        reason = f"stream {stream_id} was never notified by this connector"
-        super().__init__(dialect, frame, "stream_id", offset, reason)
-        self.stream_id = stream_id
-
-    def __reduce__(self) -> tuple[type[ProtocolError], tuple[str, str, int, int]]:  # type: ignore[override]
-        return (type(self), (self.dialect, self.frame, self.offset, self.stream_id))
 
 
 # --- the state ---------------------------------------------------------------------------

@@ -24,6 +24,7 @@ __all__ = [
     "TrailingBytesError",
     "TruncatedFrameError",
     "TruncatedStreamError",
+    "UnknownStreamError",
     "UnknownTagError",
     "WallarooError",
 ]
@@ -128,6 +129,18 @@ class TruncatedStreamError(ProtocolError):
             type(self),
             (self.dialect, self.offset, self.received, self.declared, self.prefix),
         )
+
+
+class UnknownStreamError(ProtocolError):
+    """A frame from the worker naming a stream this connector never introduced."""
+
+    def __init__(self, dialect: str, frame: str, offset: int, stream_id: int) -> None:
+        reason = f"stream {stream_id} was never notified by this connector"
+        super().__init__(dialect, frame, "stream_id", offset, reason)
+        self.stream_id = stream_id
+
+    def __reduce__(self) -> tuple[type[ProtocolError], tuple[str, str, int, int]]:  # type: ignore[override]
+        return (type(self), (self.dialect, self.frame, self.offset, self.stream_id))
 
 
 class EncodeError(WallarooError, ValueError):
