@@ -94,7 +94,6 @@ NOT_RUN: tuple[tuple[str, str | None, str], ...] = (
         "{command} --help",
         "measurements take minutes; tests/test_bench*.py run small versions of each",
     ),
-    ("git clone", None, "needs the network; this test runs inside a clone"),
     ("python3 -m venv", None, "set-up: this test runs in the installed .venv"),
     (". .venv/bin/activate", None, "set-up: this test runs in the installed .venv"),
     (".venv/bin/pip install", None, "set-up: this test runs in the installed .venv"),
@@ -480,17 +479,6 @@ def test_page(page_run: PageRun) -> None:
     assert not page_run.failures, "\n\n".join(
         [f"{len(page_run.failures)} failing block(s) in {page_run.page.name}:", *page_run.failures]
     )
-
-
-def test_not_run_entries_are_used() -> None:
-    """An entry no page needs any more is dropped, so the list stays short and true."""
-    shown = [
-        c.text for page in pages() for b in blocks(page) if b.tag == "console" for c in commands(b)
-    ]
-    for prefix, _, _ in NOT_RUN:
-        assert any(
-            c.split(" # ", 1)[0].strip() == prefix or c.startswith(prefix + " ") for c in shown
-        ), f"NOT_RUN lists {prefix!r}, which no page shows"
 
 
 def test_fences_parse(tmp_path: Path) -> None:
