@@ -246,6 +246,11 @@ def _alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
+def _kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
 def matches_in_order(shown: list[str], actual: str) -> str | None:
     """None if every shown line (``...`` matching anything) appears in order."""
     lines = actual.splitlines()
@@ -372,25 +377,32 @@ class PageRun:
     def try_foreground(
         self, block: Block, command: str, shown: list[str]
     ) -> tuple[str, str] | None:
-        """None if the command passed, else what went wrong and its output."""
+        """None if the command passed, else what went wrong and its output.
+
+        It runs in a process group of its own, killed once the command is done (or
+        past its time), so nothing it left behind outlives it."""
+        proc = subprocess.Popen(
+            ["bash", "-c", command],
+            cwd=self.dir,
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
-            done = subprocess.run(
-                ["bash", "-c", command],
-                cwd=self.dir,
-                env=self.env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                timeout=COMMAND_TIMEOUT,
-                start_new_session=True,
-            )
-        except subprocess.TimeoutExpired as exc:
-            out = exc.output.decode(errors="replace") if exc.output else ""
+            stdout, _ = proc.communicate(timeout=COMMAND_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc.pid)
+            stdout, _ = proc.communicate()
+            out = stdout.decode(errors="replace")
             return f"`{command}` did not finish within {COMMAND_TIMEOUT:g} s", out
-        output = done.stdout.decode(errors="replace")
+        finally:
+            _kill_group(proc.pid)
+        output = stdout.decode(errors="replace")
         want = int(block.directives.get("status", "0"))
-        if done.returncode != want:
-            return f"`{command}` exited {done.returncode}, not {want}", output
+        if proc.returncode != want:
+            return f"`{command}` exited {proc.returncode}, not {want}", output
         if "check-output" in block.directives and (miss := matches_in_order(shown, output)):
             return f"`{command}`: {miss}", output
         return None
@@ -445,6 +457,7 @@ class PageRun:
         """Ctrl-C for everything still running in the background, then SIGKILL."""
         for proc, _ in self.background:
             if proc.poll() is not None:
+                _kill_group(proc.pid)  # anything it left behind
                 continue
             family = [proc.pid, *_descendants(proc.pid)]
             with contextlib.suppress(ProcessLookupError):
