@@ -40,7 +40,8 @@ A block may carry directives: an HTML comment on the line(s) right before its fe
 - ``file=NAME`` (python and text blocks): write the block to NAME in the page's
   directory, for later commands.
 - ``run`` (python): run the block as a program, from the page's directory.
-- ``needs=java``: skipped (with the reason shown) where no ``java`` is found. Commands
+- ``needs=java``: not run where no ``java`` is found (a warning names each such
+  command). Commands
   and code naming Spark (``JAVA_MARKERS``) need it without saying so.
 
 Page directive: ``<!-- docs-test: port=7000 -->`` anywhere on a page replaces the port
@@ -63,6 +64,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -134,6 +136,7 @@ class Command:
 
 
 def pages() -> list[Path]:
+    """Found afresh on each run, so a page someone adds is checked from its first day."""
     return [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 
 
@@ -285,6 +288,7 @@ class PageRun:
         self.ports = {port: str(free_port()) for port in page_ports(page)}
         self.background: list[tuple[subprocess.Popen[bytes], Path]] = []
         self.failures: list[str] = []
+        self.skipped: list[str] = []
         self.ran = 0
 
     def substitute(self, text: str, block: Block) -> str:
@@ -335,6 +339,7 @@ class PageRun:
         if "run" not in block.directives:
             return
         if needs_java(block, text) and not have_java():
+            self.skipped.append(f"{block.where}: the program (no java)")
             return
         self.ran += 1
         script = self.dir / f"_block_{block.line}.py"
@@ -354,6 +359,7 @@ class PageRun:
                     self.run_foreground(block, instead, [])
                 continue
             if needs_java(block, command) and not have_java():
+                self.skipped.append(f"{block.where}: `{command}` (no java)")
                 continue
             self.ran += 1
             if "background" in block.directives:
@@ -489,6 +495,8 @@ def test_page(page_run: PageRun) -> None:
     page and line, the command and the end of its output."""
     for block in blocks(page_run.page):
         page_run.run_block(block)
+    for skipped in page_run.skipped:  # shown in pytest's warnings summary
+        warnings.warn(f"not run: {skipped}", stacklevel=1)
     assert not page_run.failures, "\n\n".join(
         [f"{len(page_run.failures)} failing block(s) in {page_run.page.name}:", *page_run.failures]
     )
