@@ -8,21 +8,16 @@ server's single run of that call produced.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import random
-import signal
-import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from ambrosia_py.testing import ImmortalRunner
-from tests.fake_binding import free_port
+from ambrosia_py.binding.errors import BindingError
+from ambrosia_py.testing import ImmortalRunner, ServiceProcess, free_port, replay_instance, wait_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "hello"))
 
@@ -88,82 +83,62 @@ def test_hello_is_exactly_once_across_sigkills_of_either_side(tmp_path: Path, se
         runner.close()
 
 
-class _Run:
-    """``ambrosia-py run`` of one hello instance as real processes: service and coordinator."""
-
-    def __init__(self, data_dir: Path, script: str, instance: str, *options: str) -> None:
-        folder = Path(__file__).resolve().parents[1] / "examples" / "hello"
-        self.proc = subprocess.Popen(
-            [
-                *(sys.executable, "-m", "ambrosia_py.cli", "run", str(folder / script)),
-                *("--instance", instance, "--data-dir", str(data_dir), *options),
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        self.lines: list[str] = []
-        self.ic_pid = 0
-        self.ready = threading.Event()
-        self.done = threading.Event()
-        threading.Thread(target=self._drain, daemon=True).start()
-        assert self.ready.wait(DEADLINE), "".join(self.lines)
-
-    def _drain(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line)
-            if line.startswith("ready "):
-                fields = dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
-                self.ic_pid = int(fields["coordinator_pid"])
-                self.ready.set()
-            if line.startswith("done:"):
-                self.done.set()
-        self.ready.set()
-
-    def kill(self, pid: int) -> None:
-        os.kill(pid, signal.SIGKILL)
-        # Either way both processes end: a coordinator stops when its binding goes, and a
-        # binding when its coordinator goes.
-        self.proc.wait(timeout=DEADLINE)
-        deadline = time.monotonic() + DEADLINE
-        while time.monotonic() < deadline:
-            try:
-                os.kill(self.ic_pid, 0)
-            except ProcessLookupError:
-                return
-            time.sleep(0.01)  # polling for a process to end, with a deadline
-        raise AssertionError(f"coordinator {self.ic_pid} did not stop")
-
-    def stop(self) -> None:
-        for pid in (self.proc.pid, self.ic_pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        self.proc.wait(timeout=DEADLINE)
+HELLO = Path(__file__).resolve().parents[1] / "examples" / "hello"
 
 
-def test_hello_under_run_survives_sigkill_of_the_server_service_and_coordinator(
-    tmp_path: Path,
-) -> None:
-    """Real processes throughout: the server's service process is SIGKILLed, then its
-    coordinator; each time the same command runs again; the client finishes with every
-    call run once (the last reply's greeting number is the number of calls)."""
-    count = 1501
-    server = _Run(tmp_path, "server.py", "server")
-    client = _Run(tmp_path, "client.py", "client", "--count", str(count))
+def _run(data_dir: Path, script: str, instance: str, *options: str) -> ServiceProcess:
+    """``ambrosia-py run`` of one hello instance as real processes, ready."""
+    svc = ServiceProcess(str(HELLO / script), instance, data_dir, options)
+    svc.start()
+    svc.wait_for_log("ready ", DEADLINE)
+    return svc
+
+
+def _logged(service: type[Any], data_dir: Path, instance: str) -> dict[str, Any]:
+    """An instance's state as its durable log has it now (an offline replay, read only)."""
     try:
-        for victim in ("service", "coordinator"):
-            assert not client.done.is_set(), "the client finished before the crash"
-            server.kill(server.proc.pid if victim == "service" else server.ic_pid)
-            server = _Run(tmp_path, "server.py", "server")
-            time.sleep(0.3)  # let calls flow again before the next kill (pacing, not sync)
-        assert client.done.wait(DEADLINE), "".join(client.lines[-20:])
-        (done,) = [line for line in client.lines if line.startswith("done:")]
-        assert done.startswith(f"done: {count - count // 10} replies, {count // 10} refusals")
-        assert done.rstrip().endswith(f"(greeting #{count})")
+        return replay_instance(service, data_dir, instance).state
+    except BindingError:  # not registered yet
+        return {}
+
+
+def _check_every_call(data_dir: Path, count: int) -> None:
+    """Per call, from both logs: the client kept each reply in order with the greeting
+    number of the server's single run of that call, and the server ran each call once."""
+    expected = [f"Hello, friend-{i}! (greeting #{i + 1})" for i in range(count) if i % 10 != 9]
+    client = _logged(HelloClient, data_dir, "client")
+    assert client["done"] and client["replies"] == expected
+    assert client["refusals"] == ["no greeting for 'nobody'"] * (count // 10)
+    server = _logged(HelloServer, data_dir, "server")
+    assert server["calls"] == count
+    assert server["greeted"] == {f"friend-{i}": 1 for i in range(count) if i % 10 != 9}
+
+
+def test_hello_under_run_survives_sigkills_at_chosen_progress(tmp_path: Path) -> None:
+    """Real processes throughout: once the server's log holds 300 calls its service
+    process is SIGKILLed, at 700 its coordinator, at 1,100 both; each time the same
+    command runs again. Then every call is checked, from both logs."""
+    count = 1501
+    server = _run(tmp_path, "server.py", "server")
+    client = _run(tmp_path, "client.py", "client", "--count", str(count))
+    try:
+        for threshold, victim in ((300, "service"), (700, "coordinator"), (1100, "both")):
+            wait_for(
+                f"the server's log to hold {threshold} calls",
+                lambda t=threshold: _logged(HelloServer, tmp_path, "server").get("calls", 0) >= t,
+                DEADLINE,
+                client.tail,
+            )
+            assert "done:" not in client.output(), "the client finished before the crash"
+            server.kill(victim)  # type: ignore[arg-type]
+            server = _run(tmp_path, "server.py", "server")
+        client.wait_for_log("done:", DEADLINE)
+        (done,) = [line for line in client.output().splitlines() if line.startswith("done:")]
+        assert done.endswith(f"(greeting #{count})")
     finally:
         client.stop()
         server.stop()
+    _check_every_call(tmp_path, count)
 
 
 def test_hello_across_data_directories_with_link_addresses_given(tmp_path: Path) -> None:
@@ -182,15 +157,24 @@ def test_hello_across_data_directories_with_link_addresses_given(tmp_path: Path)
     client_args = ("--link-port", str(client_port), "--link-to", f"server=127.0.0.1:{server_port}")
     server_args += ("--secret-file", str(secret))
     client_args += ("--secret-file", str(secret))
-    server = _Run(tmp_path / "a", "server.py", "server", *server_args)
-    client = _Run(tmp_path / "b", "client.py", "client", "--count", str(count), *client_args)
+    server = _run(tmp_path / "a", "server.py", "server", *server_args)
+    client = _run(tmp_path / "b", "client.py", "client", "--count", str(count), *client_args)
     try:
-        server.kill(server.ic_pid)
-        server = _Run(tmp_path / "a", "server.py", "server", *server_args)
-        assert client.done.wait(DEADLINE), "".join(client.lines[-20:])
-        (done,) = [line for line in client.lines if line.startswith("done:")]
-        assert done.rstrip().endswith(f"(greeting #{count})")
+        wait_for(
+            "the server's log to hold 100 calls",
+            lambda: _logged(HelloServer, tmp_path / "a", "server").get("calls", 0) >= 100,
+            DEADLINE,
+            client.tail,
+        )
+        server.kill("coordinator")
+        server = _run(tmp_path / "a", "server.py", "server", *server_args)
+        client.wait_for_log("done:", DEADLINE)
+        assert f"(greeting #{count})" in client.output()
         assert not (tmp_path / "a" / "client_0").exists()  # nothing shared but the links
     finally:
         client.stop()
         server.stop()
+    client_state = _logged(HelloClient, tmp_path / "b", "client")
+    assert len(client_state["replies"]) == count - count // 10
+    assert client_state["replies"][-1].endswith(f"(greeting #{count})")
+    assert _logged(HelloServer, tmp_path / "a", "server")["calls"] == count
