@@ -106,6 +106,10 @@ NOT_RUN: tuple[tuple[str, str | None, str], ...] = (
 # Commands or code that start Spark, which needs a Java runtime.
 JAVA_MARKERS = ("ambrosia-py analyze", "bench spark", "pyspark", "ambrosia_py.spark")
 
+DIRECTIVES = frozenset(
+    {"background", "until", "wait-exit", "status", "ready", "check-output", "retry"}
+    | {"file", "run", "needs", "port"}
+)
 REFUSED_TAGS = frozenset({"sh", "bash", "shell", "shell-session", "zsh"})
 COMMAND_TIMEOUT = 90.0
 START_TIMEOUT = 60.0
@@ -315,6 +319,13 @@ class PageRun:
     # -- blocks ---------------------------------------------------------------------------
 
     def run_block(self, block: Block) -> None:
+        unknown = [
+            key
+            for key in block.directives
+            if key not in DIRECTIVES and not ("ready" in block.directives and key.isdigit())
+        ]
+        if unknown:  # a misspelt directive would otherwise be ignored in silence
+            self.fail(block, f"unknown docs-test directive(s) {unknown}")
         if block.tag == "":
             self.fail(block, "a fence without a tag: say console, python, text, ...")
         elif block.tag in REFUSED_TAGS:
