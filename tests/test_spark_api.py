@@ -37,7 +37,7 @@ def test_column_names_are_the_documented_ones() -> None:
     assert [name for name, _, _ in spark_api.MESSAGE_COLUMNS] == [
         "instance", "version", "log_file", "offset", "seq", "committer", "commit_time",
         "check_ok", "msg_index", "msg_type", "method_id", "rpc_type", "sender",
-        "destination", "call_seq", "payload_size", "payload",
+        "destination", "call_seq", "payload_size", "payload", "return_type",
     ]  # fmt: skip
     assert [name for name, _, _ in spark_api.RECORD_COLUMNS][8:] == ["size", "msg_count", "body"]
 

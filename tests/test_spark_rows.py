@@ -135,7 +135,7 @@ def index_times(log: Path) -> dict[int, tuple[int, int]]:
 def flat(msg: wire.Message, instance: str) -> dict[str, Any]:
     """The message columns of one (non-batch) message."""
     row: dict[str, Any] = dict.fromkeys(
-        ("method_id", "rpc_type", "sender", "destination", "call_seq", "payload")
+        ("method_id", "rpc_type", "sender", "destination", "call_seq", "payload", "return_type")
     )
     row["msg_type"] = (
         "RPC"
@@ -149,6 +149,7 @@ def flat(msg: wire.Message, instance: str) -> dict[str, Any]:
             row.update(sender=msg.sender, call_seq=msg.call_seq)
     elif isinstance(msg, wire.IncomingReturnValue):
         row.update(rpc_type="return", sender=msg.sender, call_seq=msg.call_seq)
+        row["return_type"] = {1: "value", 2: "no_value", 3: "exception"}[msg.return_type]
         row.update(destination=instance, payload=bytes(msg.value))
     elif isinstance(msg, wire.AttachTo):
         row["destination"] = msg.destination
@@ -429,6 +430,7 @@ def released_log() -> tuple[bytes, list[dict[str, Any]]]:
         "committer": 5,
         "commit_time": None,
         "check_ok": True,
+        "return_type": None,
     }
     none = dict.fromkeys(("method_id", "rpc_type", "sender", "destination", "call_seq"))
     at1 = len(record(0, initial, [], []))
@@ -441,7 +443,7 @@ def released_log() -> tuple[bytes, list[dict[str, Any]]]:
                 "payload": b"{}", "payload_size": 2},
         base | {"offset": at1, "seq": 1, "msg_index": 1, "msg_type": "RPC", "method_id": None,
                 "rpc_type": "return", "sender": "server", "destination": "server", "call_seq": 9,
-                "payload": b"err", "payload_size": 3},
+                "payload": b"err", "payload_size": 3, "return_type": "exception"},
         base | {"offset": at2, "seq": 2, "msg_index": 0, "msg_type": "RPC", "method_id": 3,
                 "rpc_type": "fork", "sender": None, "destination": "server", "call_seq": None,
                 "payload": b"{}", "payload_size": 2},

@@ -10,7 +10,8 @@ the flattened messages of the record:
   arguments as ``payload``; an async call also has ``sender`` and ``call_seq``.
 * ``RPC`` return values: ``rpc_type`` ``return``, ``sender`` (who ran the call),
   ``call_seq`` (the caller's number for it), the value or exception as ``payload``
-  (empty for "no value").
+  (empty for "no value"), and which of the three as ``return_type`` (``value``,
+  ``no_value``, ``exception``; null for every other row).
 * ``destination`` of an RPC is the log's instance (the coordinator strips it: the log
   belongs to the receiver); of an ``AttachTo``, the name attached to.
 * ``InitialMessage``, ``Ping``, ``PingReturn``: their data as ``payload``;
@@ -35,7 +36,13 @@ from ..wire import decode_zigzag_long as zigzag_long
 from .layout import find_logs
 from .plan import DEFAULT_SPLIT_BYTES, Piece, plan
 from .scan import Record, messages_of, read_span
-from .schema import MESSAGE_COLUMNS, MSG_TYPE_NAMES, RECORD_COLUMNS, RPC_TYPE_NAMES
+from .schema import (
+    MESSAGE_COLUMNS,
+    MSG_TYPE_NAMES,
+    RECORD_COLUMNS,
+    RETURN_TYPE_NAMES,
+    RPC_TYPE_NAMES,
+)
 
 __all__ = ["LEVELS", "Columns", "columns_of", "read_rows"]
 
@@ -125,6 +132,7 @@ class Columns:
         index, msg_type, method_id = c["msg_index"], c["msg_type"], c["method_id"]
         rpc_type, sender, call_seq = c["rpc_type"], c["sender"], c["call_seq"]
         destination, payload = c["destination"], c["payload"]
+        return_type = c["return_type"]
         instance = self.instance
         n = 0
         for outer in messages:
@@ -143,6 +151,7 @@ class Columns:
                         call_seq.append(None)
                     destination.append(instance)
                     payload.append(msg.args)
+                    return_type.append(None)
                     continue
                 values = _other(msg, instance)
                 msg_type.append(values[0])
@@ -152,6 +161,11 @@ class Columns:
                 call_seq.append(values[3])
                 destination.append(values[4])
                 payload.append(values[5])
+                return_type.append(
+                    RETURN_TYPE_NAMES[msg.return_type]
+                    if isinstance(msg, wire.IncomingReturnValue)
+                    else None
+                )
         return n
 
     def _add_calls(self, record: Record) -> int | None:
@@ -171,6 +185,7 @@ class Columns:
         method_id, rpc_type, payload = c["method_id"], c["rpc_type"], c["payload"]
         mark = len(payload)
         named: list[tuple[int, str, int]] = []  # (row, sender, call_seq): async calls, returns
+        returns: list[tuple[int, str]] = []  # (row, return_type)
         try:
             while pos < end:
                 b = raw[pos]
@@ -222,6 +237,7 @@ class Columns:
                     if q != stop:
                         raise _NotPlain
                     named.append((len(payload), name, seq))
+                    returns.append((len(payload), RETURN_TYPE_NAMES[kind]))
                     method_id.append(None)
                     rpc_type.append("return")
                     payload.append(value)
@@ -241,6 +257,10 @@ class Columns:
         for row, name, seq in named:
             sender[row] = name
             call_seq[row] = seq
+        return_type = c["return_type"]
+        return_type.extend([None] * n)
+        for row, kind_name in returns:
+            return_type[row] = kind_name
         return n
 
     def column(self, name: str) -> list[Any]:

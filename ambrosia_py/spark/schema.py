@@ -14,6 +14,7 @@ __all__ = [
     "MESSAGE_COLUMNS",
     "MSG_TYPE_NAMES",
     "RECORD_COLUMNS",
+    "RETURN_TYPE_NAMES",
     "RPC_TYPE_NAMES",
     "arrow_schema",
     "ddl",
@@ -38,7 +39,11 @@ MESSAGE_COLUMNS: tuple[tuple[str, str, bool], ...] = (
     ("call_seq", "BIGINT", True),
     ("payload_size", "BIGINT", True),
     ("payload", "BINARY", True),
+    ("return_type", "STRING", True),  # added last, so the columns before keep their places
 )
+
+# return_type by the return type byte of a return value (reference ambrosia.md, RPC layouts).
+RETURN_TYPE_NAMES = {1: "value", 2: "no_value", 3: "exception"}
 
 RECORD_COLUMNS: tuple[tuple[str, str, bool], ...] = (
     *MESSAGE_COLUMNS[:8],
