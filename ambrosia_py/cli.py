@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from .bench import bench
+from .binding.hashseed import as_program
 from .binding.run_cli import replay, run
 from .coordinator.admin_cli import instances, log, register, registry
 from .coordinator.ic_cli import coordinator, debug
@@ -30,5 +31,13 @@ main.add_command(replay)
 main.add_command(demo)
 main.add_command(analyze)
 
-if __name__ == "__main__":  # pragma: no cover
+
+def program() -> None:
+    """The ``ambrosia-py`` program (not an in-process call of :func:`main`): it may
+    execute itself again, under an instance's hash seed (``binding/hashseed.py``)."""
+    as_program()
     main()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    program()

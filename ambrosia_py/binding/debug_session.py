@@ -32,6 +32,8 @@ from ..wire import RecordReader
 from .client import connect, record_failure
 from .dispatcher import Dispatcher
 from .errors import BindingError
+from .exits import OneLineError
+from .hashseed import instance_seed, run_under_seed
 from .immortal import Immortal
 from .loading import load_service
 
@@ -218,6 +220,10 @@ def debug_command(
 ) -> int:
     """``ambrosia-py debug SERVICE ...``; its exit status (errors are one line)."""
     service = load_service(service_spec)
+    try:  # the run's set order, not this process's (hashseed.py)
+        run_under_seed(instance_seed(data_dir, instance, create=False))
+    except ValueError as exc:
+        raise OneLineError(str(exc)) from None
     # Warnings only (a torn tail found, a dropped reply): the rest is recovery's chatter.
     logging.basicConfig(
         stream=sys.stderr,

@@ -55,6 +55,7 @@ from .dispatcher import Dispatcher
 from .errors import BindingError
 from .exits import ExitStatus, OneLineError, coordinator_ended, verbose_option
 from .files import StateFiles, state_files_dir, use_state_files
+from .hashseed import instance_seed, run_under_seed
 from .immortal import Immortal
 from .loading import load_service
 
@@ -419,8 +420,11 @@ def run(
     instance = instance or service.__name__.lower()
     try:  # before anything writes there: the ingress's secret, sealed state, the coordinator
         writable_data_dir(data_dir)
+        run_under_seed(instance_seed(data_dir, instance, create=True))
     except DataDirError as exc:
         raise OneLineError(str(exc), cause=exc.__cause__) from None
+    except ValueError as exc:
+        raise OneLineError(str(exc)) from None
     # Sealed state (``files.py``) lives beside the instance's files in the data dir.
     files = StateFiles(state_files_dir(data_dir, instance))
     ingress = _ingress(ingress_address, ingress_keep, ingress_keep_seconds, link_security, data_dir)
@@ -472,6 +476,10 @@ def replay(
     from .replay import replay_instance  # the coordinator's modules only when asked
 
     service = load_service(service_spec)
+    try:  # the run's set order, not this process's (hashseed.py)
+        run_under_seed(instance_seed(data_dir, instance, create=False))
+    except ValueError as exc:
+        raise OneLineError(str(exc)) from None
     try:
         result = replay_instance(service, data_dir, instance, verify=verify, to_seq=to_seq)
     except BindingError as exc:

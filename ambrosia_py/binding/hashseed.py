@@ -1,0 +1,79 @@
+"""One string hash seed per instance, so that every incarnation iterates sets as the first.
+
+Python salts the hash of ``str`` and ``bytes`` with a seed chosen at each start
+(``PYTHONHASHSEED``), and a ``set``'s iteration order follows those hashes. A handler that
+iterates a set of strings (or pops from one) therefore did one thing in the run that
+logged its input and may do another in the process that replays it after a crash: the
+replay diverges from what was acknowledged, silently. ``replay --verify`` cannot see it
+either, since both of its replays run in one process, under one seed.
+
+So the seed is part of an instance's history. At its first start ``run`` draws one at
+random (a different one per instance: hash flooding by chosen keys stays as hard as
+Python makes it) and keeps it in ``<data dir>/<instance>.hash-seed`` (mode 0600). Every
+command that runs the instance's handlers (``run``, ``replay``, ``debug``) runs them
+under it: if the process was started with another seed it executes itself again with
+the instance's, before anything ran. An instance whose data dir has no seed file (made
+before this existed) runs under whatever seed its process has.
+
+Only the real program executes itself again: called in-process (click's test runner,
+the pytest plugin's runner), the command runs under the caller's seed, the same for the
+run and its replays.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import sys
+from pathlib import Path
+
+__all__ = ["HASH_SEED_ENV", "SEED_SUFFIX", "as_program", "instance_seed", "run_under_seed"]
+
+HASH_SEED_ENV = "PYTHONHASHSEED"
+SEED_SUFFIX = ".hash-seed"
+_MAX_SEED = 4_294_967_295  # PYTHONHASHSEED's largest; 0 would turn salting off
+_program = [False]
+
+
+def as_program() -> None:
+    """Called by the ``ambrosia-py`` program's entry point: it may execute itself again."""
+    _program[0] = True
+
+
+def instance_seed(data_dir: Path, instance: str, *, create: bool) -> int | None:
+    """The instance's seed; with ``create``, drawn and kept at its first start. None: no
+    seed file and not to create one. A file that is not a seed is a ValueError naming it."""
+    path = Path(data_dir) / f"{instance}{SEED_SUFFIX}"
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        if not create:
+            return None
+        seed = 1 + secrets.randbelow(_MAX_SEED)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:  # another start made it meanwhile: take that one
+            return instance_seed(data_dir, instance, create=False)
+        with os.fdopen(fd, "w") as f:
+            f.write(f"{seed}\n")
+            f.flush()
+            os.fsync(f.fileno())
+        return seed
+    value = text.strip()
+    if not value.isdigit() or not 1 <= int(value) <= _MAX_SEED:
+        raise ValueError(
+            f"{path} holds {value[:40]!r}, not a hash seed (1 to {_MAX_SEED}); it is part of "
+            f"instance {instance!r}'s history: restore it rather than delete it"
+        )
+    return int(value)
+
+
+def run_under_seed(seed: int | None) -> None:
+    """Execute this program again under ``seed`` unless it runs under it already (or is
+    not the program, or has no seed to keep). Returns only if nothing needs to change."""
+    if seed is None or not _program[0] or os.environ.get(HASH_SEED_ENV) == str(seed):
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    argv = [sys.executable, "-m", "ambrosia_py.cli", *sys.argv[1:]]
+    os.execve(sys.executable, argv, {**os.environ, HASH_SEED_ENV: str(seed)})
