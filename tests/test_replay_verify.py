@@ -6,11 +6,15 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
 
+from ambrosia_py.binding.run_cli import load_service
 from ambrosia_py.cli import main
+from ambrosia_py.client import Client
+from ambrosia_py.testing import ServiceProcess, free_port
 
 SERVICE = """
 import sys
@@ -108,3 +112,33 @@ def test_verify_names_the_record_method_and_attribute(
     # Record 0 is the initial message; the first impulse is record 1.
     assert "NOT DETERMINISTIC at record 1, method tick: state differs" in out
     assert "attribute 'seen'" in out
+
+
+STAMPS = """
+import time
+from ambrosia_py import Immortal, rpc
+
+
+class Stamps(Immortal):
+    def __init__(self):
+        self.at = 0.0
+
+    @rpc
+    def stamp(self) -> None:
+        self.at = time.time()
+"""
+
+
+def test_verify_names_the_method_an_ingress_call_ran(tmp_path: Path) -> None:
+    path = tmp_path / "stamps.py"
+    path.write_text(STAMPS)
+    stamps: Any = load_service(str(path))
+    port = free_port()
+    svc = ServiceProcess(str(path), "stamps", tmp_path / "data", ["--ingress", f":{port}"])
+    with svc.running():
+        svc.wait_for_log("ingress listening on")
+        with Client(f"127.0.0.1:{port}", data_dir=tmp_path / "data", timeout=60) as client:
+            client.call(stamps.stamp, key="first")
+    code, out = verify(tmp_path, path, "stamps")
+    assert code == 1, out
+    assert "method stamp (ingress call, key 'first'): state differs" in out, out

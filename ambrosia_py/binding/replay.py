@@ -25,6 +25,9 @@ from ..coordinator.ic_core import IcState
 from ..coordinator.registry import REGISTRY_FILE, RegistryError
 from ..coordinator.registry_files import instance_directories, open_registry_for_start
 from ..coordinator.storage import InstanceFiles
+from ..ingress.envelope import INGRESS_METHOD_ID, RetentionEnvelope, decode_envelope
+from ..ingress.errors import IngressProtocolError
+from ..ingress.keys import describe_key
 from ..wire import IncomingReturnValue, IncomingRpc, LogRecord
 from .checkpoint import decode_snapshot
 from .dispatcher import Dispatcher
@@ -98,6 +101,16 @@ def _records(
 def _method(service: type[Immortal], record: LogRecord) -> str:
     (msg,) = record.messages
     if isinstance(msg, IncomingRpc):
+        if msg.method_id == INGRESS_METHOD_ID:  # the method is in the logged envelope
+            try:
+                call = decode_envelope(msg.args)
+            except IngressProtocolError:
+                return "(a malformed ingress call)"
+            if isinstance(call, RetentionEnvelope):
+                return "(ingress retention setting)"
+            spec = service.rpc_methods().get(call.method_id)
+            name = spec.name if spec else f"#{call.method_id}"
+            return f"{name} (ingress call, key {describe_key(call.key)})"
         spec = service.rpc_methods().get(msg.method_id)
         return spec.name if spec else f"#{msg.method_id}"
     if isinstance(msg, IncomingReturnValue):
