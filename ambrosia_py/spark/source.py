@@ -1,8 +1,9 @@
 """The ``ambrosia`` PySpark data source: recorded logs as DataFrames, batch and streaming.
 
 ``spark.read.format("ambrosia").load(PATH)`` reads a data dir, one instance's log
-directory or one log file (:mod:`.layout`); rows are described in :mod:`.rows`, columns
-in :mod:`.schema`. Options:
+directory or one log file (:mod:`.layout`), given as a local path or a URI (``file://``,
+``hdfs://``, ``s3://``: files are read through ``pyarrow.fs``, :mod:`.fs`); rows are
+described in :mod:`.rows`, columns in :mod:`.schema`. Options:
 
 * ``level``: ``message`` (default, one row per message) or ``record``.
 * ``on_damage``: ``report`` (default: a damaged record or region is a row with
