@@ -44,7 +44,7 @@ class Location:
     """``path`` in ``filesystem``; ``prefix`` is put before it to show it (empty for local
     files, ``hdfs://host:port`` or ``s3://`` for others)."""
 
-    filesystem: Any = attrs.field(eq=False, repr=False)
+    filesystem: Any = attrs.field(repr=False, hash=False)  # compared by value, unhashable
     path: str
     prefix: str = ""
 
