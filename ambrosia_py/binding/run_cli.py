@@ -420,14 +420,15 @@ def run(
     instance = instance or service.__name__.lower()
     try:  # before anything writes there: the ingress's secret, sealed state, the coordinator
         writable_data_dir(data_dir)
-        run_under_seed(instance_seed(data_dir, instance, create=True))
     except DataDirError as exc:
         raise OneLineError(str(exc), cause=exc.__cause__) from None
-    except ValueError as exc:
-        raise OneLineError(str(exc)) from None
     # Sealed state (``files.py``) lives beside the instance's files in the data dir.
     files = StateFiles(state_files_dir(data_dir, instance))
     ingress = _ingress(ingress_address, ingress_keep, ingress_keep_seconds, link_security, data_dir)
+    try:  # once the command line is known good: from here on the instance starts
+        run_under_seed(instance_seed(data_dir, instance, create=True))
+    except ValueError as exc:
+        raise OneLineError(str(exc)) from None
     launch = _Launch(
         service,
         instance,
