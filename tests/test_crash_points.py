@@ -8,13 +8,16 @@ coordinators, so every call crosses both coordinators' logs, a link each way, bo
 bindings and a checkpoint's tail while it waits. Logs roll every few kilobytes
 (``AMBROSIA_LOG_TRIGGER_MB``), so checkpoints are taken all along.
 
-For each point, ``a`` runs with the point armed: ``ic.*`` points kill its coordinator,
+Each walk has a fresh ``a`` (``a1``, ``a2``, ...; ``b`` serves them all) and arms one
+instance (every point on ``a``; the receiving side of the link on ``b`` too; two points
+in ``a``'s first start): ``ic.*`` points kill its coordinator,
 ``binding.*`` points its service process, at a count that lands mid-workload. The test
 sees the death (the marker line naming the point and the dead pid, and the exit signal
-as the parent saw it), starts ``a`` again without the point, lets the callers finish, and
-checks against its own record of the answers: every token answered was debited exactly
-once and credited exactly once, nothing else was applied, each answer is the one its
-single application produced, and both services' own counters agree.
+as the parent saw it), starts the instance again without the point, lets the callers
+finish, and checks against its own record of the answers: every token answered was
+debited exactly once and credited exactly once, nothing else was applied, each answer is
+the one its single application produced, and both services' own counters agree. Last,
+once stopped, ``log verify`` passes on each instance's logs.
 """
 
 from __future__ import annotations
@@ -30,10 +33,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
 from ambrosia_py import crashpoints
 from ambrosia_py.binding.run_cli import load_service
 from ambrosia_py.client import Client
+from ambrosia_py.coordinator.admin_cli import log as log_commands
 from ambrosia_py.testing import ServiceProcess, free_port
 from ambrosia_py.testing.processes import wait_for
 
@@ -168,7 +173,8 @@ class _Callers:
     """Threads calling ``a.transfer`` with a key per token, each retried until answered;
     what they were answered is the test's own record."""
 
-    def __init__(self, client: Client, transfer: Any) -> None:
+    def __init__(self, client: Client, transfer: Any, prefix: str) -> None:
+        self._prefix = prefix  # tokens are PREFIX/CALLER-N: unique across the walks
         self.answered: dict[str, list[int]] = {}
         self.errors: list[BaseException] = []
         self._client = client
@@ -187,7 +193,7 @@ class _Callers:
         i = 0
         try:
             while not self._stop.is_set():
-                token = f"{t}-{i}"
+                token = f"{self._prefix}/{t}-{i}"
                 answer = self._client.call(self._transfer, token, key=token)
                 with self._lock:
                     self.answered[token] = answer
@@ -220,6 +226,7 @@ def _pids(svc: ServiceProcess) -> tuple[int, int]:
 
 
 def _gone(pid: int) -> bool:
+    """Exited (or a zombie: an orphaned coordinator is reaped by whoever adopted it)."""
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except OSError:
@@ -227,55 +234,99 @@ def _gone(pid: int) -> bool:
     return state in ("Z", "X")
 
 
-@pytest.fixture(scope="module")
-def service_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("crash_points") / "crash_ledger.py"
-    path.write_text(SERVICE)
-    return path
+class _Cluster:
+    """``b``, shared by the walks (one start fewer per walk: start-up is most of a
+    walk's time), and a fresh ``a<N>`` per walk, all in one data dir; every process and
+    client is stopped at the end, pass or fail."""
 
+    def __init__(self, service: Path, data: Path) -> None:
+        self.service = service
+        self.data = data
+        self.base = dict(os.environ, AMBROSIA_LOG_TRIGGER_MB=TRIGGER_MB)
+        self.base.pop(crashpoints.ENV, None)
+        self.ledger: Any = load_service(str(service))
+        self.ports: dict[str, int] = {}
+        self.svcs: dict[str, ServiceProcess] = {}
+        self.clients: list[Client] = []
+        self.b = self.instance("b")
 
-@pytest.fixture
-def pair(service_file: Path, tmp_path: Path) -> Iterator[dict[str, Any]]:
-    """Instances ``a`` and ``b``, not started (the test arms one); always stopped."""
-    data = tmp_path / "data"
-    base = dict(os.environ, AMBROSIA_LOG_TRIGGER_MB=TRIGGER_MB)
-    base.pop(crashpoints.ENV, None)
-    ports = {"a": free_port(), "b": free_port()}
-    peers = {"a": ["--peer", "b"], "b": []}
-    svcs = {
-        name: ServiceProcess(
-            str(service_file),
+    def instance(self, name: str, *args: str) -> ServiceProcess:
+        self.ports[name] = port = free_port()
+        svc = ServiceProcess(
+            str(self.service),
             name,
-            data,
-            ["--ingress", f"127.0.0.1:{ports[name]}", *peers[name]],
-            env=base,
+            self.data,
+            ["--ingress", f"127.0.0.1:{port}", *args],
+            env=self.base,
         )
-        for name in ("a", "b")
-    }
-    clients: list[Client] = []
-    try:
-        yield {"svcs": svcs, "data": data, "ports": ports, "base": base, "clients": clients}
-    finally:
-        for client in clients:
+        self.svcs[name] = svc
+        return svc
+
+    def client(self, name: str) -> Client:
+        c = Client(
+            f"127.0.0.1:{self.ports[name]}",
+            data_dir=self.data,
+            timeout=4 * DEADLINE,
+            max_backoff=0.2,
+        )
+        self.clients.append(c)
+        return c
+
+    def report(self, name: str) -> dict[str, Any]:
+        got: dict[str, Any] = self.client(name).call(self.ledger.report)
+        return got
+
+    def close(self) -> None:
+        for client in self.clients:
             client.close()
-        for svc in svcs.values():
+        for svc in self.svcs.values():
             svc.stop()
 
 
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Cluster]:
+    """``b`` serving; at the end, stopped, its whole history must verify."""
+    where = tmp_path_factory.mktemp("crash_points")
+    service = where / "crash_ledger.py"
+    service.write_text(SERVICE)
+    cluster = _Cluster(service, where / "data")
+    try:
+        cluster.b.start()
+        cluster.b.wait_for_log("ingress listening on", DEADLINE)
+        yield cluster
+    finally:
+        cluster.close()
+    _verify(cluster.data / "b_0")
+
+
+def _verify(instance_dir: Path) -> None:
+    """``ambrosia-py log verify`` on what a crash and its recovery left: a clean history."""
+    done = CliRunner().invoke(log_commands, ["verify", str(instance_dir)])
+    assert done.exit_code == 0, done.output
+
+
 @pytest.mark.parametrize(("point", "at", "victim"), WALKS, ids=[f"{v}-{p}" for p, _, v in WALKS])
-def test_crash_point(
-    point: str, at: int, victim: str, pair: dict[str, Any], service_file: Path, tmp_path: Path
-) -> None:
-    ledger: Any = load_service(str(service_file))
-    svcs: dict[str, ServiceProcess] = pair["svcs"]
-    armed = svcs[victim]
+def test_crash_point(point: str, at: int, victim: str, cluster: _Cluster, tmp_path: Path) -> None:
     marker = tmp_path / "crash.marker"
-    armed.env = dict(
-        pair["base"], **{crashpoints.ENV: f"{point}:{at}", crashpoints.MARKER_ENV: str(marker)}
+    armed_env = dict(
+        cluster.base, **{crashpoints.ENV: f"{point}:{at}", crashpoints.MARKER_ENV: str(marker)}
     )
-    for svc in svcs.values():  # side by side: start-up is most of a walk's time
-        svc.start()
-    for svc in svcs.values():
+    b = cluster.b
+    if not b.alive():  # a walk before failed with b down
+        b.env = cluster.base
+        b.start()
+        b.wait_for_log("ingress listening on", DEADLINE)
+    credits_before = cluster.report("b")["credits"]
+    if victim == "b":
+        b.stop()
+        b.env = armed_env
+        b.start()
+    a = cluster.instance(f"a{len(cluster.svcs)}", "--peer", "b")
+    if victim == "a":
+        a.env = armed_env
+    a.start()
+    armed = a if victim == "a" else b
+    for svc in (a, b):
         if svc is not armed:
             svc.wait_for_log("ingress listening on", DEADLINE)
     # The armed one serves, or (a point in its first start) dies before it does.
@@ -287,17 +338,7 @@ def test_crash_point(
     )
     service_pid, coordinator_pid = _pids(armed)
 
-    def client(name: str) -> Client:
-        c = Client(
-            f"127.0.0.1:{pair['ports'][name]}",
-            data_dir=pair["data"],
-            timeout=4 * DEADLINE,
-            max_backoff=0.2,
-        )
-        pair["clients"].append(c)
-        return c
-
-    callers = _Callers(client("a"), ledger.transfer)
+    callers = _Callers(cluster.client(a.instance), cluster.ledger.transfer, a.instance)
     callers.start()
     try:
         # The armed process dies by its own hand at the point; nothing else kills it.
@@ -315,7 +356,7 @@ def test_crash_point(
         wait_for("the old coordinator to exit", lambda: _gone(coordinator_pid), DEADLINE)
         before = callers.count()
 
-        armed.env = pair["base"]
+        armed.env = cluster.base
         armed.start()
         armed.wait_for_log("ingress listening on", DEADLINE)
         wait_for(
@@ -327,16 +368,19 @@ def test_crash_point(
         callers.join()
     finally:
         callers.halt()  # on a failure the clients' close ends the calls in flight
-    got_a = client("a").call(ledger.report)
-    got_b = client("b").call(ledger.report)
+    got_a, got_b = cluster.report(a.instance), cluster.report("b")
     answered = callers.answered
     n = len(answered)
+    credited = {t: k for t, k in got_b["credited"].items() if t.startswith(f"{a.instance}/")}
     # Every answered transfer debited once and credited once; nothing else applied.
     assert got_a["debited"] == dict.fromkeys(answered, 1)
-    assert got_b["credited"] == dict.fromkeys(answered, 1)
+    assert credited == dict.fromkeys(answered, 1)
     # Each answer is its single application's; the counters agree with the record.
     assert got_a["answers"] == answered
-    assert got_a["order"] == n and got_b["credits"] == n
+    assert got_a["order"] == n and got_b["credits"] == credits_before + n
     assert sorted(order for order, _ in answered.values()) == list(range(1, n + 1))
-    assert sorted(credit for _, credit in answered.values()) == list(range(1, n + 1))
+    credits = range(credits_before + 1, credits_before + n + 1)
+    assert sorted(credit for _, credit in answered.values()) == list(credits)
+    a.stop()
+    _verify(cluster.data / f"{a.instance}_0")
     print(f"{victim}: {point}:{at} walked: {n} transfers, {before} answered before the kill")
