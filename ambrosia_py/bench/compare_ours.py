@@ -12,8 +12,8 @@
   start, handshake and checkpoint cost the same for both). Not a burst of forks from
   one handler: replaying that regenerates all its outputs at once, and with 100,000 of
   them the restart sometimes never finishes (the coordinator blocked sending replayed
-  records to a binding that is blocked sending it the regenerated outputs; reported on
-  issue 13).
+  records to a binding that is blocked sending it the regenerated outputs; see
+  ``docs/performance.md``).
 - **Failover**: a real ``ambrosia-py run`` with an ingress; SIGKILL the service
   process, run the same command again, and time from the kill until a client's call is
   answered (the coordinator notices its binding is gone and exits; the new start
