@@ -128,6 +128,14 @@ def test_every_point_is_walked() -> None:
     assert {point for point, _, _ in WALKS} == set(crashpoints.POINTS)
 
 
+def test_every_point_is_documented() -> None:
+    """docs/operations.md (*Crash points*) has a row for every point, and no other."""
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "operations.md").read_text()
+    section = doc[doc.index("## Crash points") :]
+    rows = re.findall(r"^\| `([a-z_.]+)` \|", section, re.M)
+    assert sorted(rows) == sorted(crashpoints.POINTS)
+
+
 def test_an_unknown_point_stops_the_process_at_import() -> None:
     env = dict(os.environ, **{crashpoints.ENV: "ic.log.no_such_point"})
     done = subprocess.run(
