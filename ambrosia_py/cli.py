@@ -2,24 +2,45 @@
 
 from __future__ import annotations
 
+import importlib
+
 import click
 
-from .bench import bench
 from .binding.hashseed import as_program
 from .binding.run_cli import replay, run
 from .coordinator.admin_cli import instances, log, register, registry
 from .coordinator.ic_cli import coordinator, debug
-from .demo import demo
-from .spark.analyze import analyze
+
+# Commands imported only when used: every coordinator and service process starts this
+# program, and these bring in rich, pyarrow-side and benchmark modules (about 0.2 s).
+_LAZY = {
+    "analyze": "ambrosia_py.spark.analyze:analyze",
+    "bench": "ambrosia_py.bench:bench",
+    "demo": "ambrosia_py.demo:demo",
+}
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Commands(click.Group):
+    """A group whose :data:`_LAZY` commands are imported on first use."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted([*super().list_commands(ctx), *_LAZY])
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        where = _LAZY.get(cmd_name)
+        if where is None:
+            return super().get_command(ctx, cmd_name)
+        module, name = where.split(":")
+        command: click.Command = getattr(importlib.import_module(module), name)
+        return command
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="ambrosia-py")
 def main() -> None:
     """AMBROSIA-style virtual resiliency for Python."""
 
 
-main.add_command(bench)
 main.add_command(register)
 main.add_command(instances)
 main.add_command(registry)
@@ -28,8 +49,6 @@ main.add_command(coordinator)
 main.add_command(debug)
 main.add_command(run)
 main.add_command(replay)
-main.add_command(demo)
-main.add_command(analyze)
 
 
 def program() -> None:
