@@ -84,10 +84,15 @@ def test_one_method_gives_a_column_per_parameter_and_errors_are_named() -> None:
         CallDecoder(Ledger, "withdraw")
 
 
-def test_spark_adds_the_decoded_columns(spark: Any, recorded: Path) -> None:
+@pytest.mark.parametrize("how", ["decoded()", "option"])
+def test_spark_adds_the_decoded_columns(spark: Any, recorded: Path, how: str) -> None:
     from ambrosia_py.spark.decode import decoded
 
-    df = decoded(spark.read.format("ambrosia").load(str(recorded)), SERVICE, method="deposit")
+    source = spark.read.format("ambrosia")
+    if how == "option":
+        df = source.options(decode=SERVICE, decode_method="deposit").load(str(recorded))
+    else:
+        df = decoded(source.load(str(recorded)), SERVICE, method="deposit")
     names = [name for name, _, _ in DECODED_COLUMNS]
     assert df.columns[-5:] == [*names, "arg_who", "arg_amount"]
     got = {
@@ -104,3 +109,17 @@ def test_spark_adds_the_decoded_columns(spark: Any, recorded: Path) -> None:
     }
     assert got == want
     assert sorted(v[3] for v in got.values() if v[3] is not None) == ['"alice"', '"bob"']
+
+
+def test_the_decode_options_are_checked() -> None:
+    pytest.importorskip("pyspark")
+    from ambrosia_py.spark.source import Options
+
+    with pytest.raises(ValueError, match="decode_method needs option decode"):
+        Options.parse({"path": "data", "decode_method": "deposit"})
+    with pytest.raises(ValueError, match="not with level=record"):
+        Options.parse({"path": "data", "decode": SERVICE, "level": "record"})
+    options = Options.parse({"path": "data", "decode": SERVICE, "decode_method": "deposit"})
+    assert [name for name, _, _ in options.columns()][-5:] == [
+        "method", "args_json", "decode_error", "arg_who", "arg_amount"
+    ]  # fmt: skip

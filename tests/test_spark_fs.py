@@ -79,3 +79,24 @@ def test_spark_reads_file_uris(spark: Any, tmp_path: Path) -> None:
     by_uri = spark.read.format("ambrosia").option("split_bytes", "600").load(root.as_uri())
     assert by_uri.rdd.getNumPartitions() > 4
     assert collect(by_uri) == collect(load(spark, root, split_bytes="600"))
+
+
+def test_the_stream_reader_follows_a_uri_as_a_plain_path(tmp_path: Path) -> None:
+    """Offsets name each log by its path under the data dir, however the dir was named;
+    the micro-batch's rows are the batch rows (here called without Spark)."""
+    pytest.importorskip("pyspark")
+    from ambrosia_py.spark.source import AmbrosiaStreamReader, Options
+
+    root = make_data_dir(tmp_path / "data")
+    ends = []
+    for path in (str(root), root.as_uri()):
+        reader = AmbrosiaStreamReader(Options.parse({"path": path}))
+        start = reader.initialOffset()
+        end = reader.latestOffset(start, None)
+        batches = [b for p in reader.partitions(start, end) for b in reader.read(p)]
+        assert sum(b.num_rows for b in batches) == len(reference_rows(root))
+        ends.append(end)
+    assert ends[0] == ends[1]
+    assert sorted(ends[0]["files"]) == [
+        "alpha_0/serverlog1", "alpha_0/serverlog2", "alpha_0/serverlog3", "beta_2/serverlog1"
+    ]  # fmt: skip

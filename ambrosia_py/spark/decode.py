@@ -1,7 +1,8 @@
 """Opt-in: the logged calls' arguments as columns, decoded with the service's own code.
 
 ``decoded(df, Service)`` (or ``decoded(df, "module:Class")``, or a service file as
-``run`` takes it) adds to rows of the ``ambrosia`` data source, batch or streaming:
+``run`` takes it) adds to rows of the ``ambrosia`` data source, batch or streaming (as
+does the data source's option ``decode``, with ``decode_method``):
 
 * ``method``: the name of the called method, for calls (``RPC`` rows that are not
   returns) whose method id the service has; an ingress impulse is taken apart
@@ -140,11 +141,12 @@ class CallDecoder:
             strict=True,
         )
         rows = [self.row(*v) for v in values]
-        names = [name for name, _, _ in self.columns()]
+        schema = batch.schema
         arrays = [batch.column(i) for i in range(batch.num_columns)]
-        for i, _name in enumerate(names):
+        for i, (name, _, _) in enumerate(self.columns()):
+            schema = schema.append(pa.field(name, pa.string()))
             arrays.append(pa.array([r[i] for r in rows], pa.string()))
-        return pa.RecordBatch.from_arrays(arrays, names=[*batch.schema.names, *names])
+        return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
 def _error(exc: BaseException) -> str:

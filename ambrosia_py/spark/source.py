@@ -11,6 +11,9 @@ described in :mod:`.rows`, columns in :mod:`.schema`. Options:
   ends a file's rows either way (:mod:`.scan`).
 * ``split_bytes``: about how many bytes one partition reads (default 64 MiB). Logs with a
   sidecar index split at verified indexed offsets; logs without one are one piece each.
+* ``decode`` (a service as ``run`` takes it: ``module:Class``, ``file.py[:Class]``) and
+  ``decode_method``: the decoded columns of :mod:`.decode` added to message rows. Off
+  by default: it unpickles logged arguments (trusted logs only).
 
 ``spark.readStream.format("ambrosia").load(DATA_DIR)`` follows a live data dir. Its
 offset is, per log file (by path under DATA_DIR), the end of what was read: for the newest
@@ -59,6 +62,8 @@ class Options:
     level: str = "message"
     fail_on_damage: bool = False
     split_bytes: int = DEFAULT_SPLIT_BYTES
+    decode: str | None = None  # a service, as run takes it (module:Class, file.py)
+    decode_method: str | None = None
 
     @classmethod
     def parse(cls, options: Any) -> Options:
@@ -79,7 +84,22 @@ class Options:
             raise ValueError(f"option split_bytes must be a number of bytes, not {raw!r}") from None
         if split < 1:
             raise ValueError(f"option split_bytes must be at least 1, not {split}")
-        return cls(str(path), level, fail, split)
+        decode, method = options.get("decode"), options.get("decode_method")
+        if method is not None and decode is None:
+            raise ValueError("option decode_method needs option decode (the service)")
+        if decode is not None and level != "message":
+            raise ValueError("option decode adds columns to message rows: not with level=record")
+        return cls(str(path), level, fail, split, decode, method)
+
+    def columns(self) -> tuple[tuple[str, str, bool], ...]:
+        """The columns of the rows: the level's, and the decoded ones if asked for."""
+        if self.level == "record":
+            return RECORD_COLUMNS
+        if self.decode is None:
+            return MESSAGE_COLUMNS
+        from .decode import CallDecoder
+
+        return (*MESSAGE_COLUMNS, *CallDecoder(self.decode, self.decode_method).columns())
 
 
 class AmbrosiaDataSource(DataSource):
@@ -90,8 +110,7 @@ class AmbrosiaDataSource(DataSource):
         return "ambrosia"
 
     def schema(self) -> str:
-        level = self.options.get("level", "message")
-        return ddl(RECORD_COLUMNS if level == "record" else MESSAGE_COLUMNS)
+        return ddl(Options.parse(self.options).columns())
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return AmbrosiaReader(Options.parse(self.options))
@@ -101,6 +120,11 @@ class AmbrosiaDataSource(DataSource):
 
 
 def _read(options: Options, pieces: Sequence[Piece]) -> Iterator[Any]:
+    decoder = None
+    if options.decode is not None:
+        from .decode import CallDecoder
+
+        decoder = CallDecoder(options.decode, options.decode_method)
     for piece in pieces:
         for columns in columns_of(
             piece,
@@ -109,7 +133,8 @@ def _read(options: Options, pieces: Sequence[Piece]) -> Iterator[Any]:
             max_rows=_BATCH_ROWS,
             max_bytes=_BATCH_BYTES,
         ):
-            yield to_batch(columns)
+            batch = to_batch(columns)
+            yield batch if decoder is None else decoder.batch(batch)
 
 
 class AmbrosiaReader(DataSourceReader):
