@@ -31,6 +31,7 @@ from ..wire import (
     TakeCheckpoint,
 )
 from .links import Inbox, LinkError, Outbox, OutboxBudget
+from .routing import is_replayable, split_link_forks, to_incoming
 
 __all__ = [
     "CheckpointArrived",
@@ -216,31 +217,7 @@ def _decode_links(
     return inbox, outboxes, senders
 
 
-# --- routing -------------------------------------------------------------------------------
-
-
-def to_incoming(raw: bytes | memoryview) -> tuple[str, bytes, memoryview]:
-    """Split an outgoing RPC frame into its destination and the incoming frame's parts.
-
-    ``size | 00 | ZigZagInt dest length | dest | body`` becomes ``size' | 00`` and
-    ``body`` (a view of ``raw``): the destination is cut out without decoding or copying
-    the body (the hot path for self-calls).
-    """
-    mv = memoryview(raw)
-    size, pos = wire.decode_zigzag_int(mv, 0)
-    name_len, name_at = wire.decode_zigzag_int(mv[: pos + size], pos + 1)
-    if name_len < 0 or name_at + name_len > pos + size:
-        raise wire.MalformedMessageError(f"destination length {name_len}", offset=pos + 1)
-    try:
-        destination = str(mv[name_at : name_at + name_len], "utf-8")
-    except UnicodeDecodeError as exc:
-        raise wire.InvalidNameError(
-            f"destination name is not valid UTF-8: {exc.reason}", offset=name_at
-        ) from None
-    body = mv[name_at + name_len : pos + size]
-    if not len(body):
-        raise wire.TruncatedInputError("RPC body is empty", offset=name_at + name_len)
-    return destination, wire.encode_zigzag_int(1 + len(body)) + b"\x00", body
+# --- routing (the byte-level steps are in routing.py) -----------------------------------
 
 
 @attrs.frozen
@@ -274,12 +251,7 @@ class InitialArrived:
 IntakeEvent = CheckpointRequested | CheckpointArrived | InitialArrived
 
 
-def is_replayable(incoming_body: wire.Payload) -> bool:
-    """Whether an incoming RPC body (after the type byte) is anything but an impulse call."""
-    if incoming_body[0] != 0:
-        return True  # a return value
-    _, pos = wire.decode_zigzag_int(incoming_body, 1)
-    return pos >= len(incoming_body) or incoming_body[pos] != wire.RpcType.IMPULSE
+_MAX_NAMES = 4096  # destination names remembered by Intake (then it starts over)
 
 
 class Intake:
@@ -323,6 +295,7 @@ class Intake:
         self.queued_outputs = 0  # replayable messages in ``pending``
         self.enqueued = 0  # messages ever queued in ``pending``
         self.dequeued = 0  # messages ever taken out of it
+        self._names: dict[bytes, str] = {}  # destination names seen, by their UTF-8 bytes
 
     @property
     def offset(self) -> int:
@@ -331,13 +304,23 @@ class Intake:
 
     def feed(self, data: bytes | memoryview) -> list[IntakeEvent]:
         """Consume bytes from the binding; raises :class:`wire.ProtocolError` on bad input."""
-        self._reader.feed(data)
+        reader = self._reader
+        reader.feed(data)
         events: list[IntakeEvent] = []
-        while (frame := self._reader.next_frame()) is not None:
+        small: list[bytes] = []
+        while True:
+            # Runs of small RPC frames (nearly all traffic) take the fast path; anything
+            # else is read, decoded and checked frame by frame.
+            offset = reader.take_rpc_frames(small)
+            if small:
+                self._small_rpcs(small, offset)
+                small.clear()
+            frame = reader.next_frame()
+            if frame is None:
+                return events
             event = self._frame(frame)
             if event is not None:
                 events.append(event)
-        return events
 
     def close(self) -> None:
         """The binding's stream ended: raise if it ended inside a message."""
@@ -359,8 +342,20 @@ class Intake:
         but complete incoming calls and return values is refused (``LinkError``), and
         nothing of that frame reaches the log.
         """
+        data = payload if isinstance(payload, bytes) else bytes(payload)
+        forks = split_link_forks(data)
+        if forks:  # the common shape, checked byte by byte
+            n = len(forks)
+            seq = self.inbox.accept(sender, n) - n
+            pending = self.pending
+            for fork in forks:
+                seq += 1
+                pending.append(([fork], False, sender, seq))
+            self.enqueued += n
+            self.pending_bytes += len(data)
+            return n
         reader = MessageReader(direction=wire.Direction.TO_BINDING)  # the incoming form
-        reader.feed(payload)
+        reader.feed(data)
         frames: list[RawMessage] = []
         try:
             while (frame := reader.next_frame()) is not None:
@@ -442,12 +437,10 @@ class Intake:
             self.queued_outputs += 1
         self._queue(parts, replayable)
 
-    def _output(
-        self, destination: str, parts: list[wire.Payload], body: wire.Payload, offset: int
-    ) -> None:
-        """Queue a call or return value (``parts``, framed; ``body`` after its type byte)
-        for another instance."""
-        if not is_replayable(body):
+    def _output(self, destination: str, frame: bytes, replayable: bool, offset: int) -> None:
+        """Queue a call or return value (``frame``, in its incoming form) for another
+        instance."""
+        if not replayable:
             raise wire.MalformedMessageError(
                 f"an impulse for instance {destination!r}: impulses are input from the "
                 "outside world to the instance itself and are never sent to another",
@@ -457,16 +450,83 @@ class Intake:
         if box is None:
             box = self.outboxes[destination] = Outbox(budget=self.outbox_budget)
             self.new_destinations.append(destination)
-        box.add(b"".join(bytes(p) for p in parts))
+        box.add(frame)
+
+    def _rpc(self, raw: bytes | memoryview, offset: int) -> str:
+        """One outgoing RPC frame, the general path; returns its destination."""
+        destination, prefix, body = to_incoming(raw)
+        if destination in ("", self.instance):
+            self._input([prefix, body], is_replayable(body))
+        else:
+            self._output(destination, prefix + bytes(body), is_replayable(body), offset)
+        return destination
+
+    def _small_rpcs(self, frames: list[bytes], offset: int) -> None:
+        """RPC frames under 8 KiB from ``MessageReader.take_rpc_frames``, at ``offset``.
+
+        The same as :meth:`_rpc` per frame, with the common shape done inline: a
+        destination name already seen (its length one varint byte) and a method id of
+        one varint byte or a return value. Any other frame takes :meth:`_rpc`, which
+        checks it in full and raises the documented errors.
+        """
+        names = self._names
+        instance = self.instance
+        outboxes = self.outboxes
+        pending = self.pending
+        for raw in frames:
+            n = len(raw)
+            at = 1 if raw[0] < 0x80 else 2  # after the size varint: the type byte
+            nl = raw[at + 1] if at + 1 < n else 0x80
+            name_at = at + 2
+            body_at = name_at + (nl >> 1)
+            dest = (
+                names.get(raw[name_at:body_at])
+                if nl < 0x80 and not nl & 1 and body_at < n
+                else None
+            )
+            if dest is None:
+                dest = self._rpc(raw, offset)
+                if nl < 0x80 and not nl & 1 and body_at < n:
+                    if len(names) >= _MAX_NAMES:
+                        names.clear()
+                    names[raw[name_at:body_at]] = dest
+                offset += n
+                continue
+            if raw[body_at]:
+                replayable = True  # a return value
+            elif body_at + 1 < n and raw[body_at + 1] < 0x80:
+                replayable = body_at + 2 >= n or raw[body_at + 2] != wire.RpcType.IMPULSE
+            else:
+                replayable = is_replayable(memoryview(raw)[body_at:])
+            m = (n - body_at + 1) << 1  # the incoming frame's size, as a ZigZagInt
+            prefix = bytes((m, 0)) if m < 0x80 else bytes(((m & 0x7F) | 0x80, m >> 7, 0))
+            frame = prefix + raw[body_at:]
+            if dest == "" or dest == instance:
+                if replayable:
+                    index = self.received_outputs
+                    self.received_outputs = index + 1
+                    if index < self.skip_below:
+                        self.dropped += 1
+                        offset += n
+                        continue
+                    self.queued_outputs += 1
+                pending.append(([frame], replayable, None, 0))
+                self.enqueued += 1
+                self.pending_bytes += len(frame)
+            elif replayable:
+                box = outboxes.get(dest)
+                if box is None:
+                    box = outboxes[dest] = Outbox(budget=self.outbox_budget)
+                    self.new_destinations.append(dest)
+                box.add(frame)
+            else:
+                self._output(dest, frame, replayable, offset)  # raises: an impulse
+            offset += n
 
     def _frame(self, frame: RawMessage) -> IntakeEvent | None:
         t = frame.type
         if t == MessageType.RPC:
-            destination, prefix, body = to_incoming(frame.raw)
-            if destination in ("", self.instance):
-                self._input([prefix, body], is_replayable(body))
-            else:
-                self._output(destination, [prefix, body], body, frame.offset)
+            self._rpc(frame.raw, frame.offset)
             return None
         msg = self._reader.decode(frame)
         if isinstance(msg, RpcBatch):
@@ -503,4 +563,4 @@ class Intake:
         if msg.destination in ("", self.instance):
             self._input([frame], is_replayable(body))
         else:
-            self._output(msg.destination, [frame], body, offset)
+            self._output(msg.destination, frame, is_replayable(body), offset)

@@ -409,6 +409,44 @@ class MessageReader:
             self._failed = exc
             raise
 
+    def take_rpc_frames(self, out: list[bytes]) -> int:
+        """The fast path for high-rate traffic: append to ``out`` the complete RPC frames
+        at the read position whose size fits two varint bytes (under 8 KiB), as
+        ``bytes``, and return the stream offset of the first.
+
+        It stops at anything else (another type, a larger or invalid size, an incomplete
+        frame), which :meth:`next_frame` then reads and checks as usual; frames taken
+        here are consumed exactly as ``next_frame`` would have consumed them.
+        """
+        buf = self._buf
+        first = buf.offset
+        data = buf.data
+        if self._failed is not None or self._pending is not None or not isinstance(data, bytes):
+            return first
+        pos = buf.pos
+        end = len(data)
+        most = self._max_message
+        append = out.append
+        while pos < end:
+            b0 = data[pos]
+            if b0 < 0x80:
+                n = b0
+                at = pos + 1
+            elif pos + 1 < end and data[pos + 1] < 0x80:
+                n = (b0 & 0x7F) | (data[pos + 1] << 7)
+                at = pos + 2
+            else:
+                break
+            if n & 1 or not n or n >> 1 > most:  # next_frame rejects these
+                break
+            stop = at + (n >> 1)
+            if stop > end or data[at] != 0:  # incomplete, or not an RPC
+                break
+            append(data[pos:stop])
+            pos = stop
+        buf.pos = pos
+        return first
+
     def _next_frame(self) -> RawMessage | None:
         buf = self._buf
         if self._pending is None:

@@ -1,0 +1,93 @@
+"""Routing at the byte level: the coordinator's per-message paths, sans-IO.
+
+What :class:`ic_core.Intake` does to each call or return value without decoding it:
+cut the destination out of an outgoing frame (:func:`to_incoming`), tell an impulse
+from replayable input (:func:`is_replayable`), and split a link frame of fork calls into
+its messages (:func:`split_link_forks`). Each accepts exactly what decoding accepts, or
+leaves the frame to the general path that decodes it and raises the documented errors.
+"""
+
+from __future__ import annotations
+
+from .. import wire
+
+__all__ = ["is_replayable", "split_link_forks", "to_incoming"]
+
+_FORK = int(wire.RpcType.FORK)
+
+
+def to_incoming(raw: bytes | memoryview) -> tuple[str, bytes, memoryview]:
+    """Split an outgoing RPC frame into its destination and the incoming frame's parts.
+
+    ``size | 00 | ZigZagInt dest length | dest | body`` becomes ``size' | 00`` and
+    ``body`` (a view of ``raw``): the destination is cut out without decoding or copying
+    the body (the hot path for self-calls).
+    """
+    mv = memoryview(raw)
+    size, pos = wire.decode_zigzag_int(mv, 0)
+    name_len, name_at = wire.decode_zigzag_int(mv[: pos + size], pos + 1)
+    if name_len < 0 or name_at + name_len > pos + size:
+        raise wire.MalformedMessageError(f"destination length {name_len}", offset=pos + 1)
+    try:
+        destination = str(mv[name_at : name_at + name_len], "utf-8")
+    except UnicodeDecodeError as exc:
+        raise wire.InvalidNameError(
+            f"destination name is not valid UTF-8: {exc.reason}", offset=name_at
+        ) from None
+    body = mv[name_at + name_len : pos + size]
+    if not len(body):
+        raise wire.TruncatedInputError("RPC body is empty", offset=name_at + name_len)
+    return destination, wire.encode_zigzag_int(1 + len(body)) + b"\x00", body
+
+
+def is_replayable(incoming_body: wire.Payload) -> bool:
+    """Whether an incoming RPC body (after the type byte) is anything but an impulse call."""
+    if incoming_body[0] != 0:
+        return True  # a return value
+    _, pos = wire.decode_zigzag_int(incoming_body, 1)
+    return pos >= len(incoming_body) or incoming_body[pos] != wire.RpcType.IMPULSE
+
+
+def split_link_forks(data: bytes) -> list[bytes] | None:
+    """A link frame's messages, if all are fork calls in the incoming form; else None.
+
+    The fast path of :meth:`Intake.link_input`: it accepts exactly the frames that
+    decoding would accept as incoming fork calls (a size of one or two varint bytes, the
+    RPC type, a call, a method id of at most five varint bytes within 32 bits, the fork
+    type byte, the arguments). Anything else, valid or not, returns None and takes the
+    general path, which decodes each message and raises the documented errors.
+    """
+    out: list[bytes] = []
+    append = out.append
+    pos = 0
+    end = len(data)
+    while pos < end:
+        b0 = data[pos]
+        if b0 < 0x80:
+            n = b0
+            at = pos + 1
+        elif pos + 1 < end and data[pos + 1] < 0x80:
+            n = (b0 & 0x7F) | (data[pos + 1] << 7)
+            at = pos + 2
+        else:
+            return None
+        stop = at + (n >> 1)
+        if n & 1 or n < 6 or stop > end or data[at] != 0 or data[at + 1] != 0:
+            return None
+        q = at + 2  # the method id
+        if data[q] >= 0x80:
+            if q + 1 >= stop:
+                return None
+            last = min(q + 4, stop - 1)
+            k = q + 1
+            while k < last and data[k] >= 0x80:
+                k += 1
+            if data[k] >= 0x80 or (k == q + 4 and data[k] > 0x0F):
+                return None
+            q = k
+        q += 1
+        if q >= stop or data[q] != _FORK:
+            return None
+        append(data[pos:stop])
+        pos = stop
+    return out

@@ -1,0 +1,157 @@
+"""The coordinator's byte-level fast paths give what the general paths give.
+
+``Intake.feed`` takes runs of small RPC frames through ``MessageReader.take_rpc_frames``
+and ``Intake._small_rpcs``; ``Intake.link_input`` takes link frames of fork calls through
+``routing.split_link_forks``. The references here are the same Intake with those fast
+paths switched off: the queued bytes, the outboxes, the counters and every error
+(type, message and offset) must be the same, for well-formed and for mangled input.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ambrosia_py import wire
+from ambrosia_py.coordinator import routing
+from ambrosia_py.coordinator.ic_core import Intake
+from ambrosia_py.coordinator.links import LinkError
+from ambrosia_py.wire import Direction, IncomingRpc, MessageReader, RpcType
+
+from .strategies import messages, rpc_messages
+
+_SELF = "me"
+
+
+def _general(intake: Intake) -> Intake:
+    """``intake`` with the fast path of ``feed`` switched off."""
+
+    def no_fast_path(out: list[bytes]) -> int:
+        return intake.offset
+
+    intake._reader.take_rpc_frames = no_fast_path  # type: ignore[method-assign]
+    return intake
+
+
+def _state(intake: Intake) -> tuple[Any, ...]:
+    pending = [(b"".join(bytes(p) for p in parts), *rest) for parts, *rest in intake.pending]
+    boxes = {dest: (box.next_seq, box.buffered) for dest, box in intake.outboxes.items()}
+    return (
+        pending,
+        boxes,
+        intake.new_destinations,
+        intake.received_outputs,
+        intake.dropped,
+        intake.queued_outputs,
+        intake.enqueued,
+        intake.pending_bytes,
+        intake.offset,
+        dict(intake.inbox.queued),
+    )
+
+
+def _run(intake: Intake, chunks: list[bytes]) -> tuple[Any, ...]:
+    events: list[Any] = []
+    try:
+        for chunk in chunks:
+            events.extend(intake.feed(chunk))
+    except wire.ProtocolError as exc:
+        return ("error", type(exc), str(exc), exc.offset, _state(intake)[:8])
+    return ("ok", events, _state(intake))
+
+
+def _chunks(data: bytes, cuts: list[int]) -> list[bytes]:
+    points = sorted({0, len(data), *(c % (len(data) + 1) for c in cuts)})
+    return [data[a:b] for a, b in itertools.pairwise(points)]
+
+
+_names = st.sampled_from(["", _SELF, "other", "b", "ünï", "x" * 70])
+_outgoing = st.one_of(
+    rpc_messages(Direction.TO_COORDINATOR),
+    st.builds(
+        wire.OutgoingRpc,
+        _names,
+        st.sampled_from([0, 1, 63, 64, 2**31 - 1, -1]),
+        st.sampled_from(list(RpcType)),
+        st.binary(max_size=40) | st.sampled_from([b"y" * 9000]),
+    ),
+)
+
+
+@given(
+    st.lists(_outgoing | messages(Direction.TO_COORDINATOR, with_checkpoints=False), max_size=12),
+    st.lists(st.integers(0, 10_000), max_size=4),
+    st.integers(0, 3),
+)
+def test_feed_fast_path_matches_the_general_path(
+    msgs: list[wire.Message], cuts: list[int], skip: int
+) -> None:
+    data = b"".join(wire.encode_message(m) for m in msgs)
+    fast, general = Intake(_SELF), _general(Intake(_SELF))
+    fast.skip_below = general.skip_below = skip
+    assert _run(fast, _chunks(data, cuts)) == _run(general, _chunks(data, cuts))
+
+
+@given(
+    st.lists(_outgoing, min_size=1, max_size=8),
+    st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), min_size=1, max_size=3),
+)
+def test_feed_fast_path_matches_on_mangled_bytes(
+    msgs: list[wire.Message], edits: list[tuple[int, int]]
+) -> None:
+    data = bytearray(b"".join(wire.encode_message(m) for m in msgs))
+    for at, value in edits:
+        data[at % len(data)] = value
+    fast, general = Intake(_SELF), _general(Intake(_SELF))
+    assert _run(fast, [bytes(data)]) == _run(general, [bytes(data)])
+
+
+def _link_general(intake: Intake, sender: str, data: bytes) -> Any:
+    with pytest.MonkeyPatch.context() as patch:  # the fast path off: every frame is decoded
+        patch.setattr("ambrosia_py.coordinator.ic_core.split_link_forks", lambda data: None)
+        return _link(intake, sender, data)
+
+
+def _link(intake: Intake, sender: str, data: bytes) -> Any:
+    try:
+        n = intake.link_input(sender, data)
+    except LinkError as exc:
+        return ("error", str(exc), exc.offset, _state(intake))
+    return ("ok", n, _state(intake))
+
+
+_forks = st.builds(
+    IncomingRpc,
+    st.sampled_from([0, 1, 63, 64, 8191, 2**31 - 1, -1, -(2**31)]),
+    st.just(RpcType.FORK),
+    st.binary(max_size=40),
+)
+
+
+@given(
+    st.lists(_forks | rpc_messages(Direction.TO_BINDING), max_size=10),
+    st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), max_size=3),
+)
+def test_link_input_fast_path_matches_the_general_path(
+    msgs: list[wire.Message], edits: list[tuple[int, int]]
+) -> None:
+    data = bytearray(b"".join(wire.encode_message(m) for m in msgs))
+    for at, value in edits:
+        if data:
+            data[at % len(data)] = value
+    expected = _link_general(Intake(_SELF), "b", bytes(data))
+    assert _link(Intake(_SELF), "b", bytes(data)) == expected
+
+
+@given(st.lists(_forks, min_size=1, max_size=10))
+def test_split_link_forks_takes_fork_calls_as_decoding_reads_them(msgs: list[IncomingRpc]) -> None:
+    data = b"".join(wire.encode_message(m) for m in msgs)
+    frames = routing.split_link_forks(data)
+    assert frames is not None
+    assert frames == [wire.encode_message(m) for m in msgs]
+    reader = MessageReader(direction=Direction.TO_BINDING)
+    assert reader.messages(data) == msgs
