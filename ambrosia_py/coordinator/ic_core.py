@@ -251,6 +251,7 @@ class InitialArrived:
 IntakeEvent = CheckpointRequested | CheckpointArrived | InitialArrived
 
 
+_IMPULSE = int(wire.RpcType.IMPULSE)
 _MAX_NAMES = 4096  # destination names remembered by Intake (then it starts over)
 
 
@@ -494,10 +495,15 @@ class Intake:
                 continue
             if raw[body_at]:
                 replayable = True  # a return value
-            elif body_at + 1 < n and raw[body_at + 1] < 0x80:
-                replayable = body_at + 2 >= n or raw[body_at + 2] != wire.RpcType.IMPULSE
-            else:
-                replayable = is_replayable(memoryview(raw)[body_at:])
+            else:  # a call: skip its method id (a ZigZagInt: 32 bits, at most 5 bytes)
+                p = body_at + 1
+                last = min(p + 5, n)
+                while p < last and raw[p] >= 0x80:
+                    p += 1
+                if p < last and (p - body_at < 5 or raw[p] <= 0x0F):
+                    replayable = p + 1 >= n or raw[p + 1] != _IMPULSE
+                else:  # not a valid varint: is_replayable raises what decoding does
+                    replayable = is_replayable(memoryview(raw)[body_at:])
             m = (n - body_at + 1) << 1  # the incoming frame's size, as a ZigZagInt
             prefix = bytes((m, 0)) if m < 0x80 else bytes(((m & 0x7F) | 0x80, m >> 7, 0))
             frame = prefix + raw[body_at:]
