@@ -73,6 +73,7 @@ WIRE_API = [
     "encode_disk_tail",
     "encode_message",
     "encode_message_parts",
+    "encode_messages_parts",
     "encode_record",
     "encode_record_parts",
     "encode_zigzag_int",

@@ -150,7 +150,7 @@ async def serve(
             msgs = [*impulses, *msgs]
             impulses.clear()
         if msgs:
-            parts = [p for m in msgs for p in wire.encode_message_parts(m)]
+            parts = wire.encode_messages_parts(msgs)
             crashpoints.reach_midway("binding.mid_send", writer, parts)
             writer.writelines(parts)
 

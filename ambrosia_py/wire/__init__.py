@@ -49,6 +49,7 @@ from .messages import (
     UpgradeTakeCheckpoint,
     encode_message,
     encode_message_parts,
+    encode_messages_parts,
     frame_parts,
 )
 from .reader import (
@@ -156,6 +157,7 @@ __all__ = [
     "encode_disk_tail",
     "encode_message",
     "encode_message_parts",
+    "encode_messages_parts",
     "encode_record",
     "encode_record_parts",
     "encode_zigzag_int",

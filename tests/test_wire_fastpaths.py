@@ -1,0 +1,54 @@
+"""The wire's fast paths give the bytes and objects of the general ones.
+
+``encode_messages_parts`` frames fork and impulse calls inline; ``decode_messages``
+builds incoming fork and impulse calls by setting their slots directly.
+"""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ambrosia_py import wire
+from ambrosia_py.wire import Direction, IncomingRpc, OutgoingRpc, RpcType
+
+from .strategies import messages
+
+_calls = st.builds(
+    OutgoingRpc,
+    st.sampled_from(["", "b", "x" * 70]),
+    st.sampled_from([0, 1, 63, 64, 2**31 - 1, -(2**31)]),
+    st.sampled_from([RpcType.FORK, RpcType.IMPULSE]),
+    st.binary(max_size=100) | st.sampled_from([b"y" * 5000, b"z" * 9000]),
+)
+
+
+@given(st.lists(_calls | messages(Direction.TO_COORDINATOR), max_size=8))
+def test_encode_messages_parts_is_encode_message_parts_of_each(msgs: list[wire.Message]) -> None:
+    expected = b"".join(bytes(p) for m in msgs for p in wire.encode_message_parts(m))
+    assert b"".join(bytes(p) for p in wire.encode_messages_parts(msgs)) == expected
+
+
+def test_large_arguments_are_left_as_views() -> None:
+    args = memoryview(b"a" * 10_000)
+    parts = wire.encode_messages_parts([OutgoingRpc("b", 1, RpcType.FORK, args)])
+    assert parts[-1] is args
+
+
+@given(
+    st.lists(
+        st.builds(
+            IncomingRpc,
+            st.integers(-(2**31), 2**31 - 1),
+            st.sampled_from([RpcType.FORK, RpcType.IMPULSE]),
+            st.binary(max_size=300),
+        ),
+        max_size=8,
+    )
+)
+def test_decoded_fast_path_calls_equal_constructed_ones(calls: list[IncomingRpc]) -> None:
+    data = b"".join(wire.encode_message(c) for c in calls)
+    decoded = wire.decode_messages(data, 0, len(data))
+    assert decoded == calls
+    assert [hash(d) for d in decoded] == [hash(c) for c in calls]
+    assert [repr(d) for d in decoded] == [repr(c) for c in calls]
