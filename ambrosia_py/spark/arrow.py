@@ -1,8 +1,10 @@
 """Columns to Arrow record batches, in the schema Spark's Python data source checks.
 
 Built column by column in C where it counts: a record's columns are converted once per
-record and repeated with ``take``; binary columns are one joined buffer plus offsets
-(converting a list of ``memoryview``s value by value is many times slower).
+record and repeated with ``take``; the rows of fork and impulse calls are read with numpy
+straight from the record bytes (:mod:`.calls`); listed binary columns are one joined
+buffer plus offsets (converting a list of ``memoryview``s value by value is many times
+slower). A batch's parts (:attr:`.rows.Columns.parts`) are made one by one and joined.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped]
 
-from .rows import Columns
+from .calls import fork_rows
+from .rows import Columns, FastPart
 from .schema import MESSAGE_COLUMNS, RECORD_COLUMNS, arrow_schema
 
 __all__ = ["to_batch"]
@@ -38,6 +41,57 @@ def _binary(values: list[Any]) -> tuple[Any, Any]:
     return pa.Array.from_buffers(pa.binary(), n, buffers, null_count=nulls), lengths
 
 
+def _listed(values: dict[str, list[Any]], schema: Any) -> dict[str, Any]:
+    arrays: dict[str, Any] = {}
+    for name, column in values.items():
+        if schema.field(name).type == pa.binary():
+            arrays[name], lengths = _binary(column)
+            if name == "payload":
+                arrays["payload_size"] = pa.array(lengths, pa.int64(), mask=lengths < 0)
+        else:
+            arrays[name] = pa.array(column, type=schema.field(name).type)
+    return arrays
+
+
+def _fast(part: FastPart, columns: Columns, schema: Any) -> list[dict[str, Any]]:
+    """The rows of ``part``: with numpy for runs of records holding only fork and impulse
+    calls, as lists for the records holding anything else."""
+    records = part.records
+    counts = np.fromiter((len(r.ends) for r in records), np.int64, len(records))
+    ends = np.concatenate([np.asarray(r.ends, np.int64) for r in records])
+    firsts = np.zeros(len(records), np.int64)
+    np.cumsum(counts[:-1], out=firsts[1:])
+    starts = np.empty_like(ends)
+    starts[1:] = ends[:-1]
+    starts[firsts] = [r.body_start for r in records]
+    lo, hi = records[0].body_start, records[-1].body_start + len(records[-1].body or b"")
+    rows = fork_rows(part.raw, lo, hi, starts, ends)
+    n = len(ends)
+    if isinstance(rows, dict):
+        rows["msg_index"] = pa.array(
+            (np.arange(n, dtype=np.int64) - np.repeat(firsts, counts)).astype(np.int32)
+        )
+        rows["destination"] = pa.repeat(pa.scalar(columns.instance, pa.string()), n)
+        return [rows]
+    # Some records hold other messages: read those as lists, the runs between them again.
+    bad = np.add.reduceat(rows, firsts) > 0
+    out: list[dict[str, Any]] = []
+    run = FastPart(part.raw)
+    for record, listed in zip(records, bad.tolist(), strict=True):
+        if not listed:
+            run.records.append(record)
+            continue
+        if run.records:
+            out += _fast(run, columns, schema)
+            run = FastPart(part.raw)
+        lists = columns.lists()
+        columns.add_listed(lists, record)
+        out.append(_listed(lists, schema))
+    if run.records:
+        out += _fast(run, columns, schema)
+    return out
+
+
 def to_batch(columns: Columns) -> Any:
     """The rows of ``columns`` as one ``pyarrow.RecordBatch``."""
     schema = _SCHEMAS[columns.level]
@@ -50,11 +104,20 @@ def to_batch(columns: Columns) -> Any:
     }
     for name, values in columns.per_record.items():
         arrays[name] = pa.array(values, type=schema.field(name).type).take(repeat)
-    for name, values in columns.per_row.items():
-        if schema.field(name).type == pa.binary():
-            arrays[name], lengths = _binary(values)
-            if name == "payload":
-                arrays["payload_size"] = pa.array(lengths, pa.int64(), mask=lengths < 0)
+    parts: list[dict[str, Any]] = []
+    for part in columns.parts:
+        if isinstance(part, FastPart):
+            parts += _fast(part, columns, schema)
         else:
-            arrays[name] = pa.array(values, type=schema.field(name).type)
+            parts.append(_listed(part, schema))
+    for field in schema:
+        if field.name in arrays:
+            continue
+        pieces = [p[field.name] for p in parts]
+        if len(pieces) == 1:
+            arrays[field.name] = pieces[0]
+        elif pieces:
+            arrays[field.name] = pa.concat_arrays(pieces)
+        else:
+            arrays[field.name] = pa.nulls(0, field.type)
     return pa.RecordBatch.from_arrays([arrays[f.name] for f in schema], schema=schema)

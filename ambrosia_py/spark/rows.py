@@ -58,14 +58,28 @@ _RECORD_FIELDS = ("offset", "seq", "committer", "commit_time", "check_ok")
 _ASYNC = wire.RpcType.ASYNC_AWAIT
 
 
+class FastPart:
+    """Consecutive records whose messages end at ``Record.ends`` in one buffer ``raw``:
+    read with numpy (:mod:`.calls`) when the batch is made, if they are all fork and
+    impulse calls (records holding anything else are then read as lists)."""
+
+    def __init__(self, raw: bytes) -> None:
+        self.raw = raw
+        self.records: list[Record] = []
+
+
+Part = FastPart | dict[str, list[Any]]
+
+
 class Columns:
     """Rows of one log file under construction, column by column.
 
     ``instance``, ``version`` and ``log_file`` are the same for every row and kept once.
     The columns of a record (``offset`` ... ``check_ok``) are kept once per record in
-    :attr:`per_record`, with :attr:`counts` saying how many rows each record has; the
-    other columns are lists in :attr:`per_row` (payloads as views into the bytes read).
-    ``payload_size`` is not kept: it is the length of ``payload``.
+    :attr:`per_record`, with :attr:`counts` saying how many rows each record has. The
+    other columns come in :attr:`parts`, in row order: a :class:`FastPart` (records read
+    later with numpy), or lists of values per column (payloads as views into the bytes
+    read; ``payload_size`` is not kept: it is the length of ``payload``).
     """
 
     def __init__(self, level: str, instance: str | None, version: int | None, log_file: str):
@@ -79,14 +93,24 @@ class Columns:
         self.names = tuple(name for name, _, _ in spec)
         self.per_record: dict[str, list[Any]] = {name: [] for name in _RECORD_FIELDS}
         self.counts: list[int] = []
-        self.per_row: dict[str, list[Any]] = {
-            name: [] for name in self.names[8:] if name != "payload_size"
-        }
+        self.parts: list[Part] = []
         self.rows_count = 0
         self.payload_bytes = 0  # about: the bodies of the records added
 
     def __len__(self) -> int:
         return self.rows_count
+
+    def lists(self) -> dict[str, list[Any]]:
+        """Empty lists, one per column a part keeps (see the class docstring)."""
+        return {name: [] for name in self.names[8:] if name != "payload_size"}
+
+    def _listed(self) -> dict[str, list[Any]]:
+        last = self.parts[-1] if self.parts else None
+        if isinstance(last, dict):
+            return last
+        lists = self.lists()
+        self.parts.append(lists)
+        return lists
 
     def add(self, record: Record) -> None:
         """Add the rows of one record."""
@@ -101,7 +125,7 @@ class Columns:
             self.payload_bytes += len(record.body)
         if self.level == "record":
             count = 1
-            c = self.per_row
+            c = self._listed()
             c["size"].append(record.size)
             c["msg_count"].append(
                 sum(
@@ -114,21 +138,30 @@ class Columns:
             c["body"].append(record.body)
         elif not record.check_ok:
             count = 1
-            for values in self.per_row.values():
+            for values in self._listed().values():
                 values.append(None)
+        elif record.messages is None and record.ends is not None and len(record.ends):
+            count = len(record.ends)
+            last = self.parts[-1] if self.parts else None
+            if not isinstance(last, FastPart) or last.raw is not record.raw:
+                last = FastPart(record.raw)
+                self.parts.append(last)
+            last.records.append(record)
         else:
-            plain = self._add_calls(record) if record.messages is None else None
-            count = (
-                plain
-                if plain is not None
-                else self._add_messages(messages_of(self.log_file, record))
-            )
+            count = self.add_listed(self._listed(), record)
         self.counts.append(count)
         self.rows_count += count
 
-    def _add_messages(self, messages: list[wire.Message]) -> int:
-        """Add one row per message (batches flattened); return how many."""
-        c = self.per_row
+    def add_listed(self, c: dict[str, list[Any]], record: Record) -> int:
+        """Add the rows of a record whose check bytes verify to lists ``c``; return how
+        many."""
+        plain = self._add_calls(c, record) if record.messages is None else None
+        if plain is not None:
+            return plain
+        return self._add_messages(c, messages_of(self.log_file, record))
+
+    def _add_messages(self, c: dict[str, list[Any]], messages: list[wire.Message]) -> int:
+        """Add one row per message (batches flattened) to ``c``; return how many."""
         index, msg_type, method_id = c["msg_index"], c["msg_type"], c["method_id"]
         rpc_type, sender, call_seq = c["rpc_type"], c["sender"], c["call_seq"]
         destination, payload = c["destination"], c["payload"]
@@ -168,7 +201,7 @@ class Columns:
                 )
         return n
 
-    def _add_calls(self, record: Record) -> int | None:
+    def _add_calls(self, c: dict[str, list[Any]], record: Record) -> int | None:
         """Add the rows of a record that holds only calls and return values, read straight
         from its bytes (no message objects: most of a log is such records, and making
         objects is most of the cost); return how many, or ``None``, having added nothing,
@@ -181,7 +214,6 @@ class Columns:
         assert record.body is not None
         end = pos + len(record.body)
         view = memoryview(raw)
-        c = self.per_row
         method_id, rpc_type, payload = c["method_id"], c["rpc_type"], c["payload"]
         mark = len(payload)
         named: list[tuple[int, str, int]] = []  # (row, sender, call_seq): async calls, returns
@@ -263,31 +295,6 @@ class Columns:
             return_type[row] = kind_name
         return n
 
-    def column(self, name: str) -> list[Any]:
-        """One column's values, a value per row (constants repeated, payload sizes made)."""
-        if name in ("instance", "version", "log_file"):
-            return [getattr(self, name)] * self.rows_count
-        if name in self.per_record:
-            out: list[Any] = []
-            for value, count in zip(self.per_record[name], self.counts, strict=True):
-                out += [value] * count
-            return out
-        if name == "payload_size":
-            return [None if p is None else len(p) for p in self.per_row["payload"]]
-        return self.per_row[name]
-
-    def rows(self) -> Iterator[dict[str, Any]]:
-        """The rows as dicts (payloads as ``bytes``, ``commit_time`` as UTC datetimes)."""
-        columns = [self.column(name) for name in self.names]
-        for values in zip(*columns, strict=True):
-            row = dict(zip(self.names, values, strict=True))
-            for name in ("payload", "body"):
-                if isinstance(row.get(name), memoryview):
-                    row[name] = bytes(row[name])
-            if row["commit_time"] is not None:
-                row["commit_time"] = _EPOCH + datetime.timedelta(microseconds=row["commit_time"])
-            yield row
-
 
 class _NotPlain(Exception):
     """A record the plain-call path does not read (see :meth:`Columns._add_calls`)."""
@@ -355,7 +362,23 @@ def read_rows(
         for columns in columns_of(
             piece, level, fail_on_damage=fail, max_rows=1 << 16, max_bytes=64 << 20
         ):
-            yield from columns.rows()
+            yield from _rows(columns)
+
+
+def _rows(columns: Columns) -> Iterator[dict[str, Any]]:
+    """The rows as dicts, made from the Arrow batch Spark gets (payloads as ``bytes``,
+    ``commit_time`` as UTC datetimes)."""
+    from .arrow import to_batch
+
+    batch = to_batch(columns)
+    data = batch.to_pydict()
+    times = batch.column("commit_time").cast("int64").to_pylist()
+    data["commit_time"] = [
+        None if t is None else _EPOCH + datetime.timedelta(microseconds=t) for t in times
+    ]
+    names = list(data)
+    for values in zip(*data.values(), strict=True):
+        yield dict(zip(names, values, strict=True))
 
 
 def damage_mode(on_damage: str) -> bool:

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Generator, Iterator, Sequence
+from typing import Any
 
 import attrs
 import xxhash
@@ -48,6 +49,7 @@ from .. import wire
 from ..coordinator.logindex import IndexEntry
 from ..wire.records import HEADER
 from .errors import LogDamageError, LogFormatError
+from .frames import frame_ends
 from .fs import Location, LogInput
 
 __all__ = [
@@ -109,6 +111,7 @@ class Record:
     commit_time_ns: int | None
     raw: bytes = b""
     body_start: int = 0
+    ends: Any = None  # where each framed message ends in ``raw`` (:mod:`.frames`)
 
 
 class _Cut(Exception):
@@ -163,29 +166,6 @@ def verify_record_at(
     elif _body_check(src, pos + wire.HEADER_SIZE, stop) != header.check:
         return None
     return header if _tail_end(src, stop, end) is not None else None
-
-
-def _plain(raw: bytes, pos: int, end: int) -> bool:
-    """Whether the framed messages in ``raw[pos:end]`` walk cleanly to ``end`` with no
-    Checkpoint among them (only their sizes and types are read)."""
-    while pos < end:
-        b = raw[pos]
-        if b < 0x80:
-            size = (b >> 1) ^ -(b & 1)
-            pos += 1
-        elif pos + 1 < end and raw[pos + 1] < 0x80:
-            b = (b & 0x7F) | (raw[pos + 1] << 7)
-            size = (b >> 1) ^ -(b & 1)
-            pos += 2
-        else:
-            try:
-                size, pos = wire.decode_zigzag_int(raw, pos)
-            except wire.ProtocolError:
-                return False
-        if size < 1 or pos + size > end or raw[pos] == wire.MessageType.CHECKPOINT:
-            return False
-        pos += size
-    return True
 
 
 def decode_body(path: str, record: Record) -> list[wire.Message]:
@@ -330,7 +310,8 @@ class _SpanScan:
             self.data,
             off + wire.HEADER_SIZE,
         )
-        if not _plain(self.data, off + wire.HEADER_SIZE, off + header.length):
+        record.ends = frame_ends(self.data, off + wire.HEADER_SIZE, off + header.length)
+        if record.ends is None:
             # A Checkpoint's blob follows the record: decode to learn its length.
             messages = decode_body(self.path, record)
             for i, msg in enumerate(messages):
