@@ -184,13 +184,50 @@ class BindingLink:
         self._sender = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="send")
         self._last: asyncio.Future[None] | None = None
         self.gone = False
+        self._ahead: asyncio.Queue[bytes] = asyncio.Queue()  # read while replay is sent
+        self._reading_ahead: asyncio.Task[None] | None = None
+        self._stop_ahead = False
+
+    def read_ahead(self) -> None:
+        """Read what the binding sends into memory until :meth:`stop_reading_ahead`.
+
+        For recovery: the coordinator sends the replay and reads nothing yet, while the
+        binding, replaying, regenerates its outputs; once they fill the socket it blocks
+        sending them, stops reading the replay, and the coordinator blocks sending it: a
+        deadlock (seen with a handler that forked 100,000 calls). Read ahead, the
+        regenerated outputs wait here for :meth:`recv`, and are deduplicated then.
+        """
+        self._stop_ahead = False
+        self._reading_ahead = asyncio.ensure_future(self._read_ahead())
+
+    def stop_reading_ahead(self) -> None:
+        """Back to reading only when asked (back-pressure): after its current read."""
+        self._stop_ahead = True
+
+    async def _read_ahead(self) -> None:
+        loop = asyncio.get_running_loop()
+        while not self._stop_ahead:
+            try:
+                data = await loop.sock_recv(self._receive, READ_SIZE)
+            except OSError:
+                data = b""  # recv reports it, reading the socket itself
+            self._ahead.put_nowait(data)
+            if not data:
+                return
 
     async def recv(self) -> bytes:
         """The next bytes from the binding; ``b""`` when it has gone."""
+        if not self._ahead.empty():
+            return self._ahead.get_nowait()
+        reading = self._reading_ahead
+        if reading is not None and not reading.done():
+            return await self._ahead.get()  # its read in progress: it stops after it
         return await asyncio.get_running_loop().sock_recv(self._receive, READ_SIZE)
 
     def has_unread(self) -> bool:
         """Whether the binding has sent bytes not read yet (a peek, never blocks)."""
+        if not self._ahead.empty():
+            return True
         try:
             return bool(self._receive.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
         except OSError:  # BlockingIOError: nothing there; others: the reader will see
@@ -241,6 +278,8 @@ class BindingLink:
         await self.send(wire.encode_record_parts(committer_id, CONTROL_SEQ, [msg]))
 
     def close(self) -> None:
+        if self._reading_ahead is not None:
+            self._reading_ahead.cancel()
         for sock in (self._receive, self._send):
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)

@@ -330,7 +330,9 @@ class _Coordinator:
         )
         # Replay makes the binding regenerate its outputs; those already logged are dropped.
         self.intake.received_outputs = state.binding_outputs
+        self.binding.read_ahead()  # its regenerated outputs must not block the replay
         replayed = await replay_log(self.files, self.binding, state, checkpoint, repair=True)
+        self.binding.stop_reading_ahead()
         self.next_seq = replayed.next_seq
         self.logged_outputs = state.logged_outputs + replayed.outputs
         self.intake.skip_below = self.logged_outputs
