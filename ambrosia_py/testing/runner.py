@@ -94,7 +94,11 @@ class RunningImmortal:
             daemon=True,
         )
         self._thread.start()
-        self.wait_until(lambda _: self.dispatcher.mode is Mode.PRIMARY)
+        try:
+            self.wait_until(lambda _: self.dispatcher.mode is Mode.PRIMARY)
+        except BaseException:  # the caller gets no handle to stop it with: stop it here
+            self.kill()
+            raise
 
     def _run(self, receive_port: int, send_port: int) -> None:
         try:
