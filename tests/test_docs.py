@@ -90,7 +90,7 @@ NOT_RUN: tuple[tuple[str, str | None, str], ...] = (
         "the pipeline with its kills and Spark takes minutes; tests/test_demo.py runs --quick",
     ),
     ("make test", None, "the whole suite (about 10 minutes): what CI runs"),
-    ("make bench", "ambrosia-py bench wire --help", "a measurement, not a check"),
+    ("make bench", "ambrosia-py bench compare --help", "a measurement, not a check"),
     (
         "ambrosia-py bench",
         "{command} --help",
