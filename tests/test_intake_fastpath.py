@@ -155,3 +155,24 @@ def test_split_link_forks_takes_fork_calls_as_decoding_reads_them(msgs: list[Inc
     assert frames == [wire.encode_message(m) for m in msgs]
     reader = MessageReader(direction=Direction.TO_BINDING)
     assert reader.messages(data) == msgs
+
+
+@given(
+    st.lists(_forks | rpc_messages(Direction.TO_BINDING), max_size=10),
+    st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), max_size=3),
+)
+def test_count_replayable_agrees_with_decoding(
+    msgs: list[wire.Message], edits: list[tuple[int, int]]
+) -> None:
+    data = bytearray(b"".join(wire.encode_message(m) for m in msgs))
+    for at, value in edits:
+        if data:
+            data[at % len(data)] = value
+    counted = routing.count_replayable(bytes(data))
+    if counted is None:
+        return
+    decoded = wire.decode_messages(bytes(data), 0, len(data))  # must not raise
+    assert counted == sum(
+        isinstance(m, IncomingRpc) and m.rpc_type == RpcType.FORK for m in decoded
+    )
+    assert all(isinstance(m, IncomingRpc) and m.rpc_type != RpcType.ASYNC_AWAIT for m in decoded)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from .. import wire
 
-__all__ = ["is_replayable", "split_link_forks", "to_incoming"]
+__all__ = ["count_replayable", "is_replayable", "split_link_forks", "to_incoming"]
 
 _FORK = int(wire.RpcType.FORK)
 
@@ -91,3 +91,47 @@ def split_link_forks(data: bytes) -> list[bytes] | None:
         append(data[pos:stop])
         pos = stop
     return out
+
+
+def count_replayable(body: wire.Payload) -> int | None:
+    """How many of a record body's framed messages are fork calls, read byte by byte,
+    when all are fork or impulse calls (decoding accepts exactly these and reads
+    nothing after their type byte); None otherwise (a return value, an async/await
+    call, a batch, a control message, anything malformed): then decode them.
+
+    Used by replay, which needs only this count per logged record.
+    """
+    n = 0
+    pos = 0
+    end = len(body)
+    while pos < end:
+        b0 = body[pos]
+        if b0 < 0x80:
+            size = b0
+            at = pos + 1
+        elif pos + 1 < end and body[pos + 1] < 0x80:
+            size = (b0 & 0x7F) | (body[pos + 1] << 7)
+            at = pos + 2
+        else:
+            return None
+        stop = at + (size >> 1)
+        if size & 1 or size < 4 or stop > end or body[at] != 0:
+            return None
+        if body[at + 1]:  # a return value: decoding checks its fields
+            return None
+        p = at + 2  # a call: its method id (at most 5 varint bytes), then its type byte
+        last = min(p + 5, stop)
+        while p < last and body[p] >= 0x80:
+            p += 1
+        if p >= last or (p - at == 6 and body[p] > 0x0F) or p + 1 >= stop:
+            return None
+        rpc_type = body[p + 1]
+        if rpc_type == _FORK:
+            n += 1
+        elif rpc_type != _IMPULSE:  # an async/await call: decoding checks its sender
+            return None
+        pos = stop
+    return n
+
+
+_IMPULSE = int(wire.RpcType.IMPULSE)
