@@ -30,12 +30,25 @@ _RECORD_BYTES = 64 * 1024  # about what one group-committed record holds under l
 _LOG_BYTES = 64 * 1024 * 1024  # then the next log file, as a size trigger would
 
 
-def generate_logs(root: Path, megabytes: int, payload: int) -> tuple[int, int]:
-    """Logs of fork calls under ``root`` (instance ``bench``); returns (bytes, messages)."""
-    message = encode_message(IncomingRpc(3, RpcType.FORK, bytes(range(256)) * (payload // 256)
-                                         + bytes(payload % 256)))  # fmt: skip
-    per_record = max(1, _RECORD_BYTES // len(message))
-    body = message * per_record
+def _args(size: int) -> bytes:
+    return bytes(range(256)) * (size // 256) + bytes(size % 256)
+
+
+def generate_logs(root: Path, megabytes: int, payload: int, vary: bool = False) -> tuple[int, int]:
+    """Logs of fork calls under ``root`` (instance ``bench``); returns (bytes, messages).
+
+    With ``vary`` the arguments are ``payload`` bytes give or take a quarter, so a
+    record's messages are not all alike (the reader then walks them one by one)."""
+    if vary:
+        spread = payload // 2
+        sizes = [payload - payload // 4 + (i * 37) % (spread + 1) for i in range(64)]
+        messages_ = [encode_message(IncomingRpc(3, RpcType.FORK, _args(k))) for k in sizes]
+        unit, count = b"".join(messages_), len(messages_)
+    else:
+        unit, count = encode_message(IncomingRpc(3, RpcType.FORK, _args(payload))), 1
+    repeats = max(1, _RECORD_BYTES // len(unit))
+    per_record = repeats * count
+    body = unit * repeats
     total = messages = seq = 0
     log_number = 0
     writer: LogWriter | None = None
@@ -91,7 +104,8 @@ def _best(fn: Callable[[], Any], rounds: int) -> float:
 @click.option("--payload", default=100, show_default=True, help="Argument bytes per call.")
 @click.option("--cores", default=2, show_default=True, help="Spark local[N].")
 @click.option("--rounds", default=3, show_default=True, help="Timed runs per figure.")
-def spark_bench(mb: int, payload: int, cores: int, rounds: int) -> None:
+@click.option("--vary", is_flag=True, help="Arguments of --payload bytes give or take a quarter.")
+def spark_bench(mb: int, payload: int, cores: int, rounds: int, vary: bool) -> None:
     """Scan throughput of the ambrosia data source against a binaryFile baseline."""
     try:
         from pyspark.sql import functions as F
@@ -108,7 +122,7 @@ def spark_bench(mb: int, payload: int, cores: int, rounds: int) -> None:
     with tempfile.TemporaryDirectory(prefix="ambrosia-bench-spark-") as tmp:
         root = Path(tmp)
         with console.status(f"writing {mb} MB of logs"):
-            size, messages = generate_logs(root, mb, payload)
+            size, messages = generate_logs(root, mb, payload, vary)
         with console.status(f"starting Spark local[{cores}]"):
             spark = local_session(cores)
         try:
@@ -137,8 +151,9 @@ def spark_bench(mb: int, payload: int, cores: int, rounds: int) -> None:
             spark.stop()
         with console.status("the reader in this process, one core"):
             figures.append(("in-process, 1 core", _best(lambda: _scan(root), 1)))
+    spread = " ± 25%" if vary else ""
     table = Table(title=f"spark: {size / 1e6:.0f} MB of logs, {messages:,} fork calls of "
-                        f"{payload} B, {partitions} partitions")  # fmt: skip
+                        f"{payload} B{spread}, {partitions} partitions")  # fmt: skip
     for column in ("reader", "seconds", "MB/s", "rows/s"):
         table.add_column(column, justify="right")
     for name, seconds in figures:

@@ -1,0 +1,139 @@
+"""The scan's fast path (frames.py's walk, calls.py's numpy reading of fork and impulse
+calls) against the wire decoder, the reference: same frames, same values, on random
+messages with payloads of 0, 1, 12, 13, 100 and 64 KiB bytes, alone, mixed with every
+other RPC form, and in uniform records (the stride check) with one message changed."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ambrosia_py import wire
+from ambrosia_py.spark import read_rows
+from ambrosia_py.spark.calls import fork_rows
+from ambrosia_py.spark.frames import frame_ends
+from tests import strategies
+from tests.test_spark_rows import _log_of, normal, reference_rows
+
+SIZES = st.sampled_from([0, 1, 12, 13, 100, 64 * 1024]) | st.integers(0, 300)
+forks = st.builds(
+    wire.IncomingRpc,
+    st.integers(-(2**31), 2**31 - 1) | st.integers(-64, 63),
+    st.sampled_from([wire.RpcType.FORK, wire.RpcType.IMPULSE]),
+    SIZES.flatmap(lambda n: st.binary(min_size=n, max_size=n)),
+)
+others = strategies.rpc_messages(wire.Direction.TO_BINDING)
+
+
+def framed(messages: Sequence[wire.Message]) -> list[bytes]:
+    return [b"".join(bytes(p) for p in wire.frame_parts(m)) for m in messages]
+
+
+def decoded_rows(body: bytes) -> dict[str, list[object]]:
+    """What the wire decoder says each fork or impulse call holds."""
+    msgs = [m for m in wire.decode_messages(body, 0, len(body)) if isinstance(m, wire.IncomingRpc)]
+    assert len(msgs) == len(wire.decode_messages(body, 0, len(body)))
+    return {
+        "method_id": [m.method_id for m in msgs],
+        "rpc_type": [("async", "fork", "impulse")[m.rpc_type] for m in msgs],
+        "payload": [bytes(m.args) for m in msgs],
+        "payload_size": [len(m.args) for m in msgs],
+    }
+
+
+def _columns(raw: bytes, lo: int, hi: int) -> object:
+    ends = frame_ends(raw, lo, hi)
+    assert ends is not None
+    ends = np.asarray(ends, np.int64)
+    starts = np.concatenate([[lo], ends[:-1]]).astype(np.int64)
+    return fork_rows(raw, lo, hi, starts, ends)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(forks | others, min_size=1, max_size=12), st.binary(max_size=20))
+def test_frame_ends_are_the_wire_decoder_s_frames(messages: list[wire.Message], pad: bytes) -> None:
+    frames = framed(messages)
+    raw = pad + b"".join(frames) + pad
+    ends = frame_ends(raw, len(pad), len(raw) - len(pad))
+    assert ends is not None
+    assert list(ends) == [len(pad) + sum(map(len, frames[: i + 1])) for i in range(len(frames))]
+    # Not a call or return value: not walked (the wire decoder decodes the record).
+    tail = framed([wire.AttachTo("x")])[0]
+    assert (
+        frame_ends(raw[: -len(pad) or None] + tail, len(pad), len(raw) - len(pad) + len(tail))
+        is None
+    )
+    # Cut anywhere inside the last message: not framed.
+    assert frame_ends(raw, len(pad), len(raw) - len(pad) - 1) is None
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(forks, min_size=1, max_size=12), st.binary(max_size=20))
+def test_fork_rows_equal_the_wire_decoder_s(messages: list[wire.IncomingRpc], pad: bytes) -> None:
+    body = b"".join(framed(messages))
+    rows = _columns(pad + body + pad, len(pad), len(pad) + len(body))
+    assert isinstance(rows, dict)
+    assert {name: rows[name].to_pylist() for name in decoded_rows(body)} == decoded_rows(body)
+    assert rows["msg_type"].to_pylist() == ["RPC"] * len(messages)
+    for name in ("sender", "call_seq", "return_type"):
+        assert rows[name].null_count == len(messages)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(forks | others, min_size=1, max_size=12))
+def test_anything_but_a_fork_or_impulse_call_is_flagged(messages: list[wire.Message]) -> None:
+    body = b"".join(framed(messages))
+    rows = _columns(body, 0, len(body))
+    plain = [
+        isinstance(m, wire.IncomingRpc) and m.rpc_type != wire.RpcType.ASYNC_AWAIT for m in messages
+    ]
+    if all(plain):
+        assert isinstance(rows, dict)
+    else:
+        assert list(rows) == [not p for p in plain]  # type: ignore[call-overload]
+
+
+@settings(max_examples=40, deadline=None)
+@given(forks, st.integers(8, 40), st.data())
+def test_uniform_records_take_the_stride_check_and_a_changed_one_is_walked(
+    call: wire.IncomingRpc, count: int, data: st.DataObject
+) -> None:
+    one = framed([call])[0]
+    ends = frame_ends(one * count, 0, len(one) * count)
+    assert isinstance(ends, np.ndarray)
+    assert ends.tolist() == [len(one) * (i + 1) for i in range(count)]
+    # One message in the middle changed (another size or type): the walk's frames.
+    other = data.draw(forks | others)
+    at = data.draw(st.integers(0, count - 1))
+    messages: list[wire.Message] = [call] * count
+    messages[at] = other
+    frames = framed(messages)
+    body = b"".join(frames)
+    walked = frame_ends(body, 0, len(body))
+    assert walked is not None
+    assert list(walked) == [sum(map(len, frames[: i + 1])) for i in range(count)]
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.lists(forks, min_size=1, max_size=10),
+            forks.flatmap(lambda c: st.integers(8, 30).map(lambda k: [c] * k)),
+            st.lists(forks | others, min_size=1, max_size=6),
+            strategies.logged_bodies(with_checkpoints=True),
+        ),
+        min_size=1,
+        max_size=8,
+    )
+)
+def test_records_of_calls_give_the_reference_rows(bodies: list[list[wire.Message]]) -> None:
+    """Whole logs: records read with numpy, as lists and as objects, in any order."""
+    with tempfile.TemporaryDirectory() as d:
+        _log_of(bodies, Path(d))
+        assert normal(read_rows(d)) == reference_rows(Path(d))
