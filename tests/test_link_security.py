@@ -501,7 +501,7 @@ def test_tls_with_a_ca_is_mutual_and_refuses_a_bad_cert(tmp_path: Path) -> None:
 
 @needs_openssl
 def test_hello_across_data_directories_over_mutual_tls(tmp_path: Path) -> None:
-    from tests.test_hello_e2e import _Run
+    from tests.test_hello_e2e import _run
 
     ca = _ca(tmp_path, "ca")
     secret = _write_secret(tmp_path / "cluster-secret")
@@ -517,11 +517,11 @@ def test_hello_across_data_directories_over_mutual_tls(tmp_path: Path) -> None:
             *("--secret-file", str(secret), "--tls-cert", str(cert), "--tls-key", str(key)),
             *("--tls-ca", str(ca[0])),
         )
-    server = _Run(tmp_path / "a", "server.py", "server", *args["server"])
-    client = _Run(tmp_path / "b", "client.py", "client", "--count", "51", *args["client"])
+    server = _run(tmp_path / "a", "server.py", "server", *args["server"])
+    client = _run(tmp_path / "b", "client.py", "client", "--count", "51", *args["client"])
     try:
-        assert client.done.wait(DEADLINE), "".join(client.lines[-20:])
-        (done,) = [line for line in client.lines if line.startswith("done:")]
+        client.wait_for_log("done:", DEADLINE)
+        (done,) = [line for line in client.output().splitlines() if line.startswith("done:")]
         assert done.rstrip().endswith("(greeting #51)")
     finally:
         client.stop()
