@@ -1,6 +1,6 @@
 """``ambrosia-py debug SERVICE``: the debug coordinator and the binding, in one command.
 
-The coordinator's debug mode (``ic_server.run_debug``) serves a checkpoint and every
+The coordinator's debug mode (``ic_debug.run_debug``) serves a checkpoint and every
 logged record after it to a binding, exactly as recovery does, and writes nothing. Here
 both run on one event loop: the binding restores the checkpoint, handles the records
 up to the chosen one (``to_seq``, else the log's last), and stops there, where the
@@ -26,7 +26,8 @@ import click
 from ..coordinator.binding_auth import BindingAuth, token_for_ready_line
 from ..coordinator.errors import StorageError
 from ..coordinator.ic_core import IcState, StateFormatError
-from ..coordinator.ic_server import CoordinatorConfig, CoordinatorError, run_debug
+from ..coordinator.ic_debug import run_debug
+from ..coordinator.ic_server import CoordinatorConfig, CoordinatorError
 from ..coordinator.storage import InstanceFiles
 from ..wire import RecordReader
 from .client import connect, record_failure

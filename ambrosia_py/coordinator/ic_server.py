@@ -31,7 +31,6 @@ reference ambrosia.md, *Start-up* and *The two local sockets*):
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import os
@@ -48,7 +47,6 @@ from ..wire import (
     Checkpoint,
     TakeBecomingPrimaryCheckpoint,
     TakeCheckpoint,
-    UpgradeService,
     UpgradeTakeCheckpoint,
 )
 from .binding_auth import BindingAuth, open_gate
@@ -64,7 +62,7 @@ from .registry import Registry
 from .registry_files import clear_interrupted_first_start, prepare_start
 from .storage import CorruptLogError, InstanceFiles, LogWriter
 
-__all__ = ["CoordinatorConfig", "CoordinatorError", "run_coordinator", "run_debug"]
+__all__ = ["CoordinatorConfig", "CoordinatorError", "run_coordinator"]
 
 log = logging.getLogger("ambrosia_py.coordinator")
 
@@ -569,52 +567,3 @@ async def run_coordinator(
             coordinator.files.release_lock()
     finally:
         registry.close()
-
-
-async def run_debug(
-    config: CoordinatorConfig,
-    checkpoint: int,
-    *,
-    test_upgrade: bool = False,
-    ready: Callable[[str], None] = _print_ready,
-) -> int:
-    """Serve a binding checkpoint ``checkpoint`` and the records after it, writing nothing."""
-    registry = prepare_start(config.data_dir, config.instance)
-    try:
-        version, receive_port, send_port = _resolve(config, registry)
-    finally:
-        registry.close()
-    files = InstanceFiles(config.data_dir, config.instance, version)
-    if checkpoint not in files.checkpoint_numbers():
-        raise CoordinatorError(
-            f"no checkpoint {checkpoint} in {files.path} (have {files.checkpoint_numbers()})"
-        )
-    state = IcState.decode(
-        files.read_checkpoint(checkpoint), str(files.checkpoint_path(checkpoint))
-    )
-    binding, listeners = await connect_binding(
-        config.host,
-        receive_port,
-        send_port,
-        lambda ports: ready(f"ready debug instance={config.instance} version={version} {ports}"),
-        open_gate(config.data_dir, config.instance, config.binding_auth, debug=True),
-    )
-    try:
-        await binding.send(
-            wire.encode_record_parts(state.committer_id, CHECKPOINT_SEQ, [Checkpoint(state.blob)])
-        )
-        if test_upgrade:
-            await binding.control(state.committer_id, UpgradeService())
-        try:
-            await replay_log(files, binding, state, checkpoint, repair=False)
-        except CorruptLogError as exc:
-            raise CoordinatorError(f"replay stopped: {exc}") from None
-        # Whatever the binding sends now is what-if output: read and discard it.
-        with contextlib.suppress(ConnectionError, OSError):
-            while await binding.recv():
-                pass
-    finally:
-        binding.close()
-        for listener in listeners:
-            listener.close()
-    return 0
