@@ -61,6 +61,14 @@ def frame_ends(raw: bytes, pos: int, end: int) -> list[int] | Any | None:
                 return None
             if raw[pos - (b >> 1)] != _RPC:
                 return None
+        elif pos + 1 < end and raw[pos + 1] < 0x80:
+            size = (b & 0x7F) | (raw[pos + 1] << 7)
+            if size & 1 or size == 0:
+                return None
+            size >>= 1
+            pos += 2 + size
+            if pos > end or raw[pos - size] != _RPC:
+                return None
         else:
             one = _frame(raw, pos, end)
             if one is None:

@@ -1,7 +1,11 @@
-"""Rows from records: the data source's columns, built in pure Python.
+"""Rows from records: the data source's columns.
 
 The Spark reader and :func:`read_rows` share this code: records (:mod:`.scan`) become
-columns here, and :mod:`.arrow` turns the columns into Arrow record batches.
+columns here, and :mod:`.arrow` turns the columns into Arrow record batches (so
+:func:`read_rows` gives what Spark gets). Records of fork and impulse calls are kept as
+they are and read with numpy when the batch is made (:mod:`.calls`); the rest are read
+here into lists, calls and return values straight from the bytes, other messages from
+the wire decoder's objects.
 
 Per message (``level=message``, the default), batches flattened, ``msg_index`` counting
 the flattened messages of the record:

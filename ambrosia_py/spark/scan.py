@@ -96,9 +96,11 @@ class Record:
     """A record, or a damaged record or region (``check_ok`` false, no messages).
 
     ``messages`` is ``None`` until decoded (:func:`messages_of`): most records are read
-    without making message objects (:mod:`.rows` reads plain calls straight from the
-    bytes). The framed messages are ``body``, which is ``raw[body_start:]`` up to its
-    length; a record holding a Checkpoint is decoded at once, its blobs attached.
+    without making message objects (:mod:`.rows` and :mod:`.calls` read calls straight
+    from the bytes). The framed messages are ``body``, which is ``raw[body_start:]`` up
+    to its length. A record holding only RPC messages has ``ends``, where each ends in
+    ``raw`` (:mod:`.frames`); any other is decoded at once (a Checkpoint's blobs, which
+    follow the record, attached).
     """
 
     offset: int
