@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ambrosia_py import wire
-from ambrosia_py.spark import read_rows
+from ambrosia_py.spark import calls, read_rows
 from ambrosia_py.spark.calls import fork_rows
 from ambrosia_py.spark.frames import frame_ends
 from tests import strategies
@@ -137,3 +137,22 @@ def test_records_of_calls_give_the_reference_rows(bodies: list[list[wire.Message
     with tempfile.TemporaryDirectory() as d:
         _log_of(bodies, Path(d))
         assert normal(read_rows(d)) == reference_rows(Path(d))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.binary(min_size=1, max_size=2000),
+    st.lists(st.tuples(st.integers(0, 2000), SIZES), max_size=20),
+)
+def test_payload_views_and_the_copying_fallback_agree(
+    data: bytes, ranges: list[tuple[int, int]]
+) -> None:
+    """The binary_view path and the copy for PyArrows without view casts: the same
+    values as slicing the bytes."""
+    padded = np.frombuffer(data + bytes(16), np.uint8)
+    cut = [(min(b, len(data)), min(k, len(data) - min(b, len(data)))) for b, k in ranges]
+    begin = np.array([b for b, _ in cut], np.int64)
+    lengths = np.array([k for _, k in cut], np.int64)
+    expected = [data[b : b + k] for b, k in cut]
+    assert calls.payloads(padded, begin, lengths).to_pylist() == expected
+    assert calls._copied(padded, begin, lengths).to_pylist() == expected

@@ -29,6 +29,7 @@ _PAD = 16  # zero bytes after the copied buffer, so fixed-width reads never run 
 _INLINE = 12  # binary_view: values up to this long are kept in the view itself
 _MAX_OFFSET = (1 << 31) - 1
 _RPC_TYPES = pa.array(list(RPC_TYPE_NAMES), pa.string())
+_VIEWS = hasattr(pa, "binary_view")  # PyArrow 16 and later
 _SHIFTS = (np.arange(5, dtype=np.uint64) * np.uint64(7)).astype(np.uint64)
 
 CallRows = dict[str, Any]
@@ -94,11 +95,8 @@ def payloads(data: Any, begin: Any, lengths: Any) -> Any:
     """A ``binary`` array of ``data[begin[i] : begin[i] + lengths[i]]`` (``data`` padded
     with :data:`_PAD` zero bytes), built as views into ``data`` and cast in C."""
     n = len(begin)
-    if len(data) > _MAX_OFFSET:  # a view's offset is 32-bit: copy value by value
-        view = memoryview(data)
-        pairs = zip(begin.tolist(), lengths.tolist(), strict=True)
-        values = [bytes(view[b : b + k]) for b, k in pairs]
-        return pa.array(values, pa.binary())
+    if len(data) > _MAX_OFFSET or not _VIEWS:  # a view's offset is 32-bit
+        return _copied(data, begin, lengths)
     views = np.empty((n, 4), np.int32)
     raw = views.view(np.uint8).reshape(n, 16)
     raw[:, 4:] = sliding_window_view(data, _INLINE)[begin]  # inline value or prefix
@@ -111,4 +109,22 @@ def payloads(data: Any, begin: Any, lengths: Any) -> Any:
     array = pa.Array.from_buffers(
         pa.binary_view(), n, [None, pa.py_buffer(views), pa.py_buffer(data)]
     )
-    return array.cast(pa.binary())
+    try:
+        return array.cast(pa.binary())
+    except pa.ArrowNotImplementedError:  # a PyArrow that cannot cast views yet
+        return _copied(data, begin, lengths)
+
+
+def _copied(data: Any, begin: Any, lengths: Any) -> Any:
+    """The same array, the values gathered into one buffer with numpy."""
+    offsets = np.zeros(len(begin) + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    index = np.repeat(begin - offsets[:-1], lengths) + np.arange(offsets[-1])
+    values = pa.py_buffer(data[index])
+    if offsets[-1] > _MAX_OFFSET:
+        return pa.Array.from_buffers(
+            pa.large_binary(), len(begin), [None, pa.py_buffer(offsets), values]
+        ).cast(pa.binary())  # Arrow says what is too large
+    return pa.Array.from_buffers(
+        pa.binary(), len(begin), [None, pa.py_buffer(offsets.astype(np.int32)), values]
+    )
