@@ -1,7 +1,7 @@
 """Columns to Arrow record batches, in the schema Spark's Python data source checks.
 
 Built column by column in C where it counts: a record's columns are converted once per
-record and repeated with ``take``; the rows of fork and impulse calls are read with numpy
+record and repeated with ``take``; the rows of calls and return values are read with numpy
 straight from the record bytes (:mod:`.calls`); listed binary columns are one joined
 buffer plus offsets (converting a list of ``memoryview``s value by value is many times
 slower). A batch's parts (:attr:`.rows.Columns.parts`) are made one by one and joined.
@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped]
 
-from .calls import fork_rows
+from .calls import call_rows
 from .rows import Columns, FastPart
 from .schema import MESSAGE_COLUMNS, RECORD_COLUMNS, arrow_schema
 
@@ -54,8 +54,8 @@ def _listed(values: dict[str, list[Any]], schema: Any) -> dict[str, Any]:
 
 
 def _fast(part: FastPart, columns: Columns, schema: Any) -> list[dict[str, Any]]:
-    """The rows of ``part``: with numpy for runs of records holding only fork and impulse
-    calls, as lists for the records holding anything else."""
+    """The rows of ``part``: with numpy for runs of records whose calls and return values
+    read there, as lists for the other records."""
     records = part.records
     counts = np.fromiter((len(r.ends) for r in records), np.int64, len(records))
     ends = np.concatenate([np.asarray(r.ends, np.int64) for r in records])
@@ -65,7 +65,7 @@ def _fast(part: FastPart, columns: Columns, schema: Any) -> list[dict[str, Any]]
     starts[1:] = ends[:-1]
     starts[firsts] = [r.body_start for r in records]
     lo, hi = records[0].body_start, records[-1].body_start + len(records[-1].body or b"")
-    rows = fork_rows(part.raw, lo, hi, starts, ends)
+    rows = call_rows(part.raw, lo, hi, starts, ends)
     n = len(ends)
     if isinstance(rows, dict):
         rows["msg_index"] = pa.array(

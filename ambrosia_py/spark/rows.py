@@ -2,10 +2,11 @@
 
 The Spark reader and :func:`read_rows` share this code: records (:mod:`.scan`) become
 columns here, and :mod:`.arrow` turns the columns into Arrow record batches (so
-:func:`read_rows` gives what Spark gets). Records of fork and impulse calls are kept as
-they are and read with numpy when the batch is made (:mod:`.calls`); the rest are read
-here into lists, calls and return values straight from the bytes, other messages from
-the wire decoder's objects.
+:func:`read_rows` gives what Spark gets). Records of calls and return values are kept
+as they are and read with numpy when the batch is made (:mod:`.calls`); the rest are
+read here into lists, calls and return values the numpy path leaves (a very long call
+seq, a sender that is not UTF-8) straight from the bytes, other messages from the wire
+decoder's objects.
 
 Per message (``level=message``, the default), batches flattened, ``msg_index`` counting
 the flattened messages of the record:
@@ -64,8 +65,8 @@ _ASYNC = wire.RpcType.ASYNC_AWAIT
 
 class FastPart:
     """Consecutive records whose messages end at ``Record.ends`` in one buffer ``raw``:
-    read with numpy (:mod:`.calls`) when the batch is made, if they are all fork and
-    impulse calls (records holding anything else are then read as lists)."""
+    read with numpy (:mod:`.calls`) when the batch is made (records holding a message
+    that does not read there are then read as lists)."""
 
     def __init__(self, raw: bytes) -> None:
         self.raw = raw
