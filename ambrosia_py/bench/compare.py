@@ -33,7 +33,7 @@ from rich.console import Console
 
 from ..testing import ImmortalRunner
 from . import compare_dbos, compare_grpc
-from .compare_limits import LoopbackServer, measure_disk_limits, measure_loopback
+from .compare_limits import loopback_server, measure_disk_limits, measure_loopback
 from .compare_ours import (
     measure_awaits,
     measure_failover_and_memory,
@@ -100,7 +100,7 @@ def _by_size(values: dict[int, float]) -> dict[str, float]:
 
 def run_limits(plan: Plan, directory: Path) -> Figures:
     figures: Figures = dict(measure_disk_limits(directory / "disk", plan.disk_seconds))
-    with LoopbackServer(directory).running() as port:
+    with loopback_server(directory).running() as port:
         rates = {s: measure_loopback(port, s, n) for s, n in plan.loopback.items()}
     figures["loopback_msgs_per_s"] = _by_size(rates)
     figures["loopback_mb_per_s"] = _by_size({s: r * s / 1e6 for s, r in rates.items()})
@@ -108,7 +108,7 @@ def run_limits(plan: Plan, directory: Path) -> Figures:
 
 
 def run_grpc(plan: Plan, directory: Path) -> Figures:
-    with compare_grpc.GrpcServer(directory).running() as port:
+    with compare_grpc.grpc_server(directory).running() as port:
         rates = {s: compare_grpc.measure_grpc(port, s, n) for s, n in plan.grpc.items()}
     return {
         "msgs_per_s": _by_size(rates),

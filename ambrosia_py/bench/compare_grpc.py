@@ -12,18 +12,15 @@ grpcio is optional (the ``bench`` extra); :func:`available` says whether it is i
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
-import subprocess
-import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from .compare_limits import wait_for_port
+from .compare_limits import ServerProcess
 
-__all__ = ["GrpcServer", "available", "measure_grpc", "serve"]
+__all__ = ["available", "grpc_server", "measure_grpc", "serve"]
 
 _SERVICE = "ambrosia.bench.Compare"
 _METHOD = f"/{_SERVICE}/Stream"
@@ -63,27 +60,9 @@ def serve(port_file: str) -> None:
     server.wait_for_termination()
 
 
-# Not ``-m`` this module: runpy warns when the package has imported it already.
-_SERVER = f"import sys; from {__name__} import serve; serve(sys.argv[1])"
-
-
-class GrpcServer:
-    """The gRPC server in its own process (``with GrpcServer(tmp).running() as port:``)."""
-
-    def __init__(self, directory: Path) -> None:
-        self.port_file = directory / "grpc.port"
-
-    @contextlib.contextmanager
-    def running(self) -> Iterator[int]:
-        self.port_file.unlink(missing_ok=True)
-        proc = subprocess.Popen(
-            [sys.executable, "-c", _SERVER, str(self.port_file)], stdin=subprocess.DEVNULL
-        )
-        try:
-            yield wait_for_port(proc, self.port_file, 60.0)
-        finally:
-            proc.kill()
-            proc.wait()
+def grpc_server(directory: Path) -> ServerProcess:
+    """The gRPC server (:func:`serve`) in its own process."""
+    return ServerProcess(__name__, directory / "grpc.port", 60.0)
 
 
 def measure_grpc(port: int, size: int, count: int) -> float:

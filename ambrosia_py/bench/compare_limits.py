@@ -27,7 +27,14 @@ from pathlib import Path
 
 from .coordinator import measure_bandwidth, measure_fsync_rate
 
-__all__ = ["LoopbackServer", "measure_disk_limits", "measure_loopback", "serve", "wait_for_port"]
+__all__ = [
+    "ServerProcess",
+    "loopback_server",
+    "measure_disk_limits",
+    "measure_loopback",
+    "serve",
+    "wait_for_port",
+]
 
 _HEADER = struct.Struct(">I")
 _DONE = _HEADER.pack(0)
@@ -106,27 +113,32 @@ def wait_for_port(proc: subprocess.Popen[bytes], port_file: Path, timeout: float
         time.sleep(0.01)  # polling for its port, bounded by the deadline
 
 
-# Not ``-m`` this module: runpy warns when the package has imported it already.
-_SERVER = f"import sys; from {__name__} import serve; serve(sys.argv[1])"
+class ServerProcess:
+    """A server in its own process, ``serve(PORT_FILE)`` of ``module``, where it writes the
+    port it listens on (``with ServerProcess(...).running() as port:``)."""
 
-
-class LoopbackServer:
-    """The counting server in its own process (``with LoopbackServer(tmp) as port:``)."""
-
-    def __init__(self, directory: Path) -> None:
-        self.port_file = directory / "loopback.port"
+    def __init__(self, module: str, port_file: Path, timeout: float) -> None:
+        # Not ``-m`` the module: runpy warns when the package has imported it already.
+        self._code = f"import sys; from {module} import serve; serve(sys.argv[1])"
+        self.port_file = port_file
+        self.timeout = timeout
 
     @contextlib.contextmanager
     def running(self) -> Iterator[int]:
         self.port_file.unlink(missing_ok=True)
         proc = subprocess.Popen(
-            [sys.executable, "-c", _SERVER, str(self.port_file)], stdin=subprocess.DEVNULL
+            [sys.executable, "-c", self._code, str(self.port_file)], stdin=subprocess.DEVNULL
         )
         try:
-            yield wait_for_port(proc, self.port_file, 30.0)
+            yield wait_for_port(proc, self.port_file, self.timeout)
         finally:
             proc.kill()
             proc.wait()
+
+
+def loopback_server(directory: Path) -> ServerProcess:
+    """The counting server (:func:`serve`) in its own process."""
+    return ServerProcess(__name__, directory / "loopback.port", 30.0)
 
 
 async def _send(port: int, size: int, count: int) -> float:
