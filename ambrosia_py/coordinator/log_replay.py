@@ -18,7 +18,7 @@ from .. import wire
 from .binding_link import BindingLink
 from .ic_core import IcState
 from .routing import count_replayable
-from .storage import InstanceFiles
+from .storage import CorruptLogError, InstanceFiles
 
 __all__ = ["Replayed", "replay_log"]
 
@@ -86,20 +86,25 @@ async def replay_log(
         )
         batch: list[wire.Payload] = []  # records sent together: one send per batch
         batched = 0
-        for raw in scan:
-            record = wire.disk_to_wire(raw.header, raw.body)
-            batch.append(record)
-            batched += len(record)
-            if len(batch) >= _BATCH_RECORDS or batched >= _BATCH_BYTES:
+        try:
+            for raw in scan:
+                record = wire.disk_to_wire(raw.header, raw.body)
+                batch.append(record)
+                batched += len(record)
+                if len(batch) >= _BATCH_RECORDS or batched >= _BATCH_BYTES:
+                    await binding.send(batch)
+                    batch, batched = [], 0
+                # Messages from other instances' links are replayable too, but not the
+                # binding's outputs: the watermarks say how many of them the record holds.
+                marks = _link_marks(raw)
+                from_links = sum(seq - inbox.get(name, 0) for name, seq in marks.items())
+                inbox.update(marks)
+                outputs += _replayable(raw) - from_links
+                replayed += 1
+        except CorruptLogError:
+            if batch:  # the verified records before the damage still go, as one by one
                 await binding.send(batch)
-                batch, batched = [], 0
-            # Messages from other instances' links are replayable too, but they are not
-            # the binding's outputs: the watermarks say how many of them the record holds.
-            marks = _link_marks(raw)
-            from_links = sum(seq - inbox.get(name, 0) for name, seq in marks.items())
-            inbox.update(marks)
-            outputs += _replayable(raw) - from_links
-            replayed += 1
+            raise
         if batch:
             await binding.send(batch)
         if scan.next_seq is not None:

@@ -10,6 +10,7 @@ in-memory state is dropped); starting the same instance again recovers from the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -97,6 +98,9 @@ class RunningImmortal:
         try:
             self.wait_until(lambda _: self.dispatcher.mode is Mode.PRIMARY)
         except BaseException:  # the caller gets no handle to stop it with: stop it here
+            # A coordinator that refused the start exits by itself, saying why: let it.
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.ic.wait(self.timeout)
             self.kill()
             raise
 
