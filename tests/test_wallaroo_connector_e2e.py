@@ -42,11 +42,16 @@ DEADLINE = 180.0  # seconds for a whole exchange to finish
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 
 
-def wait_for(what: str, condition: Callable[[], bool], timeout: float = DEADLINE) -> None:
+def wait_for(
+    what: str,
+    condition: Callable[[], bool],
+    timeout: float = DEADLINE,
+    context: Callable[[], str] = lambda: "",
+) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
+            raise AssertionError(f"timed out waiting for {what}\n{context()}")
         time.sleep(0.02)  # polling a condition, bounded by the deadline
 
 
@@ -250,7 +255,14 @@ def test_a_worker_moves_its_connector_mid_stream(
     wait_for("a quarter of the stream at a", lambda: a.applied() >= n // 4)
     answer = request(a.control, COOKIE, {"op": "move", "target": b.address})
     assert answer == {"ok": True, "connections": 1}, answer
-    wait_for("the stream to finish at b", lambda: finished(b, gen, n))
+    wait_for(
+        "the stream to finish at b",
+        lambda: finished(b, gen, n),
+        context=lambda: (
+            f"applied a={a.applied()} b={b.applied()}\n"
+            + "\n".join(f"--- {svc.instance}:\n{svc.tail(3000)}" for svc in (a, b, conn))
+        ),
+    )
     assert a.applied() + b.applied() == n
     assert n // 4 <= a.applied() < n
     assert a.counts() + b.counts() == words([generate(4, k) for k in range(1, n + 1)])
