@@ -31,6 +31,7 @@ from typing import Any
 import pytest
 
 from ambrosia_py.testing import ServiceProcess, free_port
+from ambrosia_py.testing import wait_for as _wait_for
 from immortals.ockam.client import OckamClient, Publisher
 from immortals.wallaroo import stream_id_for
 from immortals.wallaroo.sources import generate
@@ -48,11 +49,8 @@ def wait_for(
     timeout: float = DEADLINE,
     context: Callable[[], str] = lambda: "",
 ) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}\n{context()}")
-        time.sleep(0.02)  # polling a condition, bounded by the deadline
+    """The testing helper's wait, with this file's deadline."""
+    _wait_for(what, condition, timeout, context)
 
 
 class Service(ServiceProcess):
