@@ -220,11 +220,11 @@ def debug_command(
     send_port: int | None,
 ) -> int:
     """``ambrosia-py debug SERVICE ...``; its exit status (errors are one line)."""
-    service = load_service(service_spec)
-    try:  # the run's set order, not this process's (hashseed.py)
+    try:  # the run's set order, not this process's (hashseed.py); before the service loads
         run_under_seed(instance_seed(data_dir, instance, create=False))
     except ValueError as exc:
         raise OneLineError(str(exc)) from None
+    service = load_service(service_spec)
     # Warnings only (a torn tail found, a dropped reply): the rest is recovery's chatter.
     logging.basicConfig(
         stream=sys.stderr,

@@ -476,11 +476,11 @@ def replay(
     """
     from .replay import replay_instance  # the coordinator's modules only when asked
 
-    service = load_service(service_spec)
-    try:  # the run's set order, not this process's (hashseed.py)
+    try:  # the run's set order, not this process's (hashseed.py); before the service loads
         run_under_seed(instance_seed(data_dir, instance, create=False))
     except ValueError as exc:
         raise OneLineError(str(exc)) from None
+    service = load_service(service_spec)
     try:
         result = replay_instance(service, data_dir, instance, verify=verify, to_seq=to_seq)
     except BindingError as exc:
