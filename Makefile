@@ -5,6 +5,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP_DEV := $(VENV)/.installed-dev-spark
 STAMP_BENCH := $(VENV)/.installed-dev-spark-bench
+# The C accelerators (setup.py, ambrosia_py/accel.py): an install compiles them in place.
+ACCEL := setup.py $(wildcard ambrosia_py/*/_c*.c)
 
 .PHONY: demo test lint typecheck unit bench clean
 
@@ -12,7 +14,7 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-$(STAMP_DEV): $(BIN)/python pyproject.toml
+$(STAMP_DEV): $(BIN)/python pyproject.toml $(ACCEL)
 	$(BIN)/pip install --quiet -e '.[dev,spark]'
 	touch $@
 
@@ -38,11 +40,11 @@ typecheck: $(STAMP_DEV)
 
 unit: $(STAMP_DEV)
 	@$(JAVA_CHECK)
-	$(BIN)/pytest -q
+	AMBROSIA_REQUIRE_ACCEL=1 $(BIN)/pytest -q
 
 # Ours beside the peers (gRPC, DBOS: the `bench` extra) and this machine's limits, in one
 # run (docs/performance.md); `make bench BENCH_ARGS=--quick` for a fast check.
-$(STAMP_BENCH): $(BIN)/python pyproject.toml
+$(STAMP_BENCH): $(BIN)/python pyproject.toml $(ACCEL)
 	$(BIN)/pip install --quiet -e '.[dev,spark,bench]'
 	touch $@
 
