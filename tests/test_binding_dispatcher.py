@@ -224,3 +224,40 @@ def test_a_wrongly_shaped_call_fails_at_the_caller_every_time() -> None:
             assert isinstance(pickle.loads(answer.value), TypeError)
         else:
             assert [type(m) for m in out] == [OutgoingRpc, OutgoingReturnValue]
+
+
+class Tally(Immortal):
+    def __init__(self) -> None:
+        self.got: list[int] = []
+
+    @rpc
+    def take(self, x: int) -> None:
+        if x < 0:
+            raise ValueError(f"negative {x}")
+        self.got.append(x)
+
+
+@pytest.mark.parametrize("rpc_type", [RpcType.FORK, RpcType.IMPULSE])
+def test_forks_that_raise_or_do_not_decode_are_logged_and_the_rest_still_run(
+    rpc_type: RpcType, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The inline path for forks and impulses (``Dispatcher.handle``) fails as the
+    general one does: a handler that raises, arguments that are not a pickle, and a
+    pickle that is not (args, kwargs) each log an error naming the handler; the calls
+    around them in the same record still run, and the tail keeps all of them."""
+    d = started(Tally)
+    take = Tally.rpc_methods_by_name()["take"].id
+    calls = [
+        IncomingRpc(take, rpc_type, args(1)),
+        IncomingRpc(take, rpc_type, args(-2)),
+        IncomingRpc(take, rpc_type, b"not a pickle"),
+        IncomingRpc(take, rpc_type, pickle.dumps([1, 2, 3], protocol=P)),
+        IncomingRpc(take, rpc_type, pickle.dumps(((), {"x": 4}), protocol=P)),
+    ]
+    with caplog.at_level("ERROR", logger="ambrosia_py"):
+        assert d.handle(rec(1, *calls)) == []
+    assert isinstance(d.immortal, Tally) and d.immortal.got == [1, 4]
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 3 and all(e.startswith("handler take raised") for e in errors)
+    assert "negative -2" in errors[0]
+    assert d._tail[-5:] == calls

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import pickle
 from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -164,6 +165,27 @@ class Dispatcher:
         self._loop_hidden = True
         try:
             for msg in record.messages:
+                # Inline, the common case: a fork or impulse to a plain (sync) handler
+                # with pickled arguments. Anything else, or arguments that do not unpickle
+                # as (args, kwargs), takes the general path, which says what went wrong.
+                if type(msg) is IncomingRpc and msg.rpc_type is not RpcType.ASYNC_AWAIT:
+                    spec = type(self.immortal).rpc_methods().get(msg.method_id)
+                    if spec is not None and not spec.is_async and spec.codec == "pickle":
+                        try:
+                            args, kwargs = pickle.loads(msg.args)
+                            method = getattr(self.immortal, spec.name)
+                        except Exception:
+                            self._message(msg, record.seq)
+                            continue
+                        self._tail.append(msg)
+                        self._in_handler = True
+                        try:
+                            method(*args, **kwargs)
+                        except Exception as exc:
+                            self._finish(spec, None, None, exc)
+                        finally:
+                            self._in_handler = False
+                        continue
                 self._message(msg, record.seq)
         finally:
             self._loop_hidden = False
@@ -177,10 +199,7 @@ class Dispatcher:
         return effects
 
     def _message(self, msg: Message, seq: int) -> None:
-        if isinstance(msg, IncomingRpc):  # the hot path, inline
-            self._tail.append(msg)
-            self._dispatch(msg)
-        elif isinstance(msg, IncomingReturnValue):
+        if isinstance(msg, IncomingRpc | IncomingReturnValue):
             self._incoming(msg, seq)
         elif isinstance(msg, RpcBatch | CountReplayableRpcBatch):
             for inner in msg.messages:
