@@ -181,8 +181,9 @@ async def serve(
                     out = d.handle(record)
                 except Exception as exc:
                     raise record_failure(d, record.seq, exc) from exc
-                send(out)
-                await writer.drain()
+                if out:  # most replayed records produce nothing: no write, no drain
+                    send(out)
+                    await writer.drain()
                 crashpoints.reach("binding.before_effects")
                 for fn, args in d.take_effects():
                     _run_effect(fn, args)
