@@ -9,7 +9,9 @@ leaves the frame to the general path that decodes it and raises the documented e
 
 from __future__ import annotations
 
-from .. import wire
+from collections.abc import Callable
+
+from .. import accel, wire
 
 __all__ = ["count_replayable", "is_replayable", "split_link_forks", "to_incoming"]
 
@@ -94,6 +96,21 @@ def split_link_forks(data: bytes) -> list[bytes] | None:
 
 
 def count_replayable(body: wire.Payload) -> int | None:
+    """How many of a record body's framed messages are fork calls, when all are fork or
+    impulse calls; None otherwise (see :func:`_count_replayable_py`, the reference, and
+    ``wire/_cdecode.c``, its C twin, used where built)."""
+    count = _c_count_replayable
+    if count is not None:
+        n = count(body)
+        if n >= 0:
+            return n
+        if n == -1:
+            return None
+        # -2: a body the C loop is not written for (not flat bytes)
+    return _count_replayable_py(body)
+
+
+def _count_replayable_py(body: wire.Payload) -> int | None:
     """How many of a record body's framed messages are fork calls, read byte by byte,
     when all are fork or impulse calls (decoding accepts exactly these and reads
     nothing after their type byte); None otherwise (a return value, an async/await
@@ -135,3 +152,15 @@ def count_replayable(body: wire.Payload) -> int | None:
 
 
 _IMPULSE = int(wire.RpcType.IMPULSE)
+
+
+def _load_count_replayable() -> Callable[[wire.Payload], int] | None:
+    # The C twin reads fork as 1 and impulse as 2, as the wire format has them.
+    if (_FORK, _IMPULSE) != (1, 2) or accel.load("ambrosia_py.wire._cdecode") is None:
+        return None
+    from ..wire import _cdecode
+
+    return _cdecode.count_replayable
+
+
+_c_count_replayable = _load_count_replayable()

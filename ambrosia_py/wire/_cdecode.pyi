@@ -1,0 +1,10 @@
+"""The C twins of ``decoding.decode_messages``' fast path and ``routing.count_replayable``
+(``_cdecode.c``); the Python code stays the reference."""
+
+from .messages import IncomingRpc, Message, RpcType
+
+def init(
+    cls: type[IncomingRpc], descriptors: tuple[object, ...], rpc_types: tuple[RpcType, ...], /
+) -> None: ...
+def decode_calls(mv: memoryview, pos: int, end: int, out: list[Message], /) -> int: ...
+def count_replayable(body: bytes | bytearray | memoryview, /) -> int: ...

@@ -1,0 +1,312 @@
+"""The C accelerator ``ambrosia_py.wire._cdecode`` gives the results of its Python twins.
+
+``decode_messages`` (its incoming fork / impulse fast path in C, everything else in
+Python) against ``_decode_messages_py``, and ``routing.count_replayable`` against
+``_count_replayable_py``: on bodies of encoded messages of every kind, hand-made edge
+cases of the fast path's conditions, and garbage, truncations and flipped bytes, they
+return equal results or raise the same error (type, message, offset).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ambrosia_py import accel, wire
+from ambrosia_py.coordinator import routing
+from ambrosia_py.wire import (
+    Direction,
+    IncomingReturnValue,
+    IncomingRpc,
+    ReturnType,
+    RpcType,
+    decoding,
+)
+
+from .strategies import messages
+
+_NAME = "ambrosia_py.wire._cdecode"
+_PURE = os.environ.get(accel.PURE_ENV, "") not in ("", "0")
+_REQUIRED = os.environ.get(accel.REQUIRE_ENV, "") not in ("", "0")
+
+
+def _built() -> bool:
+    try:
+        __import__(_NAME)
+    except ImportError:
+        return False
+    return True
+
+
+def test_the_accelerator_is_used_when_built() -> None:
+    """Without this, the comparisons below could compare the pure code with itself."""
+    if _PURE:
+        assert accel.load(_NAME) is None
+        assert decoding._decode_calls is None
+        assert routing._c_count_replayable is None
+        return
+    if not _built() and not _REQUIRED:
+        pytest.skip(f"{_NAME} is not built (and {accel.REQUIRE_ENV} is unset)")
+    module = accel.load(_NAME)
+    assert module is not None
+    assert decoding._decode_calls is module.decode_calls
+    assert routing._c_count_replayable is module.count_replayable
+    # ... and it does decode the fast path's calls itself.
+    body = wire.encode_message(IncomingRpc(7, RpcType.FORK, b"abc")) * 2
+    out: list[wire.Message] = []
+    assert module.decode_calls(memoryview(body), 0, len(body), out) == len(body)
+    assert out == [IncomingRpc(7, RpcType.FORK, b"abc")] * 2
+    assert module.count_replayable(body) == 2
+
+
+_needs_c = pytest.mark.skipif(
+    _PURE or not _built(), reason="the C accelerator is not built or turned off"
+)
+
+
+# --- building bodies ----------------------------------------------------------------------
+
+# Method ids at the edges of each varint width (zig-zag: 1 to 5 bytes) and of 32 bits.
+_EDGE_IDS = [0, -1, 1, 63, -64, 64, -65, 8191, -8192, 8192, 2**20 - 1, 2**20, 2**27, -(2**27)]
+_EDGE_IDS += [2**27 - 1, 606343346, 2**31 - 1, -(2**31), -(2**31) + 1]
+_method_ids = st.sampled_from(_EDGE_IDS) | st.integers(-(2**31), 2**31 - 1)
+# Arguments up to 300 bytes (sizes of one and two varint bytes), and some over 16 KiB
+# (three size bytes: the general path).
+_args = st.binary(max_size=300) | st.sampled_from([b"", b"q" * 8185, b"r" * 8200, b"s" * 17000])
+
+
+@st.composite
+def _incoming_rpcs(draw: st.DrawFn) -> IncomingRpc:
+    rpc_type = draw(st.sampled_from(RpcType))
+    sender, seq = "", 0
+    if rpc_type is RpcType.ASYNC_AWAIT:
+        sender = draw(st.text(max_size=12))
+        seq = draw(st.integers(-(2**63), 2**63 - 1))
+    return IncomingRpc(draw(_method_ids), rpc_type, draw(_args), sender, seq)
+
+
+@st.composite
+def _return_values(draw: st.DrawFn) -> IncomingReturnValue:
+    return_type = draw(st.sampled_from([r for r in ReturnType if r is not ReturnType.CALL]))
+    value = b"" if return_type is ReturnType.NO_VALUE else draw(st.binary(max_size=300))
+    sender = draw(st.text(max_size=12))
+    return IncomingReturnValue(return_type, sender, draw(st.integers(-(2**63), 2**63 - 1)), value)
+
+
+def _framed(body: bytes) -> bytes:
+    return wire.encode_zigzag_int(len(body)) + body
+
+
+# Hand-made messages on the edges of the fast path's conditions: non-canonical varints,
+# method ids of five and six bytes and beyond 32 bits, odd and small sizes, every RPC type
+# byte, an RPC that is a return value.
+_EDGE_MESSAGES = [
+    b"\x88\x00" + b"\x00\x00\x02\x01",  # size 4 in two bytes (non-canonical)
+    _framed(b"\x00\x00\x80\x00\x02"),  # method id 0 in two bytes (non-canonical)
+    _framed(b"\x00\x00\xff\xff\xff\xff\x0f\x01"),  # id 0xffffffff: five bytes, the most
+    _framed(b"\x00\x00\xff\xff\xff\xff\x1f\x01"),  # 33 bits: the general path raises
+    _framed(b"\x00\x00\xff\xff\xff\xff\x10\x02"),  # 33 bits, the low 32 zero... almost
+    _framed(b"\x00\x00\x80\x80\x80\x80\x80\x00\x01"),  # six bytes, value 0
+    _framed(b"\x00\x00\x80\x80\x80\x80\x00\x01"),  # five bytes, value 0
+    _framed(b"\x00\x00\xff\xff\xff\xff\x0f"),  # no RPC type byte
+    _framed(b"\x00\x00\xff\xff"),  # the method id runs to the message end
+    _framed(b"\x00\x00\x02"),  # size 3: too short for the fast path
+    _framed(b"\x00\x00"),  # size 2
+    b"\x07" + b"\x00\x00\x02\x01",  # odd size (negative)
+    b"\x09" + b"\x00\x00\x02\x01",  # odd size, as if 4
+    b"\x8b\x00" + b"\x00\x00\x02\x01\x00",  # odd size in two bytes
+    b"\x90\x81\x00" + b"\x00\x02\x01" + b"w" * 8300,  # three size bytes, the last 0
+    _framed(b"\x00\x00\x02\x00"),  # async/await without a sender
+    _framed(b"\x00\x00\x02\x00\x02ab\x04"),  # async/await with one
+    _framed(b"\x00\x00\x02\x03"),  # RPC type 3
+    _framed(b"\x00\x00\x02\xff"),  # RPC type 255
+    _framed(b"\x00\x01\x00\x00"),  # a return value, truncated
+    _framed(b"\x00\x01\x02ab\x04\x02zz"),  # a return value
+    _framed(b"\x01\x00\x02\x01"),  # not an RPC
+    b"\x80\x80\x01" + b"\x00\x00\x02\x01" + b"z" * 8188,  # three size bytes
+    b"\xfe\x7f" + b"\x00\x00\x02\x01" + b"y" * 8187,  # the largest two-byte size
+    b"\x08" + b"\x00\x00\x02",  # runs past the end
+    b"\x80",  # a size cut short
+    b"\x00",  # size 0
+]
+assert len(_EDGE_MESSAGES[2]) == 9 and _EDGE_MESSAGES[2][0] == 16
+_edge_messages = st.sampled_from(_EDGE_MESSAGES)
+_messages = st.one_of(
+    _incoming_rpcs().map(wire.encode_message),
+    _return_values().map(wire.encode_message),
+    messages(Direction.TO_BINDING).map(wire.encode_message),
+    _edge_messages,
+    st.binary(min_size=1, max_size=12),  # garbage
+)
+
+
+@st.composite
+def _damage(draw: st.DrawFn, body: bytes) -> bytes:
+    """``body`` as it is, cut short, with bytes flipped, or with bytes inserted."""
+    how = draw(st.sampled_from(["none", "none", "truncate", "flip", "insert"]))
+    if not body or how == "none":
+        return body
+    at = draw(st.integers(0, len(body) - 1))
+    if how == "truncate":
+        return body[:at]
+    if how == "flip":
+        data = bytearray(body)
+        for _ in range(draw(st.integers(1, 3))):
+            i = draw(st.integers(0, len(data) - 1))
+            data[i] = draw(st.integers(0, 255))
+        return bytes(data)
+    return body[:at] + draw(st.binary(min_size=1, max_size=4)) + body[at:]
+
+
+@st.composite
+def _bodies(draw: st.DrawFn) -> bytes:
+    parts = draw(st.lists(_messages, max_size=10))
+    return bytes(draw(_damage(b"".join(parts))))
+
+
+@st.composite
+def _buffers(draw: st.DrawFn, body: bytes) -> wire.Payload:
+    """The body as bytes, a bytearray, a memoryview, or a view into a larger buffer."""
+    kind = draw(st.sampled_from(["bytes", "bytearray", "memoryview", "inner"]))
+    if kind == "bytearray":
+        return bytearray(body)
+    if kind == "memoryview":
+        return memoryview(body)
+    if kind == "inner":
+        head = draw(st.binary(max_size=5))
+        return memoryview(head + body + draw(st.binary(max_size=5)))[len(head) :][: len(body)]
+    return body
+
+
+# --- comparing ----------------------------------------------------------------------------
+
+
+def _outcome(f: Callable[..., Any], *args: Any) -> tuple[str, Any]:
+    try:
+        return "ok", f(*args)
+    except Exception as exc:
+        return "error", (type(exc), str(exc), getattr(exc, "offset", None))
+
+
+def _same_messages(got: list[wire.Message], want: list[wire.Message]) -> None:
+    assert got == want
+    assert [type(m) for m in got] == [type(m) for m in want]
+    assert [repr(m) for m in got] == [repr(m) for m in want]
+    for g, w in zip(got, want, strict=True):
+        if isinstance(w, IncomingRpc):
+            assert isinstance(g, IncomingRpc)
+            # The arguments are views of the caller's buffer, as the pure path makes them.
+            assert type(g.args) is type(w.args)
+            assert isinstance(g.args, memoryview) and isinstance(w.args, memoryview)
+            assert g.args.obj is w.args.obj
+            assert type(g.method_id) is int and type(g.call_seq) is int
+            assert type(g.sender) is str
+            assert g.rpc_type is w.rpc_type
+
+
+def _check_decode(buf: Any, pos: int, end: int, direction: Direction) -> None:
+    got = _outcome(wire.decode_messages, buf, pos, end, direction)
+    want = _outcome(decoding._decode_messages_py, buf, pos, end, direction)
+    assert got[0] == want[0], (got, want)
+    if want[0] == "ok":
+        _same_messages(got[1], want[1])
+    else:
+        assert got[1] == want[1]
+
+
+def _check_count(body: Any) -> None:
+    assert _outcome(routing.count_replayable, body) == _outcome(routing._count_replayable_py, body)
+
+
+@given(_bodies(), st.data())
+def test_decode_messages_matches_its_pure_twin(body: bytes, data: Any) -> None:
+    buf = data.draw(_buffers(body))
+    _check_decode(buf, 0, len(body), Direction.TO_BINDING)
+    # A window of the body, an end past the buffer, the other direction.
+    pos = data.draw(st.integers(0, len(body)))
+    end = data.draw(st.integers(pos, len(body) + 2))
+    _check_decode(buf, pos, end, Direction.TO_BINDING)
+    _check_decode(buf, pos, end, data.draw(st.sampled_from(Direction)))
+
+
+@given(st.lists(_incoming_rpcs() | _return_values(), max_size=10))
+def test_valid_bodies_decode_to_their_messages(msgs: list[wire.Message]) -> None:
+    body = b"".join(wire.encode_message(m) for m in msgs)
+    assert wire.decode_messages(body, 0, len(body)) == msgs
+    _check_decode(body, 0, len(body), Direction.TO_BINDING)
+
+
+@given(st.lists(_edge_messages, max_size=6))
+def test_fast_path_edges_match(parts: list[bytes]) -> None:
+    body = b"".join(parts)
+    _check_decode(body, 0, len(body), Direction.TO_BINDING)
+    _check_count(body)
+
+
+@given(_bodies(), st.data())
+def test_count_replayable_matches_its_pure_twin(body: bytes, data: Any) -> None:
+    _check_count(body)
+    _check_count(data.draw(_buffers(body)))
+
+
+@given(st.lists(_incoming_rpcs(), max_size=10))
+def test_count_replayable_counts_forks(calls: list[IncomingRpc]) -> None:
+    body = b"".join(wire.encode_message(c) for c in calls)
+    _check_count(body)
+
+
+@pytest.mark.parametrize("fmt", ["b", "c", "@B", "H"])
+def test_views_of_other_formats_take_the_pure_path(fmt: str) -> None:
+    body = b"".join(wire.encode_message(IncomingRpc(i, RpcType.FORK, b"ab")) for i in range(5))
+    body += b"\x00" * (-len(body) % 2)  # whole items for "H"
+    buf = memoryview(body).cast(fmt)
+    _check_decode(buf, 0, len(buf), Direction.TO_BINDING)
+    _check_count(buf)
+
+
+def test_released_views_and_odd_positions_raise_as_before() -> None:
+    body = wire.encode_message(IncomingRpc(3, RpcType.IMPULSE, b"xyz")) * 3
+    released = memoryview(body)
+    released.release()
+    _check_decode(released, 0, len(body), Direction.TO_BINDING)
+    _check_count(released)
+    for pos, end in [(-3, len(body)), (-100, 5), (2**70, 2**70 + 1), (0, -(2**70)), (5, 2)]:
+        _check_decode(body, pos, end, Direction.TO_BINDING)
+
+
+@_needs_c
+def test_c_refuses_buffers_it_is_not_written_for() -> None:
+    from ambrosia_py.wire import _cdecode
+
+    body = wire.encode_message(IncomingRpc(3, RpcType.FORK, b"xy"))
+    out: list[wire.Message] = []
+    assert _cdecode.decode_calls(memoryview(body).cast("b"), 0, len(body), out) == -1
+    assert _cdecode.decode_calls(memoryview(body), -1, len(body), out) == -1
+    assert _cdecode.decode_calls(memoryview(body), 0, len(body) + 1, out) == -1
+    assert out == []
+    assert _cdecode.count_replayable(memoryview(body).cast("c")) == -2
+    assert _cdecode.count_replayable(b"\x08\x00\x01") == -1
+
+
+@_needs_c
+def test_init_checks_what_it_is_given() -> None:
+    from ambrosia_py.wire import _cdecode
+
+    descriptors = decoding._INCOMING_RPC_DESCRIPTORS
+    types = decoding._RPC_TYPES
+    with pytest.raises(TypeError):
+        _cdecode.init(IncomingRpc, descriptors[:4], types)
+    with pytest.raises(TypeError):
+        _cdecode.init(IncomingRpc, (descriptors[0],) * 5, types)
+    with pytest.raises(TypeError):
+        _cdecode.init(IncomingReturnValue, descriptors, types)  # not its slots
+    with pytest.raises(TypeError):
+        _cdecode.init(IncomingRpc, descriptors, types[:2])
+    _cdecode.init(IncomingRpc, descriptors, types)  # as at import: still works
+    body = wire.encode_message(IncomingRpc(-5, RpcType.IMPULSE, b""))
+    assert wire.decode_messages(body, 0, len(body)) == [IncomingRpc(-5, RpcType.IMPULSE, b"")]
