@@ -18,18 +18,33 @@ before this existed) runs under whatever seed its process has.
 Only the real program executes itself again: called in-process (click's test runner,
 the pytest plugin's runner), the command runs under the caller's seed, the same for the
 run and its replays.
+
+The program does it as early as it can (``cli.py``): when its command line names the
+instance and data dir, before it imports the commands or loads the service file, which
+would otherwise be done twice (about 0.4 s of every restart). The command still checks
+afterwards, the one that decides: the early step only saves time. This module is
+therefore imported by ``cli.py`` without its package (``binding/__init__.py`` imports
+all of the binding), and imports nothing but the standard library's smallest modules.
 """
 
 from __future__ import annotations
 
 import os
-import secrets
 import sys
 from pathlib import Path
 
-__all__ = ["HASH_SEED_ENV", "SEED_SUFFIX", "as_program", "instance_seed", "run_under_seed"]
+__all__ = [
+    "HASH_SEED_ENV",
+    "SEED_SUFFIX",
+    "as_program",
+    "executed_again",
+    "instance_seed",
+    "run_under_seed",
+]
 
 HASH_SEED_ENV = "PYTHONHASHSEED"
+# Set for the process run_under_seed starts, read (and cleared) by executed_again.
+_AGAIN_ENV = "AMBROSIA_PY_UNDER_INSTANCE_SEED"
 SEED_SUFFIX = ".hash-seed"
 _MAX_SEED = 4_294_967_295  # PYTHONHASHSEED's largest; 0 would turn salting off
 _program = [False]
@@ -38,6 +53,15 @@ _program = [False]
 def as_program() -> None:
     """Called by the ``ambrosia-py`` program's entry point: it may execute itself again."""
     _program[0] = True
+
+
+def executed_again() -> bool:
+    """Whether :func:`run_under_seed` started this process: its seed is the one that the
+    command line asked for, and the early step (``cli.py``) must not second-guess it (were
+    the two to disagree, they would execute the program again in turn, for ever). The
+    mark is removed from the environment, so that the processes this one starts do not
+    inherit it."""
+    return os.environ.pop(_AGAIN_ENV, None) is not None
 
 
 def instance_seed(data_dir: Path, instance: str, *, create: bool) -> int | None:
@@ -49,6 +73,8 @@ def instance_seed(data_dir: Path, instance: str, *, create: bool) -> int | None:
     except FileNotFoundError:
         if not create:
             return None
+        import secrets  # here: a restart, which reads the seed, does without its imports
+
         seed = 1 + secrets.randbelow(_MAX_SEED)
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -76,4 +102,4 @@ def run_under_seed(seed: int | None) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     argv = [sys.executable, "-m", "ambrosia_py.cli", *sys.argv[1:]]
-    os.execve(sys.executable, argv, {**os.environ, HASH_SEED_ENV: str(seed)})
+    os.execve(sys.executable, argv, {**os.environ, HASH_SEED_ENV: str(seed), _AGAIN_ENV: "1"})
