@@ -155,16 +155,19 @@ class LogScan:
             read_to = 0
             while True:
                 try:
-                    raw = reader.next_raw()
+                    raws = reader.next_raws()  # a run of records per call (accelerated)
                 except wire.ProtocolError as exc:
                     self._damaged(fd, size, exc)
                     break
-                if raw is not None:
-                    self.records += 1
-                    self.end_offset = reader.offset
-                    self.next_seq = reader.next_seq
-                    self.committer_id = raw.header.committer_id
-                    yield raw
+                if raws:
+                    for raw in raws:
+                        # What the reader's offset and next seq were after this record:
+                        # on disk every record is logged (seq >= 0) and ends its raw bytes.
+                        self.records += 1
+                        self.end_offset = raw.offset + len(raw.raw)
+                        self.next_seq = raw.header.seq + 1
+                        self.committer_id = raw.header.committer_id
+                        yield raw
                     continue
                 if read_to >= size:
                     if reader.buffered:

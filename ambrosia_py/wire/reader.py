@@ -14,9 +14,11 @@ out of the input buffer once; the messages decoded from it are views into that c
 from __future__ import annotations
 
 from collections.abc import Iterator
+from types import ModuleType
 
 import attrs
 
+from .. import accel
 from .decoding import decode_message, decode_messages
 from .errors import (
     CheckpointSizeError,
@@ -43,6 +45,8 @@ from .records import (
     DiskRecordTail,
     LogRecord,
     RecordHeader,
+    TrimWatermark,
+    Watermark,
     decode_disk_tail,
     parse_header,
     verify_check,
@@ -166,6 +170,15 @@ class RawRecord:
         return memoryview(self.raw)[HEADER_SIZE : self.header.length]
 
 
+# The C accelerator (``_crecords.c``) reads clean records; anything else, and everything
+# when it is not built, goes through the pure-Python twin below (``_next_raw_pure``).
+_crecords = accel.load("ambrosia_py.wire._crecords")
+if _crecords is not None:
+    _crecords.configure(RecordHeader, RawRecord, DiskRecordTail, Watermark, TrimWatermark)
+
+_BATCH = 256  # records per :meth:`RecordReader.next_raws` call, by default
+
+
 class RecordReader:
     """Reads log records from a byte stream fed in arbitrary chunks.
 
@@ -186,8 +199,11 @@ class RecordReader:
         max_record_size: int = DEFAULT_MAX_RECORD_SIZE,
         max_checkpoint_size: int = DEFAULT_MAX_CHECKPOINT_SIZE,
         direction: Direction = Direction.TO_BINDING,
+        accelerated: bool = True,
     ) -> None:
         self._buf = _Buffer()
+        # ``accelerated=False`` keeps to the pure-Python twin (tests compare the two).
+        self._accel = _crecords if accelerated else None
         self._on_disk = on_disk
         self._verify = verify
         self._committer = committer_id
@@ -230,8 +246,79 @@ class RecordReader:
         self._failed = exc
         return exc
 
+    @property
+    def accelerated(self) -> bool:
+        """Whether clean records are read by the C accelerator."""
+        return self._accel is not None
+
     def next_raw(self) -> RawRecord | None:
         """The next complete, verified record without decoding its messages."""
+        if self._failed is not None:
+            raise self._failed
+        c = self._accel
+        if c is not None:
+            buf = self._buf
+            record: RawRecord | None = c.next_raw(
+                buf.data,
+                buf.pos,
+                buf.consumed,
+                self._on_disk,
+                self._verify,
+                self._committer,
+                self._next_seq,
+                self._max_record,
+            )
+            if record is not None:
+                buf.pos += len(record.raw)
+                header = record.header
+                self._committer = header.committer_id
+                if header.seq >= 0:
+                    self._next_seq = header.seq + 1
+                return record
+        return self._next_raw_pure()
+
+    def next_raws(self, limit: int = _BATCH) -> list[RawRecord]:
+        """The next complete, verified records, up to ``limit``: what as many
+        :meth:`next_raw` calls would return, up to the first ``None``. An error raises
+        only when no record precedes it; otherwise the records before it are returned
+        and the next call raises it."""
+        out: list[RawRecord] = []
+        if self._failed is not None:
+            raise self._failed
+        c = self._accel
+        while len(out) < limit:
+            if c is not None:
+                self._take_clean(c, out, limit)
+                if len(out) >= limit:
+                    break
+            try:
+                record = self._next_raw_pure()
+            except ProtocolError:
+                if out:
+                    return out  # ``_failed`` holds the error for the next call
+                raise
+            if record is None:
+                break
+            out.append(record)
+        return out
+
+    def _take_clean(self, c: ModuleType, out: list[RawRecord], limit: int) -> None:
+        buf = self._buf
+        buf.pos, self._committer, self._next_seq = c.take_raws(
+            buf.data,
+            buf.pos,
+            buf.consumed,
+            self._on_disk,
+            self._verify,
+            self._committer,
+            self._next_seq,
+            self._max_record,
+            limit,
+            out,
+        )
+
+    def _next_raw_pure(self) -> RawRecord | None:
+        """:meth:`next_raw`'s pure-Python twin: every record, clean or not."""
         if self._failed is not None:
             raise self._failed
         buf = self._buf

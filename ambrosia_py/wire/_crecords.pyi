@@ -1,0 +1,32 @@
+"""Typed stub of the C accelerator for reading log records (see _crecords.c)."""
+
+from .messages import Buffer
+from .reader import RawRecord
+
+def xxh64(data: Buffer, /) -> int: ...
+def configure(header: type, raw: type, tail: type, watermark: type, trim: type, /) -> None: ...
+def next_raw(
+    data: Buffer,
+    pos: int,
+    consumed: int,
+    on_disk: bool,
+    verify: bool,
+    committer: int | None,
+    next_seq: int | None,
+    max_record: int,
+    /,
+) -> RawRecord | None: ...
+def take_raws(
+    data: Buffer,
+    pos: int,
+    consumed: int,
+    on_disk: bool,
+    verify: bool,
+    committer: int | None,
+    next_seq: int | None,
+    max_record: int,
+    limit: int,
+    out: list[RawRecord],
+    /,
+) -> tuple[int, int | None, int | None]: ...
+def disk_to_wire(raw: Buffer, length: int, /) -> bytes: ...
