@@ -1,5 +1,5 @@
 """A handler that iterates a set of strings does the same in every incarnation: the
-instance's hash seed (``binding/hashseed.py``) is drawn at its first start, kept in the
+instance's hash seed (``ambrosia_py/hashseed.py``) is drawn at its first start, kept in the
 data dir, and every process that runs its handlers (``run`` again after a SIGKILL,
 ``replay``) runs under it, whatever seed it was started with."""
 
@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from ambrosia_py import cli
-from ambrosia_py.binding.hashseed import SEED_SUFFIX, instance_seed
+from ambrosia_py import hashseed
 from ambrosia_py.binding.run_cli import load_service
 from ambrosia_py.client import Client
 from ambrosia_py.coordinator.data_dir import DATA_DIR_ENV, DEFAULT_DATA_DIR
+from ambrosia_py.hashseed import SEED_SUFFIX, instance_seed
 from ambrosia_py.testing import ServiceProcess, free_port
 
 DEADLINE = 60.0
@@ -193,25 +193,22 @@ def test_the_command_decides_when_the_early_step_reads_its_line_otherwise(
 
 def test_the_early_step_imports_neither_the_binding_nor_click() -> None:
     code = (
-        "import sys, ambrosia_py.cli as cli\n"
-        "cli._hashseed()\n"
+        "import sys, ambrosia_py.cli\n"
         "print(sorted(m for m in sys.modules if m.startswith(('ambrosia_py', 'click'))))\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.split() == [
         "['ambrosia_py',",
-        "'ambrosia_py.binding.hashseed',",
-        "'ambrosia_py.cli']",
+        "'ambrosia_py.cli',",
+        "'ambrosia_py.hashseed']",
     ]
 
 
 def test_the_early_step_reads_the_instance_and_data_dir_as_click_does(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    assert cli._DATA_DIR_ENV == DATA_DIR_ENV
-    assert Path(cli._DEFAULT_DATA_DIR) == DEFAULT_DATA_DIR
     monkeypatch.delenv(DATA_DIR_ENV, raising=False)
-    read = cli._seeded_instance
+    read = hashseed._seeded_instance
     assert read(["run", "s.py", "--instance", "a"]) == (DEFAULT_DATA_DIR, "a")
     assert read(["replay", "s.py", "--instance=a", "--data-dir=d", "--instance", "b"]) == (
         Path("d"),

@@ -12,7 +12,7 @@ from .errors import (
     UnknownMethodError,
 )
 from .immortal import CallFuture, Immortal, MethodSpec, Proxy, background, method_id_for, rpc
-from .run_cli import load_service
+from .loading import load_service
 
 __all__ = [
     "BindingError",

@@ -29,12 +29,12 @@ from ..coordinator.ic_core import IcState, StateFormatError
 from ..coordinator.ic_debug import run_debug
 from ..coordinator.ic_server import CoordinatorConfig, CoordinatorError
 from ..coordinator.storage import InstanceFiles
+from ..hashseed import instance_seed, run_under_seed
 from ..wire import RecordReader
 from .client import connect, record_failure
 from .dispatcher import Dispatcher
 from .errors import BindingError
 from .exits import OneLineError
-from .hashseed import instance_seed, run_under_seed
 from .immortal import Immortal
 from .loading import load_service
 

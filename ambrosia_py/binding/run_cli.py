@@ -47,6 +47,7 @@ from ..coordinator.ic_cli import (
     pop_link_security,
 )
 from ..coordinator.link_config import LinkSetupError, load_secret, tls_contexts
+from ..hashseed import instance_seed, run_under_seed
 from ..ingress.keys import DEFAULT_KEEP_COUNT, DEFAULT_KEEP_SECONDS
 from .background import BackgroundFailure, BackgroundTaskError
 from .client import ServiceFailedError, serve
@@ -54,7 +55,6 @@ from .dispatcher import Dispatcher
 from .errors import BindingError
 from .exits import ExitStatus, OneLineError, coordinator_ended, verbose_option
 from .files import StateFiles, state_files_dir, use_state_files
-from .hashseed import instance_seed, run_under_seed
 from .immortal import Immortal
 from .loading import load_service
 

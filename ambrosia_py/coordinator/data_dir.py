@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 import attrs
 import click
 
+from ..hashseed import DATA_DIR_ENV, DEFAULT_DATA_DIR
 from .modes import make_private_dir
 from .registry import REGISTRY_FILE, InstanceInfo, Registry, RegistryError
 from .registry_files import open_registry_for_start
@@ -42,8 +43,6 @@ __all__ = [
     "writable_data_dir",
 ]
 
-DATA_DIR_ENV = "AMBROSIA_DATA_DIR"
-DEFAULT_DATA_DIR = Path("ambrosia-data")
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -19,12 +19,11 @@ Only the real program executes itself again: called in-process (click's test run
 the pytest plugin's runner), the command runs under the caller's seed, the same for the
 run and its replays.
 
-The program does it as early as it can (``cli.py``): when its command line names the
-instance and data dir, before it imports the commands or loads the service file, which
-would otherwise be done twice (about 0.4 s of every restart). The command still checks
-afterwards, the one that decides: the early step only saves time. This module is
-therefore imported by ``cli.py`` without its package (``binding/__init__.py`` imports
-all of the binding), and imports nothing but the standard library's smallest modules.
+The program does it as early as it can (:func:`switch_early`, from ``cli.py``): when its
+command line names the instance and data dir, before it imports the commands or loads
+the service file, which would otherwise be done twice (about 0.4 s of every restart).
+The command still checks afterwards, the one that decides: the early step only saves
+time. This module therefore imports nothing but the standard library's smallest modules.
 """
 
 from __future__ import annotations
@@ -34,18 +33,27 @@ import sys
 from pathlib import Path
 
 __all__ = [
+    "DATA_DIR_ENV",
+    "DEFAULT_DATA_DIR",
     "HASH_SEED_ENV",
     "SEED_SUFFIX",
     "as_program",
     "executed_again",
     "instance_seed",
     "run_under_seed",
+    "switch_early",
 ]
 
 HASH_SEED_ENV = "PYTHONHASHSEED"
 # Set for the process run_under_seed starts, read (and cleared) by executed_again.
 _AGAIN_ENV = "AMBROSIA_PY_UNDER_INSTANCE_SEED"
 SEED_SUFFIX = ".hash-seed"
+# ``--data-dir``'s variable and default, here because this module imports nothing
+# (``coordinator/data_dir.py`` takes them from here).
+DATA_DIR_ENV = "AMBROSIA_DATA_DIR"
+DEFAULT_DATA_DIR = Path("ambrosia-data")
+# The commands that run an instance's handlers, under its hash seed.
+_SEEDED = frozenset({"run", "replay", "debug"})
 _MAX_SEED = 4_294_967_295  # PYTHONHASHSEED's largest; 0 would turn salting off
 _program = [False]
 
@@ -103,3 +111,49 @@ def run_under_seed(seed: int | None) -> None:
     sys.stderr.flush()
     argv = [sys.executable, "-m", "ambrosia_py.cli", *sys.argv[1:]]
     os.execve(sys.executable, argv, {**os.environ, HASH_SEED_ENV: str(seed), _AGAIN_ENV: "1"})
+
+
+def _seeded_instance(args: list[str]) -> tuple[Path, str] | None:
+    """The data dir and instance of a ``run``, ``replay`` or ``debug`` command line that
+    names its instance (``run`` without ``--instance`` takes its class's name: only the
+    command knows it). None when unsure: the command decides anyway."""
+    if not args or args[0] not in _SEEDED:
+        return None
+    found: dict[str, str] = {}
+    rest = iter(args[1:])
+    for arg in rest:
+        if arg == "--":
+            break
+        if arg in ("-h", "--help"):
+            return None
+        option, equals, value = arg.partition("=")
+        if option not in ("--instance", "--data-dir"):
+            continue
+        if not equals:
+            following = next(rest, None)
+            if following is None:
+                return None
+            value = following
+        found[option] = value  # the last one counts, as for click
+    instance = found.get("--instance")
+    data_dir = found.get("--data-dir") or os.environ.get(DATA_DIR_ENV) or str(DEFAULT_DATA_DIR)
+    if not instance or ("--data-dir" in found and not found["--data-dir"]):
+        return None
+    return Path(data_dir), instance
+
+
+def switch_early(args: list[str]) -> None:
+    """Execute the program again under the instance's hash seed now, with little imported
+    and no service file loaded yet, if its command line names the instance and a seed
+    file is there. Never makes the seed file (``run`` checks its command line first), and
+    leaves a seed file it cannot read to the command, which says what is wrong."""
+    if executed_again():
+        return
+    where = _seeded_instance(args)
+    if where is None:
+        return
+    try:
+        seed = instance_seed(*where, create=False)
+    except (OSError, ValueError):
+        return
+    run_under_seed(seed)
