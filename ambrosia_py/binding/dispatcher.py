@@ -61,6 +61,7 @@ from ..wire import (
     UpgradeService,
     UpgradeTakeCheckpoint,
 )
+from ..wire.messages import new_outgoing_rpc
 from . import codec
 from .checkpoint import Snapshot, decode_snapshot, encode_snapshot
 from .errors import (
@@ -476,7 +477,7 @@ class Dispatcher:
             self._attached.add(destination)
             self._emit(AttachTo(destination))
         sender = self.instance if rpc_type == RpcType.ASYNC_AWAIT else ""
-        self._emit(OutgoingRpc(destination, spec.id, rpc_type, data, sender, call_seq))
+        self._emit(new_outgoing_rpc(destination, spec.id, rpc_type, data, sender, call_seq))
 
     def call(
         self, destination: str, spec: MethodSpec, args: tuple[Any, ...], kwargs: dict[str, Any]
