@@ -5,7 +5,9 @@ as group commit writes them, with the coordinator's sidecar index) in a temporar
 dir, then, on one local session, times in turn: a baseline reading the same bytes with
 ``spark.read.format("binaryFile")`` (summing the content lengths, so every byte is
 read); the data source at message level (summing ``payload_size``, so every row is
-made); and the same reader in this process on one core (what one worker does). Each figure is the
+made); Spark's ceiling, a data source with the same schema and rows whose reader does no
+work (``spark_ceiling.py``: what Spark's Python data source path costs by itself); and
+the same reader in this process on one core (what one worker does). Each figure is the
 best of ``--rounds`` runs after one warm-up.
 """
 
@@ -89,6 +91,9 @@ def _scan(root: Path) -> int:
     return rows
 
 
+_CEILING = "ceiling: reads nothing"
+
+
 def _best(fn: Callable[[], Any], rounds: int) -> float:
     fn()  # warm up: the first job starts the Python workers
     best = float("inf")
@@ -138,8 +143,8 @@ def spark_bench(mb: int, payload: int, cores: int, rounds: int, vary: bool) -> N
                 )
                 total = F.sum(F.length("content"))
                 figures.append(("binaryFile", _best(lambda: baseline.agg(total).collect(), rounds)))
+            summed = F.sum("payload_size")
             with console.status("ambrosia data source"):
-                summed = F.sum("payload_size")
                 figures.append(
                     (
                         f"ambrosia local[{cores}]",
@@ -147,6 +152,18 @@ def spark_bench(mb: int, payload: int, cores: int, rounds: int, vary: bool) -> N
                     )
                 )
             partitions = source.rdd.getNumPartitions()
+            with console.status("Spark's ceiling: a data source that reads nothing"):
+                from .spark_ceiling import CeilingSource
+
+                spark.dataSource.register(CeilingSource)
+                ceiling = (
+                    spark.read.format(CeilingSource.name())
+                    .option("path", tmp)
+                    .option("partitions", str(partitions))
+                    .option("rows", str(messages))
+                    .load()
+                )
+                figures.append((_CEILING, _best(lambda: ceiling.agg(summed).collect(), rounds)))
         finally:
             spark.stop()
         with console.status("the reader in this process, one core"):
@@ -160,3 +177,10 @@ def spark_bench(mb: int, payload: int, cores: int, rounds: int, vary: bool) -> N
         rows = "" if name == "binaryFile" else f"{messages / seconds:,.0f}"
         table.add_row(name, f"{seconds:.2f}", f"{size / seconds / 1e6:.1f}", rows)
     console.print(table)
+    took = dict(figures)
+    share = took[_CEILING] / took[f"ambrosia local[{cores}]"]
+    console.print(
+        "The ceiling makes the same rows and reads nothing (its MB/s: of the logs it stands "
+        f"for): the ambrosia reader runs at {share:.0%} of what Spark's Python data source "
+        "path allows on this machine in this run."
+    )
