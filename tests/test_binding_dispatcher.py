@@ -261,3 +261,39 @@ def test_forks_that_raise_or_do_not_decode_are_logged_and_the_rest_still_run(
     assert len(errors) == 3 and all(e.startswith("handler take raised") for e in errors)
     assert "negative -2" in errors[0]
     assert d._tail[-5:] == calls
+
+
+class Busy(Chain):
+    """Chain with a fire-and-forget counter beside its awaiting handler."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    @rpc
+    def bump(self, by: int) -> None:
+        self.count += by
+
+
+def test_the_tail_is_dropped_with_nothing_in_flight_and_checkpoints_still_restore() -> None:
+    """With nothing in flight the dispatcher forgets the calls it ran (kept, they would
+    hold every argument until the next checkpoint); a handler that may suspend takes a
+    base first, so a checkpoint taken while it awaits still restores to the same outcome."""
+    d = started(Busy)
+    bump = Busy.rpc_methods_by_name()["bump"].id
+    for seq in range(1, 31):  # 30 records of 100 forks: past the tail's 1,024
+        d.handle(rec(seq, *(IncomingRpc(bump, RpcType.FORK, args(1)) for _ in range(100))))
+    assert len(d._tail) <= 1024 and d._base is None
+    relay = Busy.rpc_methods_by_name()["relay"].id
+    (self_call,) = d.handle(rec(31, IncomingRpc(relay, RpcType.ASYNC_AWAIT, args(5), "c", 9)))
+    assert isinstance(self_call, OutgoingRpc) and d._base is not None and len(d._tail) == 1
+    d.handle(rec(32, IncomingRpc(bump, RpcType.FORK, args(7))))
+    (cp,) = d.handle(rec(-1, TakeCheckpoint()))
+    assert isinstance(cp, Checkpoint)
+    (answer,) = d.handle(rec(33, reply(self_call.call_seq, 10)))
+    restored = Dispatcher(Busy, "chain")
+    assert restored.handle(rec(-2, Checkpoint(cp.blob))) == []
+    assert restored.handle(rec(33, reply(self_call.call_seq, 10))) == [answer]
+    for disp in (d, restored):
+        assert isinstance(disp.immortal, Busy)
+        assert (disp.immortal.count, disp.immortal.seen) == (3007, [10])

@@ -18,11 +18,15 @@ import inspect
 import json
 import pickle
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
+from ..wire import ReturnType
 from . import errors
 from .errors import RemoteError
 from .pickling import find_unpicklable
+
+if TYPE_CHECKING:
+    from .immortal import MethodSpec
 
 __all__ = [
     "ArgumentEncodingError",
@@ -32,6 +36,7 @@ __all__ = [
     "decode_value",
     "encode_args",
     "encode_exception",
+    "encode_outcome",
     "encode_value",
 ]
 
@@ -145,6 +150,24 @@ _JSON_ERRORS: dict[str, type[Exception]] = {
         errors.RemoteError,
     )
 }
+
+
+def encode_outcome(
+    spec: MethodSpec | None, result: Any, error: BaseException | None
+) -> tuple[ReturnType, bytes]:
+    """What a handler's caller gets back: its result, nothing, or its exception, encoded
+    with the handler's codec. A result that cannot be encoded is an exception for the
+    caller (else replay would stop there again, every time); without a method the
+    caller's codec is unknown: json, which both decode."""
+    if error is None and result is not None:
+        assert spec is not None
+        try:
+            return ReturnType.VALUE, encode_value(spec.codec, result)
+        except Exception as exc:
+            error = errors.BindingError(f"the result of {spec.name} cannot be encoded: {exc!r}")
+    if error is not None:
+        return ReturnType.EXCEPTION, encode_exception(spec.codec if spec else "json", error)
+    return ReturnType.NO_VALUE, b""
 
 
 def encode_exception(codec: CodecName, exc: BaseException) -> bytes:

@@ -26,15 +26,11 @@ logged replay messages*):
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
 import pickle
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
-
-import attrs
-import cloudpickle
 
 from .. import wire
 from ..ingress.envelope import INGRESS_METHOD_ID
@@ -63,48 +59,23 @@ from ..wire import (
 )
 from ..wire.messages import new_outgoing_rpc
 from . import codec
-from .checkpoint import Snapshot, decode_snapshot, encode_snapshot
+from .checkpoint import Snapshot
+from .dispatch_state import DispatcherState, Mode, ReplyTo, Task
 from .errors import (
     BindingError,
-    CheckpointFormatError,
     DeterminismError,
     ImpulseDuringRecoveryError,
     UnknownMethodError,
 )
-from .files import sync_written
 from .immortal import CallFuture, Immortal, MethodSpec, Proxy
 
 __all__ = ["Dispatcher", "Mode"]
 
 log = logging.getLogger("ambrosia_py.binding")
-_PRIVATE = "_ambrosia_"
-ReplyTo = tuple[str, int] | IngressCall | None  # an async/await caller, an ingress call, none
+_TAIL_KEEP = 1024  # messages the tail may hold with nothing in flight (see handle)
 
 
-class Mode(enum.Enum):
-    STARTING = "starting"
-    RECOVERING = "recovering"
-    PRIMARY = "primary"
-
-
-class _Task:
-    """A suspended ``async def`` handler."""
-
-    __slots__ = ("coro", "issued", "reply_to", "spec", "waiting_on")
-
-    def __init__(self, coro: Coroutine[Any, Any, Any], spec: MethodSpec, reply_to: ReplyTo) -> None:
-        self.coro = coro
-        self.spec = spec
-        self.reply_to = reply_to
-        self.waiting_on: CallFuture | None = None
-        self.issued: set[int] = set()  # calls it made and has not awaited yet
-
-
-def _class_name(cls: type) -> str:
-    return f"{cls.__module__}:{cls.__qualname__}"
-
-
-class Dispatcher:
+class Dispatcher(DispatcherState):
     """Runs one immortal: feed it records with :meth:`handle`, send what it returns.
 
     ``upgrade_to`` is the class to switch to when the coordinator says UpgradeTakeCheckpoint
@@ -130,26 +101,25 @@ class Dispatcher:
         self.became_primary = False  # set when the adapter should start background tasks
         self._call_seq = 0
         self._attached: set[str] = set()
-        self._waiting: dict[int, _Task] = {}
+        self._waiting: dict[int, Task] = {}
         # Calls a running handler made and has not awaited yet, and replies that came
         # before their await (several calls in flight at once, answered out of order).
-        self._issued: dict[int, tuple[_Task, CallFuture]] = {}
+        self._issued: dict[int, tuple[Task, CallFuture]] = {}
         self._early: dict[int, IncomingReturnValue] = {}
-        self._current: _Task | None = None  # the async handler running right now
+        self._current: Task | None = None  # the async handler running right now
         self._out: list[Message] = []
         self._effects: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
         self._in_handler = False
         self._suppress = False  # replaying a checkpoint's tail: outputs were sent already
-        self._base: Snapshot | None = None  # the last state taken with nothing in flight
-        self._tail: list[Message] = []  # incoming messages handled since ``_base``
+        # The last state taken with nothing in flight, and the incoming messages handled
+        # since: a checkpoint with handlers in flight is the two. No base: none taken since
+        # the tail was dropped (see handle) or ever; then nothing is in flight.
+        self._base: Snapshot | None = None
+        self._tail: list[Message] = []
         self._loop_hidden = False  # handle() hid the running event loop for a record
         self.me: Proxy | None = None  # the immortal's proxy for itself, made once
         self.keys = KeyTable()  # ingress outcomes by idempotency key: state, checkpointed
         self.ingress_answer: IngressAnswer | None = None  # set by the ingress (ingress/)
-
-    def _attach(self, immortal: Immortal) -> Immortal:
-        immortal.__dict__[_PRIVATE + "dispatcher"] = self
-        return immortal
 
     # -- the record stream ---------------------------------------------------------------
 
@@ -191,6 +161,11 @@ class Dispatcher:
         finally:
             self._loop_hidden = False
             asyncio.events._set_running_loop(loop)
+        if len(self._tail) > _TAIL_KEEP and not self._waiting:
+            # Nothing in flight: the tail is needed only from the next handler that may
+            # suspend on (_incoming takes a base then). Kept, it would hold every call's
+            # arguments (and the buffers they are views of) until the next checkpoint.
+            self._base, self._tail = None, []
         out, self._out = self._out, []
         return out
 
@@ -263,6 +238,8 @@ class Dispatcher:
     def _incoming(self, msg: IncomingRpc | IncomingReturnValue, seq: int | None) -> None:
         """Handle a call or a reply (from record ``seq``; None: a checkpoint's tail)."""
         if isinstance(msg, IncomingRpc):
+            if self._base is None and self._may_suspend(msg):
+                self._base, self._tail = self._snapshot_now(), []
             self._tail.append(msg)
             self._dispatch(msg)
             return
@@ -270,6 +247,12 @@ class Dispatcher:
         if task is not None:  # a dropped reply changed nothing: it is not part of the tail
             self._tail.append(msg)
             self._step(task, *self._reply_outcome(task.waiting_on, msg))
+
+    def _may_suspend(self, msg: IncomingRpc) -> bool:
+        """Whether ``msg`` may start a handler that awaits (an async one, or an ingress call
+        to one), so that a checkpoint could find it in flight."""
+        spec = type(self.immortal).rpc_methods().get(msg.method_id)
+        return spec is None or spec.is_async
 
     def _dispatch(self, msg: IncomingRpc) -> None:
         spec = type(self.immortal).rpc_methods().get(msg.method_id)
@@ -307,7 +290,7 @@ class Dispatcher:
             return
         with self._handler_context():
             coro = method(*args, **kwargs)
-        self._step(_Task(coro, spec, reply_to), None, None)
+        self._step(Task(coro, spec, reply_to), None, None)
 
     def _ingress(self, msg: IncomingRpc) -> None:
         """A call from outside (``ambrosia_py/ingress``): run only if its key is new."""
@@ -327,7 +310,7 @@ class Dispatcher:
         if self.mode is Mode.PRIMARY and not self._suppress and self.ingress_answer is not None:
             self._effects.append((self.ingress_answer, (key, method_id, answer)))
 
-    def _step(self, task: _Task, value: Any, error: BaseException | None) -> None:
+    def _step(self, task: Task, value: Any, error: BaseException | None) -> None:
         """Run ``task`` on until it awaits a reply that has not come yet, or finishes."""
         while True:
             self._current = task
@@ -360,14 +343,14 @@ class Dispatcher:
                 return
             value, error = self._reply_outcome(awaited, early)
 
-    def _done(self, task: _Task) -> None:
+    def _done(self, task: Task) -> None:
         """A handler finished: calls it made and never awaited are no longer awaitable."""
         for call_seq in sorted(task.issued):
             self._issued.pop(call_seq, None)
             if self._early.pop(call_seq, None) is not None:
                 log.info("%s finished without awaiting call %d", task.spec.name, call_seq)
 
-    def _awaiting(self, reply: IncomingReturnValue, seq: int | None) -> _Task | None:
+    def _awaiting(self, reply: IncomingReturnValue, seq: int | None) -> Task | None:
         """The handler awaiting ``reply``, or None: then the reply is dropped undecoded.
 
         A pure function of logged input (which handlers await which calls), so replay
@@ -428,18 +411,7 @@ class Dispatcher:
                 log.error("handler %s raised %r", spec.name if spec else "?", error)
         if reply_to is None:
             return
-        # Without a method the caller's codec is unknown: json, which both decode.
-        exc_codec: codec.CodecName = spec.codec if spec is not None else "json"
-        if error is None and result is not None:
-            assert spec is not None
-            try:
-                kind, value = ReturnType.VALUE, codec.encode_value(spec.codec, result)
-            except Exception as exc:  # else replay would stop here again, every time
-                error = BindingError(f"the result of {spec.name} cannot be encoded: {exc!r}")
-        if error is not None:
-            kind, value = ReturnType.EXCEPTION, codec.encode_exception(exc_codec, error)
-        elif result is None:
-            kind, value = ReturnType.NO_VALUE, b""
+        kind, value = codec.encode_outcome(spec, result, error)
         if isinstance(reply_to, IngressCall):  # kept under its key, then answered
             outcome = Outcome(OutcomeKind(kind), value)
             self.keys.finish(reply_to.key, reply_to.method_id, outcome)
@@ -527,102 +499,3 @@ class Dispatcher:
         self._require_handler("an effect")
         if self.mode is Mode.PRIMARY and not self._suppress:
             self._effects.append((fn, args))
-
-    # -- checkpoints ---------------------------------------------------------------------
-
-    def _state(self) -> dict[str, Any]:
-        return {k: v for k, v in self.immortal.__dict__.items() if not k.startswith(_PRIVATE)}
-
-    def _snapshot_now(self) -> Snapshot:
-        return Snapshot(
-            _class_name(type(self.immortal)),
-            type(self.immortal).version,
-            cloudpickle.loads(cloudpickle.dumps(self._state())),  # a copy, not a reference
-            self._call_seq,
-            frozenset(self._attached),
-            ingress=self.keys.copy(),
-        )
-
-    def checkpoint(self) -> bytes:
-        """The checkpoint blob for the state right now (see :mod:`checkpoint`).
-
-        Sealed state files written while pickling it (``files.py``) are made durable
-        (their directory fsynced, once) before the blob leaves.
-        """
-        blob = self._checkpoint_blob()
-        sync_written()
-        return blob
-
-    def _checkpoint_blob(self) -> bytes:
-        if not self._waiting:
-            self._base = self._snapshot_now()
-            self._tail = []
-            return encode_snapshot(self._base)
-        assert self._base is not None, "a suspended handler implies an earlier checkpoint"
-        tail = tuple(wire.encode_message(m) for m in self._tail)
-        return encode_snapshot(
-            Snapshot(
-                self._base.class_name,
-                self._base.class_version,
-                self._base.state,
-                self._base.call_seq,
-                self._base.attached,
-                tail,
-                ingress=self._base.ingress,
-            )
-        )
-
-    def restore(self, blob: bytes | bytearray | memoryview) -> None:
-        """Load a checkpoint: its state, then its tail replayed with outputs suppressed."""
-        snap = decode_snapshot(blob)
-        cls = type(self.immortal)
-        if snap.class_name != _class_name(cls) and snap.class_version == cls.version:
-            log.warning("checkpoint of %s restored into %s", snap.class_name, _class_name(cls))
-        if snap.class_version != cls.version:
-            raise CheckpointFormatError(
-                f"checkpoint of {snap.class_name} version {snap.class_version}, but the service "
-                f"is version {cls.version}: run the old code and upgrade with --upgrade-version"
-            )
-        immortal = cls.__new__(cls)
-        immortal.__dict__.update(cloudpickle.loads(cloudpickle.dumps(snap.state)))
-        self.immortal = self._attach(immortal)
-        self._call_seq = snap.call_seq
-        self._attached = set(snap.attached)
-        self._waiting = {}
-        self._issued = {}
-        self._early = {}
-        self.keys = snap.ingress.copy() if snap.ingress is not None else KeyTable()
-        self._base = attrs.evolve(snap, tail=())
-        self._tail = []
-        self.mode = Mode.RECOVERING
-        self._suppress = True
-        try:
-            for raw in snap.tail:
-                msg, _ = wire.decode_message(raw)
-                if not isinstance(msg, IncomingRpc | IncomingReturnValue):
-                    raise CheckpointFormatError(
-                        f"checkpoint tail holds a {type(msg).__name__}, not an incoming message"
-                    )
-                self._incoming(msg, None)
-        finally:
-            self._suppress = False
-
-    def _upgrade(self) -> None:
-        new = self.upgrade_to
-        if new is None:
-            raise BindingError("the coordinator asked for an upgrade, but no new code was given")
-        if self._waiting:
-            raise BindingError(
-                f"cannot upgrade with {len(self._waiting)} handlers awaiting replies: their "
-                "coroutines belong to the old code"
-            )
-        old = type(self.immortal)
-        state = new.upgrade_state(self._state(), old.version)
-        immortal = new.__new__(new)
-        immortal.__dict__.update(state)
-        self.immortal = self._attach(immortal)
-        self.cls = new
-        self.upgrade_to = None
-        self._base = self._snapshot_now()
-        self._tail = []
-        log.info("upgraded %s v%d -> %s v%d", old.__name__, old.version, new.__name__, new.version)
