@@ -277,3 +277,22 @@ def test_log_scan_matches_the_twin(
     fast = scan()
     monkeypatch.setattr(reader_mod, "_crecords", None)
     assert scan() == fast
+
+
+def test_every_cut_and_every_length_byte_in_a_watermark_tail_matches_the_twin() -> None:
+    """Random cuts rarely land inside a watermark's two 8-byte numbers, nor set a name's
+    length past them: here every cut of a record's tail, and several values of every
+    byte of the tail, are read by both and must be read alike."""
+    tail_marks = [wire.Watermark("peer", 2**40, 7), wire.Watermark("b", -1, 0)]
+    trims = [wire.TrimWatermark("peer", 5)]
+    record = wire.encode_disk_record(3, 0, b"\x00\x01body", tail_marks, trims)
+    body_end = 24 + len(b"\x00\x01body")
+    variants = [record[:cut] for cut in range(body_end, len(record) + 1)]
+    for at in range(body_end, len(record)):
+        for value in (0x00, 0x01, 0x10, 0x22, 0x7F, 0x80, 0xFF):
+            damaged = bytearray(record)
+            damaged[at] = value
+            variants.append(bytes(damaged))
+    for data in variants:
+        for tail in (b"", wire.encode_disk_record(3, 1, b"next")):
+            _compare(True, (data + tail, {}), [])
