@@ -158,7 +158,16 @@ def kill_at(
         victim.kill(which)
         kills.append(f"{victim.instance}:{which}@{before}")
         victim.start()
-    wait_for("every stream to finish", done, max(1.0, deadline - time.monotonic()))
+    victims = list({id(v): v for _, v, _ in plan}.values())
+    wait_for(
+        "every stream to finish",
+        done,
+        max(1.0, deadline - time.monotonic()),
+        context=lambda: (
+            f"applied {applied()}, kills {kills}\n"
+            + "\n".join(f"--- {svc.instance}:\n{svc.tail(3000)}" for svc in victims)
+        ),
+    )
     return kills
 
 
