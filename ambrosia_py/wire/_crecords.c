@@ -215,6 +215,43 @@ static int zigzag_int(const unsigned char *d, Py_ssize_t size, Py_ssize_t *pos, 
 
 static inline int64_t rd_i64(const unsigned char *p) { return (int64_t)rd64(p); }
 
+/* ``count`` entries at *at, each a name and ``n_ints`` int64s (a watermark: two, a trim
+ * watermark: one), as a tuple of ``tp`` objects with the fields ``names`` (new
+ * reference), advancing *at. NULL and no error: not clean (the twin reads them); NULL
+ * and an error: a real failure (memory). */
+static PyObject *parse_entries(const unsigned char *d, Py_ssize_t size, Py_ssize_t *at,
+                               int64_t count, int n_ints, PyTypeObject *tp,
+                               PyObject *const *names)
+{
+    PyObject *out = PyTuple_New((Py_ssize_t)count);
+    if (out == NULL)
+        return NULL;
+    for (int64_t i = 0; i < count; i++) {
+        int64_t n;
+        if (!zigzag_int(d, size, at, &n) || n < 0 || n > size - *at ||
+            size - *at - n < 8 * n_ints)
+            goto fail;
+        PyObject *vals[3];
+        vals[0] = PyUnicode_DecodeUTF8((const char *)d + *at, (Py_ssize_t)n, NULL);
+        if (vals[0] == NULL) {
+            if (PyErr_ExceptionMatches(PyExc_UnicodeDecodeError))
+                PyErr_Clear(); /* not UTF-8: not clean */
+            goto fail;
+        }
+        *at += n;
+        for (int k = 1; k <= n_ints; k++, *at += 8)
+            vals[k] = PyLong_FromLongLong(rd_i64(d + *at));
+        PyObject *entry = make(tp, names, vals, 1 + n_ints);
+        if (entry == NULL)
+            goto fail;
+        PyTuple_SET_ITEM(out, (Py_ssize_t)i, entry);
+    }
+    return out;
+fail:
+    Py_DECREF(out);
+    return NULL;
+}
+
 /* The watermark sections at *pos as a DiskRecordTail (new reference). Returns NULL with
  * no error set if they are not clean (the twin reads them), NULL with an error set on
  * a real failure (memory). */
@@ -222,8 +259,7 @@ static PyObject *parse_tail(const Ctx *c, Py_ssize_t *pos)
 {
     const unsigned char *d = c->data;
     Py_ssize_t size = c->size, at = *pos;
-    int64_t count, tcount, n;
-    PyObject *wms = NULL, *trims = NULL;
+    int64_t count, tcount;
 
     if (!zigzag_int(d, size, &at, &count) || count < 0 || count > MAX_WATERMARKS)
         return NULL;
@@ -234,65 +270,25 @@ static PyObject *parse_tail(const Ctx *c, Py_ssize_t *pos)
     }
     if (count * 17 > size - at) /* each entry takes at least 17 bytes */
         return NULL;
-    wms = PyTuple_New((Py_ssize_t)count);
+    PyObject *wm_names[3] = {S_name, S_last_seq, S_last_replayable_seq};
+    PyObject *wms = parse_entries(d, size, &at, count, 2, T_wm, wm_names);
     if (wms == NULL)
         return NULL;
-    for (int64_t i = 0; i < count; i++) {
-        if (!zigzag_int(d, size, &at, &n) || n < 0 || n > size - at || size - at - n < 16)
-            goto unclean;
-        PyObject *name = PyUnicode_DecodeUTF8((const char *)d + at, (Py_ssize_t)n, NULL);
-        if (name == NULL) {
-            if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError))
-                goto fail;
-            PyErr_Clear();
-            goto unclean;
-        }
-        at += n;
-        PyObject *vals[3] = {name, PyLong_FromLongLong(rd_i64(d + at)),
-                             PyLong_FromLongLong(rd_i64(d + at + 8))};
-        at += 16;
-        PyObject *names[3] = {S_name, S_last_seq, S_last_replayable_seq};
-        PyObject *wm = make(T_wm, names, vals, 3);
-        if (wm == NULL)
-            goto fail;
-        PyTuple_SET_ITEM(wms, (Py_ssize_t)i, wm);
-    }
     if (!zigzag_int(d, size, &at, &tcount) || tcount < 0 || tcount > MAX_WATERMARKS ||
-        tcount * 9 > size - at)
-        goto unclean;
-    trims = PyTuple_New((Py_ssize_t)tcount);
-    if (trims == NULL)
-        goto fail;
-    for (int64_t i = 0; i < tcount; i++) {
-        if (!zigzag_int(d, size, &at, &n) || n < 0 || n > size - at || size - at - n < 8)
-            goto unclean;
-        PyObject *name = PyUnicode_DecodeUTF8((const char *)d + at, (Py_ssize_t)n, NULL);
-        if (name == NULL) {
-            if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError))
-                goto fail;
-            PyErr_Clear();
-            goto unclean;
-        }
-        at += n;
-        PyObject *vals[2] = {name, PyLong_FromLongLong(rd_i64(d + at))};
-        at += 8;
-        PyObject *names[2] = {S_name, S_seq};
-        PyObject *tr = make(T_trim, names, vals, 2);
-        if (tr == NULL)
-            goto fail;
-        PyTuple_SET_ITEM(trims, (Py_ssize_t)i, tr);
+        tcount * 9 > size - at) {
+        Py_DECREF(wms);
+        return NULL;
+    }
+    PyObject *trim_names[2] = {S_name, S_seq};
+    PyObject *trims = parse_entries(d, size, &at, tcount, 1, T_trim, trim_names);
+    if (trims == NULL) {
+        Py_DECREF(wms);
+        return NULL;
     }
     *pos = at;
-    {
-        PyObject *vals[2] = {wms, trims};
-        PyObject *names[2] = {S_watermarks, S_trims};
-        return make(T_tail, names, vals, 2);
-    }
-unclean:
-fail:
-    Py_XDECREF(wms);
-    Py_XDECREF(trims);
-    return NULL;
+    PyObject *vals[2] = {wms, trims};
+    PyObject *names[2] = {S_watermarks, S_trims};
+    return make(T_tail, names, vals, 2);
 }
 
 /* The clean record at *pos as a RawRecord (new reference), advancing *pos and the
@@ -370,7 +366,7 @@ static PyObject *parse_one(Ctx *c, Py_ssize_t *pos)
     return rec;
 }
 
-/* Arguments shared by next_raw and take_raws:
+/* The first eight arguments of take_raws:
  * (data, pos, consumed, on_disk, verify, committer, next_seq, max_record).
  * Returns 1 ready, 0 when the input cannot be handled here (the caller falls back), -1
  * on error. ``view`` must be released by the caller when 1 was returned. */
@@ -423,25 +419,6 @@ static int parse_args(PyObject *const *args, Ctx *c, Py_buffer *view, Py_ssize_t
         return 0;
     }
     return 1;
-}
-
-static PyObject *py_next_raw(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
-{
-    if (nargs != 8) {
-        PyErr_SetString(PyExc_TypeError, "next_raw() takes 8 arguments");
-        return NULL;
-    }
-    Ctx c;
-    Py_buffer view;
-    Py_ssize_t pos;
-    int ok = parse_args(args, &c, &view, &pos);
-    if (ok <= 0)
-        return ok < 0 ? NULL : Py_NewRef(Py_None);
-    PyObject *rec = parse_one(&c, &pos);
-    PyBuffer_Release(&view);
-    if (rec == NULL && !PyErr_Occurred())
-        Py_RETURN_NONE;
-    return rec;
 }
 
 static PyObject *py_take_raws(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
@@ -536,9 +513,6 @@ static PyMethodDef methods[] = {
     {"xxh64", py_xxh64, METH_O, "XXH64 (seed 0) of a buffer, as an int."},
     {"configure", (PyCFunction)(void (*)(void))py_configure, METH_FASTCALL,
      "configure(RecordHeader, RawRecord, DiskRecordTail, Watermark, TrimWatermark)"},
-    {"next_raw", (PyCFunction)(void (*)(void))py_next_raw, METH_FASTCALL,
-     "next_raw(data, pos, consumed, on_disk, verify, committer, next_seq, max_record)\n"
-     "The clean record at pos as a RawRecord, or None (not clean or incomplete)."},
     {"take_raws", (PyCFunction)(void (*)(void))py_take_raws, METH_FASTCALL,
      "take_raws(data, pos, consumed, on_disk, verify, committer, next_seq, max_record, "
      "limit, out)\nAppend the clean records from pos to out (until it holds limit); "

@@ -5,17 +5,6 @@ from .reader import RawRecord
 
 def xxh64(data: Buffer, /) -> int: ...
 def configure(header: type, raw: type, tail: type, watermark: type, trim: type, /) -> None: ...
-def next_raw(
-    data: Buffer,
-    pos: int,
-    consumed: int,
-    on_disk: bool,
-    verify: bool,
-    committer: int | None,
-    next_seq: int | None,
-    max_record: int,
-    /,
-) -> RawRecord | None: ...
 def take_raws(
     data: Buffer,
     pos: int,

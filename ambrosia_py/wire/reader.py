@@ -257,24 +257,10 @@ class RecordReader:
             raise self._failed
         c = self._accel
         if c is not None:
-            buf = self._buf
-            record: RawRecord | None = c.next_raw(
-                buf.data,
-                buf.pos,
-                buf.consumed,
-                self._on_disk,
-                self._verify,
-                self._committer,
-                self._next_seq,
-                self._max_record,
-            )
-            if record is not None:
-                buf.pos += len(record.raw)
-                header = record.header
-                self._committer = header.committer_id
-                if header.seq >= 0:
-                    self._next_seq = header.seq + 1
-                return record
+            out: list[RawRecord] = []
+            self._take_clean(c, out, 1)
+            if out:
+                return out[0]
         return self._next_raw_pure()
 
     def next_raws(self, limit: int = _BATCH) -> list[RawRecord]:
