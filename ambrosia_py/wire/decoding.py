@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import attrs
-
 from .. import accel
 from .errors import (
     BatchCountError,
@@ -48,6 +46,7 @@ from .messages import (
     UpgradeService,
     UpgradeTakeCheckpoint,
     _replayable,
+    slot_descriptors,
 )
 from .varint import decode_zigzag_int, decode_zigzag_long
 
@@ -340,11 +339,11 @@ def _decode_messages_py(
 
 
 _RPC_TYPES = (RpcType.ASYNC_AWAIT, RpcType.FORK, RpcType.IMPULSE)
-# The member descriptors of IncomingRpc's slots, in field order (attrs.frozen: slotted).
-_INCOMING_RPC_FIELDS = ("method_id", "rpc_type", "args", "sender", "call_seq")
-if tuple(a.name for a in attrs.fields(IncomingRpc)) != _INCOMING_RPC_FIELDS:  # pragma: no cover
-    raise ImportError("IncomingRpc's fields changed: update decode_messages' fast path")
-_INCOMING_RPC_DESCRIPTORS = tuple(IncomingRpc.__dict__[name] for name in _INCOMING_RPC_FIELDS)
+_INCOMING_RPC_DESCRIPTORS = slot_descriptors(
+    IncomingRpc,
+    ("method_id", "rpc_type", "args", "sender", "call_seq"),
+    "decode_messages' fast path and _cdecode.c",
+)
 _INCOMING_RPC_SLOTS = tuple(d.__set__ for d in _INCOMING_RPC_DESCRIPTORS)
 
 
