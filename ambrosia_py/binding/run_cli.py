@@ -19,7 +19,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 import click
@@ -49,6 +49,7 @@ from ..coordinator.ic_cli import (
 from ..coordinator.link_config import LinkSetupError, load_secret, tls_contexts
 from ..hashseed import instance_seed, run_under_seed
 from ..ingress.keys import DEFAULT_KEEP_COUNT, DEFAULT_KEEP_SECONDS
+from ..ingress.server import IngressServer, IngressSettings, parse_address
 from .background import BackgroundFailure, BackgroundTaskError
 from .client import ServiceFailedError, serve
 from .dispatcher import Dispatcher
@@ -57,9 +58,6 @@ from .exits import ExitStatus, OneLineError, coordinator_ended, verbose_option
 from .files import StateFiles, state_files_dir, use_state_files
 from .immortal import Immortal
 from .loading import load_service
-
-if TYPE_CHECKING:
-    from ..ingress.server import IngressServer
 
 __all__ = ["load_service", "replay", "run"]
 
@@ -298,10 +296,6 @@ def _ingress(
     """The ingress ``--ingress`` asks for, with the links' secret (made on first use)."""
     if address is None:
         return None
-    # Here, not at the top: ingress/server.py imports the binding, whose package imports
-    # this module (ambrosia_py.client and .ingress would not import first otherwise).
-    from ..ingress.server import IngressServer, IngressSettings, parse_address
-
     try:
         host, port = parse_address(address)
     except ValueError as exc:
