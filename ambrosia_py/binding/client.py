@@ -227,7 +227,7 @@ def record_failure(d: Dispatcher, seq: int, exc: Exception) -> ServiceFailedErro
     looked for.
     """
     cls = type(d.immortal).__name__
-    state = {k: v for k, v in vars(d.immortal).items() if not k.startswith("_ambrosia_")}
+    state = d.state()
     for name, value in state.items():
         found = find_unpicklable(value, name)
         if found is not None:

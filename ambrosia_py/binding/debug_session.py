@@ -170,7 +170,7 @@ def print_point(d: Dispatcher, point: DebugPoint) -> None:
     """Say where the replay stopped, and the immortal's state there."""
     for line in _point_lines(d, point):
         print(line)
-    for key, value in sorted(_state(d).items()):
+    for key, value in sorted(d.state().items()):
         text = repr(value)
         print(f"  {key} = {text if len(text) <= 100 else text[:97] + '...'}")
 
@@ -201,10 +201,6 @@ def _point_lines(d: Dispatcher, point: DebugPoint) -> list[str]:
         else (f"the log ends at seq {point.log_end}")
     )
     return [f"{at}; {end}"]
-
-
-def _state(d: Dispatcher) -> dict[str, object]:
-    return {k: v for k, v in vars(d.immortal).items() if not k.startswith("_ambrosia_")}
 
 
 def debug_command(

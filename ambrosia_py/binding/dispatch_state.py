@@ -78,14 +78,15 @@ class DispatcherState:
     def _incoming(self, msg: IncomingRpc | IncomingReturnValue, seq: int | None) -> None:
         raise NotImplementedError  # the dispatcher's: a call or a reply, handled
 
-    def _state(self) -> dict[str, Any]:
+    def state(self) -> dict[str, Any]:
+        """The immortal's state: its attributes, but for the framework's own."""
         return {k: v for k, v in self.immortal.__dict__.items() if not k.startswith(_PRIVATE)}
 
     def _snapshot_now(self) -> Snapshot:
         return Snapshot(
             _class_name(type(self.immortal)),
             type(self.immortal).version,
-            cloudpickle.loads(cloudpickle.dumps(self._state())),  # a copy, not a reference
+            cloudpickle.loads(cloudpickle.dumps(self.state())),  # a copy, not a reference
             self._call_seq,
             frozenset(self._attached),
             ingress=self.keys.copy(),
@@ -165,7 +166,7 @@ class DispatcherState:
                 "coroutines belong to the old code"
             )
         old = type(self.immortal)
-        state = new.upgrade_state(self._state(), old.version)
+        state = new.upgrade_state(self.state(), old.version)
         immortal = new.__new__(new)
         immortal.__dict__.update(state)
         self.immortal = self._attach(immortal)

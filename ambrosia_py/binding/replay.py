@@ -118,10 +118,6 @@ def _method(service: type[Immortal], record: LogRecord) -> str:
     return type(msg).__name__
 
 
-def _state(d: Dispatcher) -> dict[str, Any]:
-    return {k: v for k, v in d.immortal.__dict__.items() if not k.startswith("_ambrosia_")}
-
-
 def _diff_states(a: dict[str, Any], b: dict[str, Any]) -> str | None:
     diffs = []
     for key in sorted(set(a) | set(b)):
@@ -181,7 +177,7 @@ def _replay(
             n, later = starts[record.seq]
             divergence = _check_against(later, run, record.seq, n)
             if divergence is not None:
-                return ReplayResult(first, records, messages, last_seq, _state(run), divergence)
+                return ReplayResult(first, records, messages, last_seq, run.state(), divergence)
         if record.seq != last_seq:
             records += 1
             last_seq = record.seq
@@ -190,7 +186,7 @@ def _replay(
         if twin is not None:
             twin_out = twin.handle(record)
             what, details = None, None
-            state_diff = _diff_states(_state(run), _state(twin))
+            state_diff = _diff_states(run.state(), twin.state())
             if state_diff is not None:
                 what, details = "state", state_diff
             elif [wire.encode_message(m) for m in out] != [
@@ -199,9 +195,9 @@ def _replay(
                 what, details = "outputs", f"{_short(out)} vs {_short(twin_out)}"
             if what is not None:
                 divergence = Divergence(record.seq, _method(service, record), what, details or "")
-                return ReplayResult(first, records, messages, last_seq, _state(run), divergence)
+                return ReplayResult(first, records, messages, last_seq, run.state(), divergence)
         run.take_effects()
-    return ReplayResult(first, records, messages, last_seq, _state(run))
+    return ReplayResult(first, records, messages, last_seq, run.state())
 
 
 def _check_against(later: IcState, run: Dispatcher, seq: int, n: int) -> Divergence | None:
@@ -209,7 +205,7 @@ def _check_against(later: IcState, run: Dispatcher, seq: int, n: int) -> Diverge
     snap = decode_snapshot(later.blob)
     if snap.tail:
         return None  # taken with handlers in flight: its state is an older one
-    diff = _diff_states(_state(run), snap.state)
+    diff = _diff_states(run.state(), snap.state)
     if diff is None:
         return None
     return Divergence(seq - 1, f"(the records before checkpoint {n})", "checkpoint", diff)

@@ -139,12 +139,7 @@ class RunningImmortal:
         """A copy of the immortal's attributes, taken between two records."""
 
         def copy() -> dict[str, Any]:
-            state = {
-                k: v
-                for k, v in self.dispatcher.immortal.__dict__.items()
-                if not k.startswith("_ambrosia_")
-            }
-            return dict(cloudpickle.loads(cloudpickle.dumps(state)))
+            return dict(cloudpickle.loads(cloudpickle.dumps(self.dispatcher.state())))
 
         result: dict[str, Any] = self._in_loop(copy)
         return result
