@@ -124,6 +124,7 @@ def spark_bench(mb: int, payload: int, cores: int, rounds: int, vary: bool) -> N
     if problem is not None:
         raise click.ClickException(problem)
     console = Console()
+    ours = f"ambrosia local[{cores}]"
     with tempfile.TemporaryDirectory(prefix="ambrosia-bench-spark-") as tmp:
         root = Path(tmp)
         with console.status(f"writing {mb} MB of logs"):
@@ -145,12 +146,7 @@ def spark_bench(mb: int, payload: int, cores: int, rounds: int, vary: bool) -> N
                 figures.append(("binaryFile", _best(lambda: baseline.agg(total).collect(), rounds)))
             summed = F.sum("payload_size")
             with console.status("ambrosia data source"):
-                figures.append(
-                    (
-                        f"ambrosia local[{cores}]",
-                        _best(lambda: source.agg(summed).collect(), rounds),
-                    )
-                )
+                figures.append((ours, _best(lambda: source.agg(summed).collect(), rounds)))
             partitions = source.rdd.getNumPartitions()
             with console.status("Spark's ceiling: a data source that reads nothing"):
                 from .spark_ceiling import CeilingSource
@@ -178,7 +174,7 @@ def spark_bench(mb: int, payload: int, cores: int, rounds: int, vary: bool) -> N
         table.add_row(name, f"{seconds:.2f}", f"{size / seconds / 1e6:.1f}", rows)
     console.print(table)
     took = dict(figures)
-    share = took[_CEILING] / took[f"ambrosia local[{cores}]"]
+    share = took[_CEILING] / took[ours]
     console.print(
         "The ceiling makes the same rows and reads nothing (its MB/s: of the logs it stands "
         f"for): the ambrosia reader runs at {share:.0%} of what Spark's Python data source "
