@@ -57,12 +57,14 @@ def test_a_file_named_like_a_loaded_module_is_a_clear_error(tmp_path: Path) -> N
     assert "a module 'json' is already loaded from" in out and "rename the file" in out
 
 
-def test_an_unreachable_port_is_a_clear_error() -> None:
+def test_an_unreachable_port_is_a_clear_error(tmp_path: Path) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # bound, not listening: nothing answers there
         code, out = invoke(
             EXAMPLE,
+            "--data-dir",
+            str(tmp_path),
             "--separated",
             "--receive-port",
             str(port),
