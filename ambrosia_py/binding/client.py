@@ -28,16 +28,16 @@ from .dispatcher import Dispatcher
 from .errors import BindingError
 from .immortal import Immortal
 from .pickling import find_unpicklable
+from .socket_io import SocketStream, open_socket
 
 __all__ = ["Connection", "ServiceFailedError", "connect", "record_failure", "serve"]
 
 log = logging.getLogger("ambrosia_py.binding")
-_READ_SIZE = 256 * 1024
 
 
 async def _open(
     host: str, port: int, deadline: float, refused: asyncio.Future[bytes] | None = None
-) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+) -> SocketStream:
     """Connect, retrying while the port is not listening yet (the send port opens late).
 
     ``refused`` completes when the coordinator closed the receive connection already.
@@ -50,7 +50,7 @@ async def _open(
                 "its log says why)"
             )
         try:
-            return await asyncio.open_connection(host, port)
+            return SocketStream(await open_socket(host, port))
         except (ConnectionRefusedError, OSError) as exc:
             if time.monotonic() >= deadline:
                 raise ConnectionRefusedError(
@@ -62,22 +62,19 @@ async def _open(
 class Connection:
     """The binding's two connections: it writes to the receive port, reads the send port.
 
-    Both stream pairs are kept: dropping a writer closes its socket.
+    Raw sockets (``socket_io.py``), not asyncio streams: every byte of every call goes
+    through them, and the stream classes copy each read and write.
     """
 
-    def __init__(
-        self,
-        receive: tuple[asyncio.StreamReader, asyncio.StreamWriter],
-        send: tuple[asyncio.StreamReader, asyncio.StreamWriter],
-    ) -> None:
+    def __init__(self, receive: SocketStream, send: SocketStream) -> None:
         self._receive = receive
         self._send = send
-        self.reader = send[0]
-        self.writer = receive[1]
+        self.reader = send
+        self.writer = receive
 
     def close(self) -> None:
-        self._receive[1].close()
-        self._send[1].close()
+        self._receive.close()
+        self._send.close()
 
 
 async def connect(
@@ -97,19 +94,19 @@ async def connect(
     deadline = time.monotonic() + timeout
     receive = await _open(host, receive_port, deadline)
     if token is not None:
-        receive[1].write(encode_preamble(token, Socket.RECEIVE))
+        receive.write(encode_preamble(token, Socket.RECEIVE))
     # The coordinator never writes on this socket: a read ends only when it closes it,
     # which, before the send port opens, means it refused the token.
-    refused = asyncio.ensure_future(receive[0].read(1))
+    refused = asyncio.ensure_future(receive.read(1))
     try:
         send = await _open(host, send_port, deadline, refused)
     except BaseException:
-        receive[1].close()
+        receive.close()
         raise
     finally:
         refused.cancel()
     if token is not None:
-        send[1].write(encode_preamble(token, Socket.SEND))
+        send.write(encode_preamble(token, Socket.SEND))
     return Connection(receive, send)
 
 
@@ -151,7 +148,7 @@ async def serve(
             impulses.clear()
         if msgs:
             parts = wire.encode_messages_parts(msgs)
-            crashpoints.reach_midway("binding.mid_send", writer, parts)
+            writer.reach_midway("binding.mid_send", parts)
             writer.writelines(parts)
 
     def impulse(msg: Message) -> None:
@@ -174,8 +171,8 @@ async def serve(
     records = RecordReader()
     background = BackgroundTasks(lambda: d.immortal, background_failure, stop)
     try:
-        while data := await reader.read(_READ_SIZE):
-            records.feed(data)
+        while data := await reader.read():
+            records.feed(data)  # a fresh bytes: kept by reference, not copied
             for record in records:
                 try:
                     out = d.handle(record)

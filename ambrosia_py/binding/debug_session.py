@@ -37,10 +37,9 @@ from .errors import BindingError
 from .exits import OneLineError
 from .immortal import Immortal
 from .loading import load_service
+from .socket_io import SocketStream
 
 __all__ = ["DebugPoint", "debug_command", "debug_service", "pdb_point", "print_point"]
-
-_READ_SIZE = 256 * 1024
 
 
 @attrs.frozen
@@ -140,13 +139,13 @@ async def debug_service(
 
 
 async def _replay(
-    reader: asyncio.StreamReader, d: Dispatcher, point: DebugPoint, end: int | None
+    reader: SocketStream, d: Dispatcher, point: DebugPoint, end: int | None
 ) -> DebugPoint:
     """Handle records (checkpoint first) until the one with seq ``end`` is handled."""
     records = RecordReader()
     restored = False
     while not (restored and (end is None or point.last_seq == end)):
-        data = await reader.read(_READ_SIZE)
+        data = await reader.read()
         if not data:
             raise BindingError(
                 f"the debug coordinator closed the connection after seq {point.last_seq} "
