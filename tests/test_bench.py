@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from ambrosia_py.bench.coordinator import measure_coordinator, measure_disk
-from ambrosia_py.bench.rpc import measure_forks, measure_remote, measure_round_trips
+from ambrosia_py.bench.immortal_process import ImmortalProcess
+from ambrosia_py.bench.rpc import RpcPeer, measure_forks, measure_remote, measure_round_trips
 from ambrosia_py.bench.wire import MESSAGES_PER_RECORD, measure
 from ambrosia_py.cli import main
 from ambrosia_py.testing import ImmortalRunner
@@ -51,13 +53,25 @@ def test_bench_rpc_runs_forks_and_round_trips_through_a_real_ic(tmp_path: Path) 
 
 
 def test_bench_rpc_to_another_instance_goes_through_two_coordinators(tmp_path: Path) -> None:
-    runner = ImmortalRunner(tmp_path)
+    forks, rtts = measure_remote(tmp_path, 300, 20)
+    assert forks > 0
+    assert len(rtts) == 19 and all(t > 0 for t in rtts)
+    # The calls crossed a link: the caller's coordinator dialed the peer's.
+    log = (tmp_path / "remote-caller.coordinator.log").read_text()
+    assert "link to 'remote-peer' open" in log
+    # Each immortal ran in a process of its own, which stopped its coordinator cleanly.
+    for instance in ("remote-caller", "remote-peer"):
+        text = (tmp_path / f"{instance}.coordinator.log").read_text()
+        assert "binding disconnected; log 1 ends at seq" in text, text[-2000:]
+
+
+def test_an_immortal_process_reports_what_failed_there(tmp_path: Path) -> None:
+    peer = ImmortalProcess(tmp_path, RpcPeer, "lonely", timeout=60)
     try:
-        forks, rtts = measure_remote(runner, 300, 20)
-        assert forks > 0
-        assert len(rtts) == 19 and all(t > 0 for t in rtts)
-        # The calls crossed a link: the caller's coordinator dialed the peer's.
-        log = (tmp_path / "remote-caller.coordinator.log").read_text()
-        assert "link to 'remote-peer' open" in log
+        peer.impulse("sink", b"x")
+        assert peer.wait_until_at_least("received", 1) > 0
+        with pytest.raises(RuntimeError, match="'impulse' failed there"):
+            peer.impulse("no_such_method")
+        assert peer.stamps() == []
     finally:
-        runner.close()
+        peer.stop()

@@ -10,13 +10,16 @@ import hmac
 import struct
 
 import pytest
+import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ambrosia_py.coordinator.link_auth import (
     AUTH_TOKEN,
+    TAG_SIZE,
     HandshakeState,
     LinkAuthError,
+    LinkChannel,
     LinkHandshake,
     Role,
 )
@@ -29,6 +32,7 @@ from ambrosia_py.flow import (
     FlowError,
     FrameLengthError,
     FrameReceived,
+    frame_checksum,
 )
 
 SECRET = bytes(range(100, 132))
@@ -211,3 +215,33 @@ def test_a_huge_declared_frame_is_refused_at_its_header() -> None:
     conn.receive_data(_connect_bytes())
     conn.max_frame_length = 200 * 1024 * 1024
     assert conn.receive_data(struct.pack("<I", 100 * 1024 * 1024)) == []
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    sizes=st.lists(st.integers(0, 3000), min_size=1, max_size=4),
+    frames_before=st.integers(0, 3),
+)
+def test_tags_are_the_hmac_of_counter_token_and_message_whatever_its_size(
+    sizes: list[int], frames_before: int
+) -> None:
+    """Small messages are tagged in one call, larger ones streamed part by part (over
+    4096 bytes): both give HMAC-SHA256(key, counter | token | message), cut to 16 bytes."""
+    key = bytes(range(32))
+    channel = LinkChannel(send_key=key, receive_key=key)
+    for _ in range(frames_before):
+        channel.open(LINK_TOKEN, b"" + channel.seal(LINK_TOKEN, []))
+    parts = [bytes([n % 251]) * n for n in sizes]
+    tag = channel.seal(LINK_TOKEN, parts)
+    counter = struct.pack("<Q", frames_before)
+    assert tag == mac(key, counter, LINK_TOKEN.encode(), *parts)[:TAG_SIZE]
+    assert bytes(channel.open(LINK_TOKEN, b"".join([*parts, tag]))) == b"".join(parts)
+
+
+@settings(max_examples=60, deadline=None)
+@given(size=st.integers(0, 9000))
+def test_frame_checksums_are_xxh3_of_token_and_message_whatever_its_size(size: int) -> None:
+    token = LINK_TOKEN.encode()
+    message = bytes([size % 253]) * size
+    assert frame_checksum(token, message) == xxhash.xxh3_64_intdigest(token + message)
+    assert frame_checksum(token, memoryview(message)) == frame_checksum(token, message)

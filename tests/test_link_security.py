@@ -36,6 +36,7 @@ from tests.link_peer import (
     COMMIT,
     DEADLINE,
     MAGIC,
+    PING_TOKEN,
     REPLAY_FROM,
     Peer,
     Receiver,
@@ -265,6 +266,34 @@ def test_handshake_and_idle_timeouts_and_the_connection_limit(tmp_path: Path) ->
     assert "no handshake within 0.5 s" in log
     assert "link from 'client' at 127.0.0.1:" in log and "nothing received for 1 s" in log
     assert "3 link connections are open already" in log
+
+
+def test_a_peer_that_keeps_sending_stays_past_the_idle_timeout_and_is_closed_once_quiet(
+    tmp_path: Path,
+) -> None:
+    """The idle timeout counts from the last frame, not from when the link opened: a
+    peer sending a keep-alive every 0.2 s stays for three times the 1 s timeout, and is
+    closed about a second after its last one."""
+    options = ("--link-handshake-timeout", "2", "--link-idle-timeout", "1")
+    with coordinator(tmp_path, "server", *options) as (ic, binding):
+        _first_start(binding)
+        peer = Peer(tmp_path, "server")
+        peer.open()
+        assert peer.control() == (REPLAY_FROM, 0, 0)
+        for _ in range(15):
+            time.sleep(0.2)
+            peer.send(b"", PING_TOKEN)
+        peer.sock.setblocking(False)
+        with pytest.raises(BlockingIOError):  # open, and nothing to read
+            peer.sock.recv(1)
+        peer.sock.setblocking(True)
+        last = time.monotonic()
+        assert peer.closed_by_peer()
+        assert time.monotonic() - last >= 0.9  # not before the timeout from the last ping
+        peer.close()
+        binding.close()
+        assert ic.proc.wait(timeout=DEADLINE) == 0
+        assert ic.stderr().count("nothing received for 1 s") == 1
 
 
 # --- wrong secrets: the acceptor checks the dialer, the dialer the acceptor -----------------

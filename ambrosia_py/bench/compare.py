@@ -128,9 +128,11 @@ def run_ours(plan: Plan, directory: Path, run: int) -> Figures:
         if (
             run == 0 and plan is not QUICK
         ):  # not reported: the first calls in a process pay for imports and caches
-            measure_remote_forks(runner, 16, max(1, plan.forks[16] // 10), "-warm-up")
-        forks = {s: measure_remote_forks(runner, s, n, f"-{s}") for s, n in plan.forks.items()}
-        awaits = measure_awaits(runner, SIZES, plan.awaits, "")
+            measure_remote_forks(runner.data_dir, 16, max(1, plan.forks[16] // 10), "-warm-up")
+        forks = {
+            s: measure_remote_forks(runner.data_dir, s, n, f"-{s}") for s, n in plan.forks.items()
+        }
+        awaits = measure_awaits(runner.data_dir, SIZES, plan.awaits, "", REPLAY_DEADLINE)
         figures: Figures = {
             "remote_fork_msgs_per_s": _by_size(forks),
             "remote_fork_mb_per_s": _by_size({s: r * s / 1e6 for s, r in forks.items()}),

@@ -38,6 +38,7 @@ from pathlib import Path
 from ..binding.immortal import rpc
 from ..client import AsyncClient, Client
 from ..testing import ImmortalRunner, ServiceProcess, free_port
+from .immortal_process import ImmortalProcess, stamp
 from .ingress import IngressBench, measure_calls
 from .rpc import RpcBench, RpcCaller, RpcPeer, measure_remote
 
@@ -49,12 +50,6 @@ __all__ = [
     "measure_remote_forks",
     "measure_replay",
 ]
-
-_stamps: list[float] = []
-
-
-def _stamp() -> None:
-    _stamps.append(time.perf_counter())
 
 
 class ComparePeer(RpcPeer):
@@ -75,38 +70,45 @@ class CompareCaller(RpcCaller):
         data = b"x" * size
         for _ in range(k):
             await peer.take(data)
-            self.effect(_stamp)
+            self.effect(stamp)
             self.rounds += 1
 
 
-def measure_remote_forks(runner: ImmortalRunner, size: int, k: int, suffix: str) -> float:
+def measure_remote_forks(data_dir: Path, size: int, k: int, suffix: str) -> float:
     """Durable forks per second to another instance with ``size``-byte arguments."""
-    forks, _ = measure_remote(runner, k, 0, suffix, size)
+    forks, _ = measure_remote(data_dir, k, 0, suffix, size)
     return forks
 
 
 def measure_awaits(
-    runner: ImmortalRunner, sizes: Sequence[int], k: int, suffix: str
+    data_dir: Path, sizes: Sequence[int], k: int, suffix: str, timeout: float
 ) -> dict[int, tuple[float, float]]:
     """Awaited calls to another instance, one after the other, ``k`` per size (one pair
-    of instances for all sizes: starting one costs seconds): ``{size: (calls/s, p50 s)}``."""
-    peer = runner.start(ComparePeer, f"await-peer{suffix}")
-    caller = runner.start(CompareCaller, f"await-caller{suffix}", peer=f"await-peer{suffix}")
+    of instances for all sizes: starting one costs seconds): ``{size: (calls/s, p50 s)}``.
+    Each immortal runs in a process of its own (:mod:`.immortal_process`)."""
+    peer = ImmortalProcess(data_dir, ComparePeer, f"await-peer{suffix}", timeout=timeout)
     out = {}
     try:
-        for i, size in enumerate(sizes):
-            _stamps.clear()
-            start = time.perf_counter()
-            _stamps.append(start)
-            caller.impulse.ping_sized(k, size)
-            rounds = (i + 1) * k
-            caller.wait_until(lambda s: bool(s["rounds"] >= rounds), timeout=600)  # noqa: B023
-            elapsed = _stamps[-1] - start
-            gaps = [b - a for a, b in itertools.pairwise(_stamps[1:])] or [elapsed]
-            out[size] = (k / elapsed, statistics.median(gaps))
-        return out
+        caller = ImmortalProcess(
+            data_dir,
+            CompareCaller,
+            f"await-caller{suffix}",
+            timeout=timeout,
+            peer=f"await-peer{suffix}",
+        )
+        try:
+            for i, size in enumerate(sizes):
+                start = time.perf_counter()
+                caller.impulse("ping_sized", k, size)
+                caller.wait_until_at_least("rounds", (i + 1) * k)
+                stamps = caller.stamps()
+                elapsed = stamps[-1] - start
+                gaps = [b - a for a, b in itertools.pairwise(stamps)] or [elapsed]
+                out[size] = (k / elapsed, statistics.median(gaps))
+            return out
+        finally:
+            caller.stop()
     finally:
-        caller.stop()
         peer.stop()
 
 

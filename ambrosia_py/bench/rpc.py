@@ -26,6 +26,7 @@ from rich.table import Table
 
 from ..binding.immortal import Immortal, rpc
 from ..testing.runner import ImmortalRunner
+from .immortal_process import STAMPS, ImmortalProcess, stamp
 
 __all__ = [
     "RpcBench",
@@ -36,12 +37,6 @@ __all__ = [
     "measure_round_trips",
     "rpc_bench",
 ]
-
-_stamps: list[float] = []
-
-
-def _stamp() -> None:
-    _stamps.append(time.perf_counter())
 
 
 class RpcBench(Immortal):
@@ -67,7 +62,7 @@ class RpcBench(Immortal):
     async def ping(self, k: int) -> None:
         for _ in range(k):
             await self.me.echo()
-            self.effect(_stamp)
+            self.effect(stamp)
             self.rounds += 1
 
 
@@ -105,29 +100,33 @@ class RpcCaller(Immortal):
         peer = self.proxy(self.options.peer, RpcPeer)
         for _ in range(k):
             await peer.echo()
-            self.effect(_stamp)
+            self.effect(stamp)
             self.rounds += 1
 
 
 def measure_remote(
-    runner: ImmortalRunner, k_forks: int, k_pings: int, suffix: str = "", size: int = 16
+    data_dir: Path, k_forks: int, k_pings: int, suffix: str = "", size: int = 16
 ) -> tuple[float, list[float]]:
     """Forks per second to another instance (``size``-byte arguments), and awaited
-    round trips to it."""
-    peer = runner.start(RpcPeer, f"remote-peer{suffix}")
-    caller = runner.start(RpcCaller, f"remote-caller{suffix}", peer=f"remote-peer{suffix}")
+    round trips to it: two immortals, each in a process of its own as deployed
+    (:mod:`.immortal_process`), with their coordinators and the links between them."""
+    peer = ImmortalProcess(data_dir, RpcPeer, f"remote-peer{suffix}")
     try:
-        start = time.perf_counter()
-        caller.impulse.burst(k_forks, size)
-        peer.wait_until(lambda s: s["received"] >= k_forks, timeout=600)
-        forks = k_forks / (time.perf_counter() - start)
-        _stamps.clear()
-        _stamps.append(time.perf_counter())
-        caller.impulse.ping(k_pings)
-        caller.wait_until(lambda s: s["rounds"] >= k_pings, timeout=600)
-        return forks, [b - a for a, b in itertools.pairwise(_stamps[1:])]
+        caller = ImmortalProcess(
+            data_dir, RpcCaller, f"remote-caller{suffix}", peer=f"remote-peer{suffix}"
+        )
+        try:
+            start = time.perf_counter()
+            caller.impulse("burst", k_forks, size)
+            forks = k_forks / (peer.wait_until_at_least("received", k_forks) - start)
+            if not k_pings:
+                return forks, []
+            caller.impulse("ping", k_pings)
+            caller.wait_until_at_least("rounds", k_pings)
+            return forks, [b - a for a, b in itertools.pairwise(caller.stamps())]
+        finally:
+            caller.stop()
     finally:
-        caller.stop()
         peer.stop()
 
 
@@ -147,11 +146,10 @@ def measure_round_trips(runner: ImmortalRunner, k: int) -> list[float]:
     """Round-trip times (seconds) of ``k`` sequential awaited self-calls."""
     svc = runner.start(RpcBench, "pings")
     try:
-        _stamps.clear()
-        _stamps.append(time.perf_counter())
+        STAMPS.clear()
         svc.impulse.ping(k)
         svc.wait_until(lambda s: s["rounds"] >= k, timeout=600)
-        return [b - a for a, b in itertools.pairwise(_stamps[1:])]
+        return [b - a for a, b in itertools.pairwise(STAMPS)]
     finally:
         svc.stop()
 
@@ -203,7 +201,7 @@ def rpc_bench(calls: int, round_trips: int, runs: int, tls: bool, remote_only: b
         try:
             if not remote_only:
                 _self_calls(console, runner, calls, round_trips, runs)
-            remote = [measure_remote(runner, calls, round_trips, f"-{i}") for i in range(runs)]
+            remote = [measure_remote(Path(tmp), calls, round_trips, f"-{i}") for i in range(runs)]
             for forks, rtts in remote:
                 rtts.sort()
                 console.print(

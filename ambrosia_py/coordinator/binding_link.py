@@ -265,6 +265,12 @@ class BindingLink:
         loop = asyncio.get_running_loop()
         self._last = loop.run_in_executor(self._sender, _sendmsg_all, self._send, views)
 
+    @property
+    def flushed(self) -> bool:
+        """Whether everything written has been handed to the kernel (nothing left for
+        the sender thread)."""
+        return self._last is None or self._last.done()
+
     async def drain(self) -> None:
         """Wait until everything queued has been handed to the kernel (flow control)."""
         if self.gone or self._last is None:

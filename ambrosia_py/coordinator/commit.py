@@ -50,7 +50,8 @@ class CommitPipeline(Generic[R]):
         self._unsynced_bytes = 0
         self._appended = 0  # records appended so far
         self._done = 0  # records durable and forwarded so far
-        self._changed = asyncio.Condition()
+        self._changed = asyncio.Condition()  # for appenders (room) and flush (done)
+        self._to_sync = asyncio.Event()  # for the sync stage: records were written
         self._error: BaseException | None = None
         self._task = asyncio.create_task(self._sync_loop())
 
@@ -101,7 +102,7 @@ class CommitPipeline(Generic[R]):
             self._written.append((writer, wire_record, size, on_durable))
             self._unsynced_bytes += size
             self._appended += 1
-            self._changed.notify_all()
+        self._to_sync.set()
 
     async def flush(self) -> None:
         """Wait until every record appended so far is durable and forwarded."""
@@ -122,9 +123,9 @@ class CommitPipeline(Generic[R]):
     async def _sync_loop(self) -> None:
         try:
             while True:
-                async with self._changed:
-                    await self._changed.wait_for(lambda: bool(self._written))
-                    batch, self._written = self._written, []
+                await self._to_sync.wait()
+                self._to_sync.clear()
+                batch, self._written = self._written, []
                 # Everything in the batch was fully written before this sync starts.
                 synced: set[int] = set()
                 for writer, _, _, _ in batch:

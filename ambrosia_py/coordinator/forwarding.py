@@ -171,6 +171,8 @@ class Forwarder:
             return  # stopping: what is durable reaches the next binding by replay
         if not self._queue and not self._busy:
             self._binding.write(record)  # the latency path: nothing ahead of it
+            if self._binding.flushed and not self._binding.gone:
+                return  # the socket took it all: nothing for the forwarding task to do
             self._busy = True
         else:
             size = sum(len(p) for p in record)

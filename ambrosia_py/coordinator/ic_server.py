@@ -171,14 +171,18 @@ class _Coordinator:
         assert self.binding is not None
         try:
             while data := await self.binding.recv():
-                for event in self.intake.feed(data):
+                events = self.intake.feed(data)
+                for event in events:
                     self._on_event(event)
                 if self.links is not None:
                     self.links.output_ready()
-                self._wake.set()
+                if events or self.intake.pending:  # not for output alone: it goes by link
+                    self._wake.set()
                 # sock_recv returns at once while data is waiting: yield, so the committer
-                # can start the next record while input keeps arriving (group commit).
-                await asyncio.sleep(0)
+                # can start the next record while input keeps arriving (group commit), and
+                # the links can send. With nothing waiting, the next read yields anyway.
+                if self.binding.has_unread():
+                    await asyncio.sleep(0)
                 # Back-pressure once links are open (replay needs every output read): the
                 # outbox limit, and room for pending input. Safe only as the commit loop
                 # never waits for the binding (forwarding.py).

@@ -128,7 +128,15 @@ def name_digest(name: str) -> bytes:
     return hashlib.sha256(name.encode()).digest()
 
 
+_ONE_SHOT_BYTES = 4096  # below this, joining the parts costs less than streaming them
+
+
 def _mac(key: bytes, *parts: Buffer) -> bytes:
+    """HMAC-SHA256 of the parts, as one message."""
+    if sum(map(len, parts)) <= _ONE_SHOT_BYTES:
+        # One call into OpenSSL, rather than a Python HMAC object fed part by part:
+        # the tags of a link's small frames (calls, replies, Commits) are most of them.
+        return hmac.digest(key, b"".join(parts), "sha256")
     h = hmac.new(key, digestmod=hashlib.sha256)
     for part in parts:
         h.update(part)

@@ -24,7 +24,7 @@ import contextlib
 import logging
 import secrets
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 from .. import crashpoints, wire
@@ -61,6 +61,10 @@ MAX_FRAME_MESSAGES_BYTES = 4 * 1024 * 1024  # output per link frame
 BACKOFF_MIN_S = 0.05
 BACKOFF_MAX_S = 0.5
 PING_TOKEN = Token.well_known(WellKnown.PING)  # keep-alives, tagged like any frame
+_TIMER_SLACK_S = 0.001  # an idle timer firing this early counts as on time
+# A receiver's Commits not taken by its socket beyond which more are not queued: a sender
+# that reads none of them is not worth memory (commits are cumulative; it reconnects).
+COMMIT_BACKLOG_BYTES = 64 * 1024
 
 Lookup = Callable[[str], Awaitable[tuple[str, int] | None]]
 
@@ -97,6 +101,9 @@ class _Conn:
         self.address = _address(writer)
         self.channel: LinkChannel | None = None
         self._events: list[object] = []
+        self._loop = asyncio.get_running_loop()
+        self.last_event = self._loop.time()  # when the last frame (or event) arrived
+        self.last_sent = self.last_event  # when the last frame was written
 
     async def next_event(self) -> object:
         while not self._events:
@@ -119,7 +126,35 @@ class _Conn:
             self._events.extend(self.flow.receive_data(data))
             if not data and not self._events:
                 return ConnectionClosed(clean=False)
+        self.last_event = self._loop.time()
         return self._events.pop(0)
+
+    @contextlib.asynccontextmanager
+    async def idle_limit(self, idle: float) -> AsyncIterator[None]:
+        """Raise TimeoutError in the block once ``idle`` seconds pass with no frame.
+
+        One timer per idle period, looked at when it fires, rather than a timeout armed
+        and cancelled around every frame: on a busy link that was a heap push, a cancel
+        and their bookkeeping per message.
+        """
+        loop = self._loop
+        self.last_event = loop.time()
+        timer: asyncio.TimerHandle
+        async with asyncio.timeout(None) as limit:
+
+            def check() -> None:
+                nonlocal timer
+                due = self.last_event + idle
+                if loop.time() >= due - _TIMER_SLACK_S:
+                    limit.reschedule(loop.time())  # expire now: TimeoutError at its await
+                else:
+                    timer = loop.call_at(due, check)
+
+            timer = loop.call_at(self.last_event + idle, check)
+            try:
+                yield
+            finally:
+                timer.cancel()
 
     async def _next_received(self) -> FrameReceived:
         event = await self.next_event()
@@ -129,13 +164,12 @@ class _Conn:
             raise ConnectionError("the peer closed the link")
         raise LinkError(f"unexpected {type(event).__name__} on a link")
 
-    async def next_frame(self, idle: float | None = None) -> memoryview:
-        """The next link message's payload, its tag checked; keep-alives are skipped.
-        Raises TimeoutError if nothing at all arrives for ``idle`` seconds."""
+    async def next_frame(self) -> memoryview:
+        """The next link message's payload, its tag checked; keep-alives are skipped (a
+        reader that must not wait for ever reads inside :meth:`idle_limit`)."""
         assert self.channel is not None, "frames are read only after the handshake"
         while True:
-            async with asyncio.timeout(idle):
-                event = await self._next_received()
+            event = await self._next_received()
             payload = self.channel.open(event.token, event.message)
             if event.token == LINK_TOKEN:
                 return payload
@@ -188,18 +222,33 @@ class _Conn:
 
     async def send(self, *parts: bytes) -> None:
         """One link frame made of ``parts`` (joined once, with the tag)."""
-        await self._send_tagged(LINK_TOKEN, parts)
+        self.write(*parts)
+        await self.writer.drain()
+
+    def write(self, *parts: bytes) -> None:
+        """:meth:`send` without waiting for the transport to drain."""
+        self._write_tagged(LINK_TOKEN, parts)
 
     async def ping(self) -> None:
-        await self._send_tagged(PING_TOKEN, ())
+        self._write_tagged(PING_TOKEN, ())
+        await self.writer.drain()
 
-    async def _send_tagged(self, token: Token, parts: tuple[bytes, ...]) -> None:
+    def idle_for(self) -> float:
+        """Seconds since the last frame was written."""
+        return self._loop.time() - self.last_sent
+
+    @property
+    def queued(self) -> int:
+        """Bytes written but still in the transport, not yet taken by the socket."""
+        return self.writer.transport.get_write_buffer_size()
+
+    def _write_tagged(self, token: Token, parts: tuple[bytes, ...]) -> None:
         assert self.channel is not None, "frames are sent only after the handshake"
         tag = self.channel.seal(token, parts)
         out = self.flow.send(token, b"".join([*parts, tag]))
         crashpoints.reach_midway("ic.link.mid_send", self.writer, out)
         self.writer.writelines(out)
-        await self.writer.drain()
+        self.last_sent = self._loop.time()
 
     def close(self) -> None:
         self.writer.close()
@@ -240,9 +289,10 @@ class PeerLinks:
         self._port = 0
         self._outbound: dict[str, asyncio.Task[None]] = {}
         self._output_ready: dict[str, asyncio.Event] = {}
+        # per destination whose send loop waits for output: its connection, frame budget
+        self._parked: dict[str, tuple[_Conn, int]] = {}
         self._inbound: dict[str, _Conn] = {}  # per sender, its current connection
         self._accepted_count = 0  # accepted connections open now, authenticated or not
-        self._tasks: set[asyncio.Task[None]] = set()
 
     async def listen(self, host: str, port: int = 0) -> int:
         """Accept links on ``host``:``port`` (0: a free port); return the port."""
@@ -276,8 +326,26 @@ class PeerLinks:
                 self._output_ready[dest] = asyncio.Event()
                 self._outbound[dest] = asyncio.create_task(self._send_loop(dest))
         self.intake.new_destinations.clear()
-        for event in self._output_ready.values():
-            event.set()
+        for dest, event in self._output_ready.items():
+            parked = self._parked.get(dest)
+            if parked is not None and not parked[0].queued and not event.is_set():
+                self._write_now(dest, *parked)
+            else:
+                event.set()
+
+    def _write_now(self, dest: str, conn: _Conn, budget: int) -> None:
+        """New output to a destination whose send loop is parked with nothing queued:
+        written here, at once, rather than by waking the loop (a task switch or two on
+        every message of a request and its reply). Anything the socket does not take
+        at once wakes the loop, which waits for it to drain and sends the rest."""
+        box = self.intake.outboxes[dest]
+        try:
+            while not conn.queued and (frames := box.take(budget)):
+                conn.write(*frames)
+        except (OSError, ConnectionError, FlowError):
+            pass  # the loop's connection is failing: it finds out and reconnects
+        if conn.queued:
+            self._output_ready[dest].set()
 
     async def _send_loop(self, dest: str) -> None:
         box = self.intake.outboxes[dest]
@@ -334,21 +402,27 @@ class PeerLinks:
             # A frame holds a token and a tag besides the calls (one larger call still
             # goes alone, and is refused by a receiver whose limit it passes).
             budget = min(MAX_FRAME_MESSAGES_BYTES, settings.max_frame_bytes - 16 - TAG_SIZE)
+            ready = self._output_ready[dest]
+            commits.add_done_callback(lambda _: ready.set())
             try:
-                ready = self._output_ready[dest]
                 while not commits.done():
                     frames = box.take(budget)
                     if frames:
                         await conn.send(*frames)
                         continue
+                    await conn.writer.drain()  # what the fast path left in the transport
+                    # Parked: output_ready() writes new output itself while the transport
+                    # is empty, and sets ``ready`` only when there is more for this loop.
                     ready.clear()
-                    waiter = asyncio.create_task(ready.wait())
-                    done, _ = await asyncio.wait(
-                        {waiter, commits}, timeout=keep_alive, return_when=asyncio.FIRST_COMPLETED
-                    )
-                    waiter.cancel()
-                    if not done:  # nothing to send for a while: show the receiver we live
-                        await conn.ping()
+                    self._parked[dest] = (conn, budget)
+                    try:
+                        async with asyncio.timeout(keep_alive):
+                            await ready.wait()
+                    except TimeoutError:
+                        if conn.idle_for() >= keep_alive:  # show the receiver we live
+                            await conn.ping()
+                    finally:
+                        self._parked.pop(dest, None)
                 await commits  # raises what ended the link
             finally:
                 commits.cancel()
@@ -366,7 +440,16 @@ class PeerLinks:
         owed_since = loop.time()
         while True:
             try:
-                payload = await conn.next_frame(idle=idle / 3)
+                async with conn.idle_limit(idle / 3):
+                    while True:
+                        payload = await conn.next_frame()
+                        owed_since = loop.time()
+                        msg, _ = wire.decode_message(payload, 0, wire.Direction.TO_BINDING)
+                        if not isinstance(msg, wire.Commit):
+                            raise LinkError(
+                                f"expected Commit from {dest!r}, got {type(msg).__name__}"
+                            )
+                        box.commit(msg.seq)
             except TimeoutError:
                 owed = (box.cursor or box.first) - box.first
                 if not owed:
@@ -375,12 +458,6 @@ class PeerLinks:
                     raise LinkError(
                         f"{dest!r} confirmed none of the {owed} messages sent to it for {idle:g} s"
                     ) from None
-                continue
-            owed_since = loop.time()
-            msg, _ = wire.decode_message(payload, 0, wire.Direction.TO_BINDING)
-            if not isinstance(msg, wire.Commit):
-                raise LinkError(f"expected Commit from {dest!r}, got {type(msg).__name__}")
-            box.commit(msg.seq)
 
     # --- receiving ------------------------------------------------------------------------
 
@@ -437,13 +514,14 @@ class PeerLinks:
             if durable:
                 await conn.send(wire.encode_message(wire.Commit(durable, durable)))
             log.info("link from %r (%s) open; asked for seq %d on", sender, conn.address, start)
-            while True:
-                payload = await conn.next_frame(idle=settings.idle_timeout_s)
-                if self._inbound.get(sender) is not conn:
-                    return  # replaced by a newer connection
-                self.intake.link_input(sender, payload)
-                self._wake()
-                await self._room()
+            async with conn.idle_limit(settings.idle_timeout_s):
+                while True:
+                    payload = await conn.next_frame()
+                    if self._inbound.get(sender) is not conn:
+                        return  # replaced by a newer connection
+                    self.intake.link_input(sender, payload)
+                    self._wake()
+                    await self._room()
         except (FlowError, wire.ProtocolError) as exc:
             log.warning(
                 "link from %r at %s closed: %s", sender or "an unknown peer", conn.address, exc
@@ -473,22 +551,21 @@ class PeerLinks:
             conn = self._inbound.get(sender)
             if conn is None:
                 continue
+            if conn.queued >= COMMIT_BACKLOG_BYTES:
+                continue  # it reads none: see COMMIT_BACKLOG_BYTES
             seq = self.intake.inbox.durable[sender]
-            task = asyncio.create_task(self._commit(conn, seq))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-
-    async def _commit(self, conn: _Conn, seq: int) -> None:
-        # A link closing under a Commit is normal: the sender reconnects and asks again.
-        with contextlib.suppress(OSError, ConnectionError, FlowError):
-            await conn.send(wire.encode_message(wire.Commit(seq, seq)))
+            # Written at once, not awaited: Commits are small, one per record at most,
+            # and waiting for the transport here would hold up the commit pipeline.
+            # A link closing under a Commit is normal: the sender reconnects, asks again.
+            with contextlib.suppress(OSError, ConnectionError, FlowError):
+                conn.write(wire.encode_message(wire.Commit(seq, seq)))
 
     async def close(self) -> None:
         if self._server is not None:
             self._server.close()
         for conn in list(self._inbound.values()):
             conn.close()
-        tasks = [*self._outbound.values(), *self._tasks]
+        tasks = list(self._outbound.values())
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
