@@ -176,3 +176,19 @@ def test_count_replayable_agrees_with_decoding(
         isinstance(m, IncomingRpc) and m.rpc_type == RpcType.FORK for m in decoded
     )
     assert all(isinstance(m, IncomingRpc) and m.rpc_type != RpcType.ASYNC_AWAIT for m in decoded)
+
+
+def test_a_large_link_call_is_queued_as_a_view_of_the_frame_not_a_copy() -> None:
+    """Calls of 64 KiB and more take the decoding path (the fast path reads sizes of up
+    to two varint bytes); what is queued is then a view of the frame, not a copy."""
+    msgs = [IncomingRpc(7, RpcType.FORK, b"a" * 70_000), IncomingRpc(7, RpcType.FORK, b"b")]
+    data = b"".join(wire.encode_message(m) for m in msgs)
+    intake = Intake(_SELF)
+    assert intake.link_input("b", data) == 2
+    (big,), (small,) = (parts for parts, *_ in intake.pending)
+    assert isinstance(big, memoryview) and big.obj is data
+    assert type(small) is bytes
+    assert [bytes(big), small] == [wire.encode_message(m) for m in msgs]
+    general = Intake(_SELF)
+    _link_general(general, "b", data)
+    assert _state(intake) == _state(general)

@@ -389,7 +389,9 @@ class Intake:
             raise LinkError(f"bad message on a link: {exc}", offset=exc.offset) from None
         for frame in frames:
             seq = self.inbox.accept(sender, 1)
-            self._queue([bytes(frame.raw)], False, sender, seq)
+            # As the reader gave it: a small message a copy of its own, a large one a view
+            # no later feed changes (of ``data``, which is immutable), not copied again.
+            self._queue([frame.raw], False, sender, seq)
         return len(frames)
 
     def take(
