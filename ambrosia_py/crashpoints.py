@@ -127,7 +127,7 @@ def reach(name: str) -> None:
         _arrive(_armed)
 
 
-Target = int | socket.socket | asyncio.StreamWriter  # a file descriptor, a socket, a stream
+Target = int | socket.socket | asyncio.WriteTransport  # a file descriptor, a socket, a transport
 
 
 def reach_midway(
@@ -144,7 +144,7 @@ def _write(target: Target, data: bytes) -> None:
         os.write(target, data)
     elif isinstance(target, socket.socket):
         target.sendall(data)
-    else:  # asyncio sends at once what the socket takes when nothing is queued before it
+    else:  # a transport sends at once what the socket takes when nothing is queued before it
         target.write(data)
 
 

@@ -163,9 +163,13 @@ class _Coordinator:
     async def room_for_input(self) -> None:
         """While the commit loop runs, the readers of the binding and of links wait while
         this much input is pending; TCP then slows their senders down."""
-        while self._committing and self.intake.pending_bytes > self._max_pending:
+        while not self.has_room():
             self._room.clear()
             await self._room.wait()
+
+    def has_room(self) -> bool:
+        """Whether :meth:`room_for_input` would return at once."""
+        return not (self._committing and self.intake.pending_bytes > self._max_pending)
 
     async def read_binding(self) -> None:
         assert self.binding is not None
@@ -195,6 +199,9 @@ class _Coordinator:
             self._failure = exc
         except (ConnectionError, OSError) as exc:
             log.info("binding connection lost: %s", exc)
+        except Exception as exc:  # a bug: stop with it said, never as a clean exit
+            log.exception("reading the binding failed")
+            self._failure = exc
         finally:
             self._eof = True
             self._wake.set()
@@ -467,6 +474,7 @@ class _Coordinator:
             lookup,
             self._wake.set,
             self.room_for_input,
+            self.has_room,
             self.committer_id,
             settings=self.config.link_settings,
             data_dir=self.config.data_dir,

@@ -24,44 +24,24 @@ import contextlib
 import logging
 import secrets
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from .. import crashpoints, wire
-from ..flow import (
-    ConnectionClosed,
-    ConnectPacket,
-    FlowConnection,
-    FlowError,
-    FrameReceived,
-    PeerConnected,
-    Token,
-    WellKnown,
-)
+from .. import wire
+from ..flow import ConnectPacket, FlowConnection, FlowError
 from .ic_core import Intake
-from .link_auth import (
-    AUTH_TOKEN,
-    TAG_SIZE,
-    LinkAuthError,
-    LinkChannel,
-    LinkHandshake,
-    Role,
-    name_digest,
-)
+from .link_auth import TAG_SIZE, LinkAuthError, LinkHandshake, Role, name_digest
 from .link_config import PRE_AUTH_FRAME_LIMIT, LinkSettings, load_secret, tls_contexts
-from .links import LINK_TOKEN, Hello, LinkError, Outbox
+from .link_conn import LinkConn, LinkProtocol
+from .links import Hello, LinkError, Outbox
 
 __all__ = ["PeerLinks"]
 
 log = logging.getLogger("ambrosia_py.coordinator")
 
-READ_SIZE = 256 * 1024
-PRE_AUTH_READ_SIZE = 4096  # what one read takes before the peer has authenticated
 MAX_FRAME_MESSAGES_BYTES = 4 * 1024 * 1024  # output per link frame
 BACKOFF_MIN_S = 0.05
 BACKOFF_MAX_S = 0.5
-PING_TOKEN = Token.well_known(WellKnown.PING)  # keep-alives, tagged like any frame
-_TIMER_SLACK_S = 0.001  # an idle timer firing this early counts as on time
 # A receiver's Commits not taken by its socket beyond which more are not queued: a sender
 # that reads none of them is not worth memory (commits are cumulative; it reconnects).
 COMMIT_BACKLOG_BYTES = 64 * 1024
@@ -75,183 +55,6 @@ def _local_packet(port: int) -> ConnectPacket:
         connection_id=secrets.randbits(64),
         canonical_ipv4=0x7F000001,
     )
-
-
-def _address(writer: asyncio.StreamWriter) -> str:
-    peer = writer.get_extra_info("peername")
-    if isinstance(peer, tuple) and len(peer) >= 2:
-        return f"{peer[0]}:{peer[1]}"
-    return str(peer)
-
-
-class _Conn:
-    """One TCP connection with its flow state and, once authenticated, its tags."""
-
-    def __init__(
-        self,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        flow: FlowConnection,
-        stall_s: float,
-    ):
-        self.reader = reader
-        self.writer = writer
-        self.flow = flow
-        self.stall_s = stall_s
-        self.address = _address(writer)
-        self.channel: LinkChannel | None = None
-        self._events: list[object] = []
-        self._loop = asyncio.get_running_loop()
-        self.last_event = self._loop.time()  # when the last frame (or event) arrived
-        self.last_sent = self.last_event  # when the last frame was written
-
-    async def next_event(self) -> object:
-        while not self._events:
-            size = READ_SIZE if self.channel is not None else PRE_AUTH_READ_SIZE
-            if not self.flow.buffered:
-                data = await self.reader.read(size)
-            else:
-                # A frame has begun: its bytes must keep coming. A flipped bit in a length
-                # (which no checksum covers) would otherwise have us wait, pings and all,
-                # for bytes that never come, until the idle timeout.
-                try:
-                    async with asyncio.timeout(self.stall_s):
-                        data = await self.reader.read(size)
-                except TimeoutError:
-                    raise LinkError(
-                        f"a frame stayed incomplete for {self.stall_s:g} s with "
-                        f"{self.flow.buffered} bytes held (a damaged length, or a peer "
-                        "stopped mid-frame)"
-                    ) from None
-            self._events.extend(self.flow.receive_data(data))
-            if not data and not self._events:
-                return ConnectionClosed(clean=False)
-        self.last_event = self._loop.time()
-        return self._events.pop(0)
-
-    @contextlib.asynccontextmanager
-    async def idle_limit(self, idle: float) -> AsyncIterator[None]:
-        """Raise TimeoutError in the block once ``idle`` seconds pass with no frame.
-
-        One timer per idle period, looked at when it fires, rather than a timeout armed
-        and cancelled around every frame: on a busy link that was a heap push, a cancel
-        and their bookkeeping per message.
-        """
-        loop = self._loop
-        self.last_event = loop.time()
-        timer: asyncio.TimerHandle
-        async with asyncio.timeout(None) as limit:
-
-            def check() -> None:
-                nonlocal timer
-                due = self.last_event + idle
-                if loop.time() >= due - _TIMER_SLACK_S:
-                    limit.reschedule(loop.time())  # expire now: TimeoutError at its await
-                else:
-                    timer = loop.call_at(due, check)
-
-            timer = loop.call_at(self.last_event + idle, check)
-            try:
-                yield
-            finally:
-                timer.cancel()
-
-    async def _next_received(self) -> FrameReceived:
-        event = await self.next_event()
-        if isinstance(event, FrameReceived):
-            return event
-        if isinstance(event, ConnectionClosed):
-            raise ConnectionError("the peer closed the link")
-        raise LinkError(f"unexpected {type(event).__name__} on a link")
-
-    async def next_frame(self) -> memoryview:
-        """The next link message's payload, its tag checked; keep-alives are skipped (a
-        reader that must not wait for ever reads inside :meth:`idle_limit`)."""
-        assert self.channel is not None, "frames are read only after the handshake"
-        while True:
-            event = await self._next_received()
-            payload = self.channel.open(event.token, event.message)
-            if event.token == LINK_TOKEN:
-                return payload
-            if event.token != PING_TOKEN:
-                raise LinkError(f"a frame for token {event.token}, not the link endpoint")
-
-    async def handshake(self) -> ConnectPacket:
-        """Exchange ConnectPackets: the dialer's goes first, the acceptor answers with its
-        own once it has read the dialer's. Returns the peer's packet; raises for a dialed
-        peer that is incompatible (nothing can be sent to it)."""
-        if self.flow.dialer:
-            self.writer.write(self.flow.connect_packet_bytes())
-        event = await self.next_event()
-        if not isinstance(event, PeerConnected):
-            raise LinkError(f"expected the peer's ConnectPacket, got {type(event).__name__}")
-        if not self.flow.dialer:
-            self.writer.write(self.flow.connect_packet_bytes())
-        elif not event.compatible:
-            raise LinkError(
-                f"incompatible peer protocol version {event.packet.protocol_version:#x}"
-            )
-        return event.packet
-
-    async def authenticate(self, handshake: LinkHandshake, max_frame: int) -> None:
-        """Run the secret handshake (:mod:`link_auth`); then allow frames up to
-        ``max_frame`` and tag every frame."""
-        if handshake.role is Role.DIALER:
-            self._send_raw(AUTH_TOKEN, handshake.start())
-        while not handshake.done:
-            event = await self._next_received()
-            if event.token != AUTH_TOKEN:
-                raise LinkAuthError(
-                    f"a frame for token {event.token} before the link handshake was done"
-                )
-            reply = handshake.receive(event.message)
-            if reply is not None:
-                self._send_raw(AUTH_TOKEN, reply)
-        await self.writer.drain()
-        self.channel = handshake.channel()
-        self.flow.max_frame_length = max_frame
-
-    def _send_raw(self, token: Token, message: bytes) -> None:
-        self.writer.writelines(self.flow.send(token, message))
-
-    async def ignore_until_closed(self) -> None:
-        """An incompatible peer: keep its connection open, so it does not keep dialing,
-        and act on nothing it sends (reference flow-transport.md, *Compatibility*)."""
-        while data := await self.reader.read(PRE_AUTH_READ_SIZE):
-            self.flow.receive_data(data)
-
-    async def send(self, *parts: bytes) -> None:
-        """One link frame made of ``parts`` (joined once, with the tag)."""
-        self.write(*parts)
-        await self.writer.drain()
-
-    def write(self, *parts: bytes) -> None:
-        """:meth:`send` without waiting for the transport to drain."""
-        self._write_tagged(LINK_TOKEN, parts)
-
-    async def ping(self) -> None:
-        self._write_tagged(PING_TOKEN, ())
-        await self.writer.drain()
-
-    def idle_for(self) -> float:
-        """Seconds since the last frame was written."""
-        return self._loop.time() - self.last_sent
-
-    @property
-    def queued(self) -> int:
-        """Bytes written but still in the transport, not yet taken by the socket."""
-        return self.writer.transport.get_write_buffer_size()
-
-    def _write_tagged(self, token: Token, parts: tuple[bytes, ...]) -> None:
-        assert self.channel is not None, "frames are sent only after the handshake"
-        tag = self.channel.seal(token, parts)
-        out = self.flow.send(token, b"".join([*parts, tag]))
-        crashpoints.reach_midway("ic.link.mid_send", self.writer, out)
-        self.writer.writelines(out)
-        self.last_sent = self._loop.time()
-
-    def close(self) -> None:
-        self.writer.close()
 
 
 class PeerLinks:
@@ -269,6 +72,7 @@ class PeerLinks:
         lookup: Lookup,
         wake: Callable[[], None],
         room: Callable[[], Awaitable[None]],
+        has_room: Callable[[], bool],
         incarnation: int,
         *,
         settings: LinkSettings | None = None,
@@ -285,19 +89,21 @@ class PeerLinks:
         self._lookup = lookup
         self._wake = wake
         self._room = room  # waits while too much input is pending
+        self._has_room = has_room  # whether it would return at once
         self._server: asyncio.Server | None = None
         self._port = 0
         self._outbound: dict[str, asyncio.Task[None]] = {}
         self._output_ready: dict[str, asyncio.Event] = {}
         # per destination whose send loop waits for output: its connection, frame budget
-        self._parked: dict[str, tuple[_Conn, int]] = {}
-        self._inbound: dict[str, _Conn] = {}  # per sender, its current connection
+        self._parked: dict[str, tuple[LinkConn, int]] = {}
+        self._inbound: dict[str, LinkConn] = {}  # per sender, its current connection
         self._accepted_count = 0  # accepted connections open now, authenticated or not
+        self._accepting: set[asyncio.Task[None]] = set()  # a task per accepted connection
 
     async def listen(self, host: str, port: int = 0) -> int:
         """Accept links on ``host``:``port`` (0: a free port); return the port."""
-        self._server = await asyncio.start_server(
-            self._accepted,
+        self._server = await asyncio.get_running_loop().create_server(
+            lambda: LinkProtocol(self._on_accepted),
             host,
             port,
             ssl=self._tls[0] if self._tls else None,
@@ -328,23 +134,23 @@ class PeerLinks:
         self.intake.new_destinations.clear()
         for dest, event in self._output_ready.items():
             parked = self._parked.get(dest)
-            if parked is not None and not parked[0].queued and not event.is_set():
+            if parked is not None and parked[0].writable_now and not event.is_set():
                 self._write_now(dest, *parked)
             else:
                 event.set()
 
-    def _write_now(self, dest: str, conn: _Conn, budget: int) -> None:
+    def _write_now(self, dest: str, conn: LinkConn, budget: int) -> None:
         """New output to a destination whose send loop is parked with nothing queued:
         written here, at once, rather than by waking the loop (a task switch or two on
         every message of a request and its reply). Anything the socket does not take
         at once wakes the loop, which waits for it to drain and sends the rest."""
         box = self.intake.outboxes[dest]
         try:
-            while not conn.queued and (frames := box.take(budget)):
+            while conn.writable_now and (frames := box.take(budget)):
                 conn.write(*frames)
         except (OSError, ConnectionError, FlowError):
             pass  # the loop's connection is failing: it finds out and reconnects
-        if conn.queued:
+        if not conn.writable_now:
             self._output_ready[dest].set()
 
     async def _send_loop(self, dest: str) -> None:
@@ -378,14 +184,16 @@ class PeerLinks:
     async def _serve_outbound(self, dest: str, box: Outbox, addr: tuple[str, int]) -> None:
         settings = self.settings
         async with asyncio.timeout(settings.handshake_timeout_s):
-            reader, writer = await asyncio.open_connection(
+            transport, protocol = await asyncio.get_running_loop().create_connection(
+                lambda: LinkProtocol(self._connection(dialer=True)),
                 addr[0],
                 addr[1],
                 ssl=self._tls[1] if self._tls else None,
                 ssl_handshake_timeout=settings.handshake_timeout_s if self._tls else None,
             )
-        writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        conn = _Conn(reader, writer, self._flow(dialer=True), settings.handshake_timeout_s)
+        transport.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        conn = protocol.conn
+        assert conn is not None
         try:
             async with asyncio.timeout(settings.handshake_timeout_s):
                 await conn.handshake()
@@ -410,7 +218,7 @@ class PeerLinks:
                     if frames:
                         await conn.send(*frames)
                         continue
-                    await conn.writer.drain()  # what the fast path left in the transport
+                    await conn.drain()  # what the fast path left in the transport
                     # Parked: output_ready() writes new output itself while the transport
                     # is empty, and sets ``ready`` only when there is more for this loop.
                     ready.clear()
@@ -431,25 +239,27 @@ class PeerLinks:
         finally:
             conn.close()
 
-    async def _read_commits(self, dest: str, box: Outbox, conn: _Conn) -> None:
+    async def _read_commits(self, dest: str, box: Outbox, conn: LinkConn) -> None:
         """Apply the receiver's Commits. A receiver that confirms nothing for the idle
         timeout while messages sent to it wait (stopped, or cut off without a FIN) has the
         link closed, and the dialer reconnects; a quiet link with nothing owed stays."""
         idle = self.settings.idle_timeout_s
         loop = asyncio.get_running_loop()
         owed_since = loop.time()
+
+        def commit(payload: memoryview) -> None:  # as each frame is read
+            nonlocal owed_since
+            owed_since = loop.time()
+            msg, _ = wire.decode_message(payload, 0, wire.Direction.TO_BINDING)
+            if not isinstance(msg, wire.Commit):
+                raise LinkError(f"expected Commit from {dest!r}, got {type(msg).__name__}")
+            box.commit(msg.seq)
+
         while True:
             try:
                 async with conn.idle_limit(idle / 3):
-                    while True:
-                        payload = await conn.next_frame()
-                        owed_since = loop.time()
-                        msg, _ = wire.decode_message(payload, 0, wire.Direction.TO_BINDING)
-                        if not isinstance(msg, wire.Commit):
-                            raise LinkError(
-                                f"expected Commit from {dest!r}, got {type(msg).__name__}"
-                            )
-                        box.commit(msg.seq)
+                    await conn.deliver(commit)
+                return
             except TimeoutError:
                 owed = (box.cursor or box.first) - box.first
                 if not owed:
@@ -461,9 +271,25 @@ class PeerLinks:
 
     # --- receiving ------------------------------------------------------------------------
 
-    async def _accepted(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def _connection(self, dialer: bool) -> Callable[[LinkProtocol], None]:
+        """What a new connection's protocol runs once connected: make its LinkConn (at
+        once, so nothing it receives finds no one to take it)."""
+        stall = self.settings.handshake_timeout_s
+
+        def made(protocol: LinkProtocol) -> None:
+            LinkConn(protocol, self._flow(dialer=dialer), stall)
+
+        return made
+
+    def _on_accepted(self, protocol: LinkProtocol) -> None:
+        self._connection(dialer=False)(protocol)
+        assert protocol.conn is not None
+        task = asyncio.create_task(self._accepted(protocol.conn))
+        self._accepting.add(task)
+        task.add_done_callback(self._accepting.discard)
+
+    async def _accepted(self, conn: LinkConn) -> None:
         settings = self.settings
-        conn = _Conn(reader, writer, self._flow(dialer=False), settings.handshake_timeout_s)
         if self._accepted_count >= settings.max_connections:
             log.warning(
                 "link connection from %s refused: %d link connections are open already "
@@ -514,14 +340,7 @@ class PeerLinks:
             if durable:
                 await conn.send(wire.encode_message(wire.Commit(durable, durable)))
             log.info("link from %r (%s) open; asked for seq %d on", sender, conn.address, start)
-            async with conn.idle_limit(settings.idle_timeout_s):
-                while True:
-                    payload = await conn.next_frame()
-                    if self._inbound.get(sender) is not conn:
-                        return  # replaced by a newer connection
-                    self.intake.link_input(sender, payload)
-                    self._wake()
-                    await self._room()
+            await self._take_input(conn, sender)
         except (FlowError, wire.ProtocolError) as exc:
             log.warning(
                 "link from %r at %s closed: %s", sender or "an unknown peer", conn.address, exc
@@ -544,6 +363,35 @@ class PeerLinks:
                 del self._inbound[sender]
             conn.close()
 
+    async def _take_input(self, conn: LinkConn, sender: str) -> None:
+        """Queue the calls of every frame from ``sender`` as it is read, until the link
+        ends or a newer connection from the sender replaces this one. While too much
+        input waits to be logged, the connection is not read (TCP then slows the sender
+        down), and that time does not count as idle."""
+        resuming: asyncio.Task[None] | None = None
+
+        async def resume_when_room() -> None:
+            await self._room()
+            conn.resume_reading()
+
+        def take(payload: memoryview) -> None:
+            nonlocal resuming
+            if self._inbound.get(sender) is not conn:
+                conn.stop_delivering()  # replaced by a newer connection
+                return
+            self.intake.link_input(sender, payload)
+            self._wake()
+            if not self._has_room() and (resuming is None or resuming.done()):
+                conn.pause_reading()
+                resuming = asyncio.create_task(resume_when_room())
+
+        try:
+            async with conn.idle_limit(self.settings.idle_timeout_s):
+                await conn.deliver(take)
+        finally:
+            if resuming is not None:
+                resuming.cancel()
+
     def durable(self, marks: dict[str, int]) -> None:
         """Records holding these senders' messages are durable (the inbox says up to
         where): tell the senders that are connected."""
@@ -551,8 +399,8 @@ class PeerLinks:
             conn = self._inbound.get(sender)
             if conn is None:
                 continue
-            if conn.queued >= COMMIT_BACKLOG_BYTES:
-                continue  # it reads none: see COMMIT_BACKLOG_BYTES
+            if conn.closing or conn.queued >= COMMIT_BACKLOG_BYTES:
+                continue  # gone, or it reads none: see COMMIT_BACKLOG_BYTES
             seq = self.intake.inbox.durable[sender]
             # Written at once, not awaited: Commits are small, one per record at most,
             # and waiting for the transport here would hold up the commit pipeline.
@@ -565,7 +413,7 @@ class PeerLinks:
             self._server.close()
         for conn in list(self._inbound.values()):
             conn.close()
-        tasks = list(self._outbound.values())
+        tasks = [*self._outbound.values(), *self._accepting]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

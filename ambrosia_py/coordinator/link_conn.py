@@ -1,0 +1,442 @@
+"""One link connection between two coordinators: bytes, flow framing, tags, timers.
+
+An :class:`asyncio.Protocol`, not asyncio's streams: ``StreamReader`` copies every chunk
+into its buffer and out again, and wakes the reading task for every frame. Here a
+received chunk goes straight into the flow connection (which keeps it by reference),
+and once a link is authenticated its frames are handed to a handler as they are read,
+inside ``data_received``: on a link carrying a request and its reply, that is one task
+switch fewer per message, and none of the copies.
+
+Before the handshake is done the old rules hold exactly: what an unauthenticated peer
+sends is looked at :data:`PRE_AUTH_READ_SIZE` bytes at a time, and the transport stops
+reading while a chunk of it waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+from collections.abc import AsyncIterator, Callable, Sequence
+
+from .. import crashpoints
+from ..flow import (
+    ConnectionClosed,
+    ConnectPacket,
+    FlowConnection,
+    FrameReceived,
+    PeerConnected,
+    Token,
+    WellKnown,
+)
+from .link_auth import AUTH_TOKEN, LinkAuthError, LinkChannel, LinkHandshake, Role
+from .links import LINK_TOKEN, LinkError
+
+__all__ = ["PING_TOKEN", "PRE_AUTH_READ_SIZE", "LinkConn", "LinkProtocol"]
+
+PRE_AUTH_READ_SIZE = 4096  # what is looked at in one go before the peer authenticated
+PING_TOKEN = Token.well_known(WellKnown.PING)  # keep-alives, tagged like any frame
+_TIMER_SLACK_S = 0.001  # a timer firing this early counts as on time
+
+FrameHandler = Callable[[memoryview], None]
+
+
+class LinkProtocol(asyncio.Protocol):
+    """The transport's side of a :class:`LinkConn`; ``on_made`` runs once connected."""
+
+    def __init__(self, on_made: Callable[[LinkProtocol], None] | None = None) -> None:
+        self._on_made = on_made
+        self.transport: asyncio.Transport | None = None
+        self.conn: LinkConn | None = None
+        self.lost = False
+        self._writable = True
+        self._drainers: list[asyncio.Future[None]] = []
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        if self._on_made is not None:
+            self._on_made(self)
+
+    def data_received(self, data: bytes) -> None:
+        if self.conn is not None:
+            self.conn._received(data)
+
+    def eof_received(self) -> bool:
+        if self.conn is not None:
+            self.conn._received(b"")
+        return False  # close our side too
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        if self.conn is not None:
+            self.conn._received(b"", exc)  # exc: a reset, a TLS alert or a bad record
+        self._wake_drainers()
+
+    def pause_writing(self) -> None:
+        self._writable = False
+
+    def resume_writing(self) -> None:
+        self._writable = True
+        self._wake_drainers()
+
+    async def drain(self) -> None:
+        """Wait while the transport holds more than its high-water mark."""
+        if self.lost:
+            raise ConnectionResetError("the link connection is closed")
+        if not self._writable:
+            waiter = asyncio.get_running_loop().create_future()
+            self._drainers.append(waiter)
+            await waiter
+            if self.lost:
+                raise ConnectionResetError("the link connection is closed")
+
+    def _wake_drainers(self) -> None:
+        drainers, self._drainers = self._drainers, []
+        for waiter in drainers:
+            if not waiter.done():
+                waiter.set_result(None)
+
+
+class LinkConn:
+    """One link connection with its flow state and, once authenticated, its tags."""
+
+    def __init__(self, protocol: LinkProtocol, flow: FlowConnection, stall_s: float) -> None:
+        assert protocol.transport is not None
+        self.transport = protocol.transport
+        self._protocol = protocol
+        protocol.conn = self
+        self.flow = flow
+        self.stall_s = stall_s
+        peer = self.transport.get_extra_info("peername")
+        self.address = (
+            f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else str(peer)
+        )
+        self.channel: LinkChannel | None = None
+        self._loop = asyncio.get_running_loop()
+        self.last_event = self._loop.time()  # when the last frame (or event) arrived
+        self.last_sent = self.last_event  # when the last frame was written
+        self._chunks: collections.deque[bytes] = collections.deque()  # not yet looked at
+        self._ended = False  # the stream ended (EOF or lost)
+        self._events: list[object] = []
+        self._waiter: asyncio.Future[None] | None = None
+        self._error: BaseException | None = None  # what ended the connection
+        self._handler: FrameHandler | None = None  # frames go here once delivering
+        self._done: asyncio.Future[None] | None = None  # what deliver() waits for
+        self._stopped = False  # stop_delivering() was called
+        self._paused = False  # pause_reading() was called, resume_reading() not yet
+        self._lost: Exception | None = None  # the error that ended the stream (handshake)
+        self._stall_timer: asyncio.TimerHandle | None = None
+        self._last_bytes = self.last_event
+
+    # -- receiving ---------------------------------------------------------------------
+
+    def _received(self, data: bytes, lost: Exception | None = None) -> None:
+        """Bytes from the transport; ``b""`` at the end of the stream, with ``lost`` the
+        error that ended it, if one did (raised as streams raised it on a read)."""
+        if lost is not None and self._error is None and not self._stopped:
+            if self._handler is None:
+                self._lost = lost  # next_event raises it once it reaches the end
+            else:
+                self._end(lost)
+                return
+        if self._ended:
+            return
+        if not data:
+            self._ended = True
+        if self._handler is None:  # the handshake: looked at when asked for, in pieces
+            self._chunks.append(data)
+            if data and not self._protocol.lost:
+                self.transport.pause_reading()
+            self._wake()
+            return
+        self._feed(data)
+
+    def _feed(self, data: bytes) -> None:
+        """Delivering: frames of ``data`` to the handler now."""
+        assert self.channel is not None and self._handler is not None
+        try:
+            self._deliver(self.flow.receive_data(data))
+        except Exception as exc:  # a bad frame or tag, a handler refusing: the link ends
+            self._end(exc)
+            return
+        self._last_bytes = self._loop.time()
+        if self.flow.buffered and self._stall_timer is None:
+            self._stall_timer = self._loop.call_at(self._last_bytes + self.stall_s, self._stall)
+
+    def _deliver(self, events: Sequence[object]) -> None:
+        assert self.channel is not None and self._handler is not None
+        for event in events:
+            self.last_event = self._loop.time()
+            if isinstance(event, ConnectionClosed):
+                raise ConnectionError("the peer closed the link")
+            if not isinstance(event, FrameReceived):
+                raise LinkError(f"unexpected {type(event).__name__} on a link")
+            payload = self.channel.open(event.token, event.message)
+            if event.token == LINK_TOKEN:
+                self._handler(payload)
+                if self._stopped or self._error is not None:
+                    return  # the handler ended the link
+            elif event.token != PING_TOKEN:
+                raise LinkError(f"a frame for token {event.token}, not the link endpoint")
+
+    def _stall(self) -> None:
+        """A frame has begun: its bytes must keep coming. A flipped bit in a length (which
+        no checksum covers) would otherwise have us wait, pings and all, for bytes that
+        never come, until the idle timeout."""
+        self._stall_timer = None
+        if not self.flow.buffered or self._stopped or self._error is not None:
+            return
+        due = self._last_bytes + self.stall_s
+        if self._loop.time() < due - _TIMER_SLACK_S:
+            self._stall_timer = self._loop.call_at(due, self._stall)
+            return
+        self._end(
+            LinkError(
+                f"a frame stayed incomplete for {self.stall_s:g} s with {self.flow.buffered} "
+                "bytes held (a damaged length, or a peer stopped mid-frame)"
+            )
+        )
+
+    def _end(self, exc: BaseException) -> None:
+        """The link ends with ``exc``: for deliver() to raise, now or when next called."""
+        if self._error is None:
+            self._error = exc
+        if self._done is not None and not self._done.done():
+            self._done.set_exception(exc)
+        self.transport.close()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def next_event(self) -> object:
+        """The next flow event, before delivery starts (the handshake)."""
+        while not self._events:
+            if not self._chunks:
+                if self._ended:
+                    if self._lost is not None:
+                        raise self._lost
+                    self._events.extend(self.flow.receive_data(b""))
+                    if not self._events:
+                        return ConnectionClosed(clean=False)
+                    break
+                self._waiter = self._loop.create_future()
+                try:
+                    if self.flow.buffered:  # a frame has begun: see _stall
+                        try:
+                            async with asyncio.timeout(self.stall_s):
+                                await self._waiter
+                        except TimeoutError:
+                            raise LinkError(
+                                f"a frame stayed incomplete for {self.stall_s:g} s with "
+                                f"{self.flow.buffered} bytes held (a damaged length, or a "
+                                "peer stopped mid-frame)"
+                            ) from None
+                    else:
+                        await self._waiter
+                finally:
+                    self._waiter = None
+                continue
+            chunk = self._chunks.popleft()
+            if len(chunk) > PRE_AUTH_READ_SIZE:
+                self._chunks.appendleft(chunk[PRE_AUTH_READ_SIZE:])
+                chunk = chunk[:PRE_AUTH_READ_SIZE]
+            if not self._chunks and not self._ended:
+                self._resume_transport()
+            if chunk:
+                self._events.extend(self.flow.receive_data(chunk))
+        self.last_event = self._loop.time()
+        return self._events.pop(0)
+
+    async def _next_received(self) -> FrameReceived:
+        event = await self.next_event()
+        if isinstance(event, FrameReceived):
+            return event
+        if isinstance(event, ConnectionClosed):
+            raise ConnectionError("the peer closed the link")
+        raise LinkError(f"unexpected {type(event).__name__} on a link")
+
+    async def next_frame(self) -> memoryview:
+        """The next link message's payload, its tag checked, keep-alives skipped: for
+        the messages of the link's own start (hello, ReplayFrom), before delivery."""
+        assert self.channel is not None, "frames are read only after the handshake"
+        while True:
+            event = await self._next_received()
+            payload = self.channel.open(event.token, event.message)
+            if event.token == LINK_TOKEN:
+                return payload
+            if event.token != PING_TOKEN:
+                raise LinkError(f"a frame for token {event.token}, not the link endpoint")
+
+    async def deliver(self, handler: FrameHandler) -> None:
+        """Hand every further link message's payload to ``handler`` as it is read, until
+        the link ends: raises what ended it (``ConnectionError`` when the peer closed
+        it), or returns once :meth:`stop_delivering` was called. Wrap it in
+        :meth:`idle_limit` so a quiet peer does not hold it for ever."""
+        assert self.channel is not None, "frames are delivered only after the handshake"
+        self._done = self._loop.create_future()
+        if self._handler is None:  # the first call: what the handshake's reads left
+            self._handler = handler
+            events, self._events = self._events, []
+            try:
+                self._deliver(events)
+            except Exception as exc:
+                self._end(exc)
+            while self._chunks and self._error is None and not self._stopped:
+                self._feed(self._chunks.popleft())
+            if self._error is None and not self._stopped and not self._paused:
+                self._resume_transport()  # the handshake's reads paused it
+        if self._error is not None:
+            raise self._error
+        if self._stopped:
+            return
+        await self._done
+
+    def stop_delivering(self) -> None:
+        """End :meth:`deliver` without an error (a newer connection replaced this one)."""
+        self._stopped = True
+        if self._done is not None and not self._done.done():
+            self._done.set_result(None)
+
+    def pause_reading(self) -> None:
+        """Stop reading for now (back-pressure); a pause is never idleness."""
+        self._paused = True
+        if not self._protocol.lost:
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self._paused:  # the idle time counts from now, as if a frame had come
+            self._paused = False
+            self.last_event = self._loop.time()
+        self._resume_transport()
+
+    def _resume_transport(self) -> None:
+        if not self._protocol.lost:
+            self.transport.resume_reading()
+
+    @contextlib.asynccontextmanager
+    async def idle_limit(self, idle: float) -> AsyncIterator[None]:
+        """Raise TimeoutError in the block once ``idle`` seconds pass with no frame.
+
+        One timer per idle period, looked at when it fires, rather than a timeout armed
+        and cancelled around every frame: on a busy link that was a heap push, a cancel
+        and their bookkeeping per message.
+        """
+        loop = self._loop
+        self.last_event = loop.time()
+        timer: asyncio.TimerHandle
+        async with asyncio.timeout(None) as limit:
+
+            def check() -> None:
+                nonlocal timer
+                due = max(self.last_event, loop.time() if self._paused else 0.0) + idle
+                if loop.time() >= due - _TIMER_SLACK_S:
+                    limit.reschedule(loop.time())  # expire now: TimeoutError at its await
+                else:
+                    timer = loop.call_at(due, check)
+
+            timer = loop.call_at(self.last_event + idle, check)
+            try:
+                yield
+            finally:
+                timer.cancel()
+
+    # -- the connection's start ----------------------------------------------------------
+
+    async def handshake(self) -> ConnectPacket:
+        """Exchange ConnectPackets: the dialer's goes first, the acceptor answers with its
+        own once it has read the dialer's. Returns the peer's packet; raises for a dialed
+        peer that is incompatible (nothing can be sent to it)."""
+        if self.flow.dialer:
+            self.transport.write(self.flow.connect_packet_bytes())
+        event = await self.next_event()
+        if not isinstance(event, PeerConnected):
+            raise LinkError(f"expected the peer's ConnectPacket, got {type(event).__name__}")
+        if not self.flow.dialer:
+            self.transport.write(self.flow.connect_packet_bytes())
+        elif not event.compatible:
+            raise LinkError(
+                f"incompatible peer protocol version {event.packet.protocol_version:#x}"
+            )
+        return event.packet
+
+    async def authenticate(self, handshake: LinkHandshake, max_frame: int) -> None:
+        """Run the secret handshake (:mod:`link_auth`); then allow frames up to
+        ``max_frame`` and tag every frame."""
+        if handshake.role is Role.DIALER:
+            self._send_raw(AUTH_TOKEN, handshake.start())
+        while not handshake.done:
+            event = await self._next_received()
+            if event.token != AUTH_TOKEN:
+                raise LinkAuthError(
+                    f"a frame for token {event.token} before the link handshake was done"
+                )
+            reply = handshake.receive(event.message)
+            if reply is not None:
+                self._send_raw(AUTH_TOKEN, reply)
+        await self.drain()
+        self.channel = handshake.channel()
+        self.flow.max_frame_length = max_frame
+
+    def _send_raw(self, token: Token, message: bytes) -> None:
+        self.transport.writelines(self.flow.send(token, message))
+
+    async def ignore_until_closed(self) -> None:
+        """An incompatible peer: keep its connection open, so it does not keep dialing,
+        and act on nothing it sends (reference flow-transport.md, *Compatibility*)."""
+        while not isinstance(await self.next_event(), ConnectionClosed):
+            pass
+
+    # -- sending -------------------------------------------------------------------------
+
+    async def send(self, *parts: bytes) -> None:
+        """One link frame made of ``parts`` (joined once, with the tag)."""
+        self.write(*parts)
+        await self.drain()
+
+    def write(self, *parts: bytes) -> None:
+        """:meth:`send` without waiting for the transport to drain."""
+        self._write_tagged(LINK_TOKEN, parts)
+
+    async def ping(self) -> None:
+        self._write_tagged(PING_TOKEN, ())
+        await self.drain()
+
+    async def drain(self) -> None:
+        await self._protocol.drain()
+
+    def idle_for(self) -> float:
+        """Seconds since the last frame was written."""
+        return self._loop.time() - self.last_sent
+
+    @property
+    def queued(self) -> int:
+        """Bytes written but still in the transport, not yet taken by the socket."""
+        if self.closing:  # a lost TLS transport cannot even say (it raises)
+            return 0
+        return self.transport.get_write_buffer_size()
+
+    @property
+    def closing(self) -> bool:
+        """Whether the connection is closed or closing: writes would go nowhere."""
+        return self._protocol.lost or self.transport.is_closing()
+
+    @property
+    def writable_now(self) -> bool:
+        """Open, and nothing waiting in the transport: a write goes out at once."""
+        return not self.closing and not self.transport.get_write_buffer_size()
+
+    def _write_tagged(self, token: Token, parts: tuple[bytes, ...]) -> None:
+        assert self.channel is not None, "frames are sent only after the handshake"
+        tag = self.channel.seal(token, parts)
+        out = self.flow.send(token, b"".join([*parts, tag]))
+        crashpoints.reach_midway("ic.link.mid_send", self.transport, out)
+        self.transport.writelines(out)
+        self.last_sent = self._loop.time()
+
+    def close(self) -> None:
+        if self._stall_timer is not None:
+            self._stall_timer.cancel()
+            self._stall_timer = None
+        self._end(ConnectionError("the link connection was closed"))
