@@ -98,6 +98,15 @@ class LinkProtocol(asyncio.Protocol):
                 waiter.set_result(None)
 
 
+def _frame(event: object) -> FrameReceived:
+    """``event`` if it is a frame; the end of the stream, or anything else, raises."""
+    if isinstance(event, FrameReceived):
+        return event
+    if isinstance(event, ConnectionClosed):
+        raise ConnectionError("the peer closed the link")
+    raise LinkError(f"unexpected {type(event).__name__} on a link")
+
+
 class LinkConn:
     """One link connection with its flow state and, once authenticated, its tags."""
 
@@ -165,20 +174,25 @@ class LinkConn:
             self._stall_timer = self._loop.call_at(self._last_bytes + self.stall_s, self._stall)
 
     def _deliver(self, events: Sequence[object]) -> None:
-        assert self.channel is not None and self._handler is not None
+        assert self._handler is not None
         for event in events:
             self.last_event = self._loop.time()
-            if isinstance(event, ConnectionClosed):
-                raise ConnectionError("the peer closed the link")
-            if not isinstance(event, FrameReceived):
-                raise LinkError(f"unexpected {type(event).__name__} on a link")
-            payload = self.channel.open(event.token, event.message)
-            if event.token == LINK_TOKEN:
+            payload = self._link_payload(event)
+            if payload is not None:
                 self._handler(payload)
                 if self._stopped or self._error is not None:
                     return  # the handler ended the link
-            elif event.token != PING_TOKEN:
-                raise LinkError(f"a frame for token {event.token}, not the link endpoint")
+
+    def _link_payload(self, event: object) -> memoryview | None:
+        """A link message's payload, its tag checked; None for a keep-alive."""
+        assert self.channel is not None, "link messages come only after the handshake"
+        frame = _frame(event)
+        payload = self.channel.open(frame.token, frame.message)
+        if frame.token == LINK_TOKEN:
+            return payload
+        if frame.token != PING_TOKEN:
+            raise LinkError(f"a frame for token {frame.token}, not the link endpoint")
+        return None
 
     def _stall(self) -> None:
         """A frame has begun: its bytes must keep coming. A flipped bit in a length (which
@@ -191,11 +205,12 @@ class LinkConn:
         if self._loop.time() < due - _TIMER_SLACK_S:
             self._stall_timer = self._loop.call_at(due, self._stall)
             return
-        self._end(
-            LinkError(
-                f"a frame stayed incomplete for {self.stall_s:g} s with {self.flow.buffered} "
-                "bytes held (a damaged length, or a peer stopped mid-frame)"
-            )
+        self._end(self._stalled())
+
+    def _stalled(self) -> LinkError:
+        return LinkError(
+            f"a frame stayed incomplete for {self.stall_s:g} s with {self.flow.buffered} "
+            "bytes held (a damaged length, or a peer stopped mid-frame)"
         )
 
     def _end(self, exc: BaseException) -> None:
@@ -228,11 +243,7 @@ class LinkConn:
                             async with asyncio.timeout(self.stall_s):
                                 await self._waiter
                         except TimeoutError:
-                            raise LinkError(
-                                f"a frame stayed incomplete for {self.stall_s:g} s with "
-                                f"{self.flow.buffered} bytes held (a damaged length, or a "
-                                "peer stopped mid-frame)"
-                            ) from None
+                            raise self._stalled() from None
                     else:
                         await self._waiter
                 finally:
@@ -249,25 +260,12 @@ class LinkConn:
         self.last_event = self._loop.time()
         return self._events.pop(0)
 
-    async def _next_received(self) -> FrameReceived:
-        event = await self.next_event()
-        if isinstance(event, FrameReceived):
-            return event
-        if isinstance(event, ConnectionClosed):
-            raise ConnectionError("the peer closed the link")
-        raise LinkError(f"unexpected {type(event).__name__} on a link")
-
     async def next_frame(self) -> memoryview:
         """The next link message's payload, its tag checked, keep-alives skipped: for
         the messages of the link's own start (hello, ReplayFrom), before delivery."""
-        assert self.channel is not None, "frames are read only after the handshake"
-        while True:
-            event = await self._next_received()
-            payload = self.channel.open(event.token, event.message)
-            if event.token == LINK_TOKEN:
-                return payload
-            if event.token != PING_TOKEN:
-                raise LinkError(f"a frame for token {event.token}, not the link endpoint")
+        while (payload := self._link_payload(await self.next_event())) is None:
+            pass
+        return payload
 
     async def deliver(self, handler: FrameHandler) -> None:
         """Hand every further link message's payload to ``handler`` as it is read, until
@@ -367,7 +365,7 @@ class LinkConn:
         if handshake.role is Role.DIALER:
             self._send_raw(AUTH_TOKEN, handshake.start())
         while not handshake.done:
-            event = await self._next_received()
+            event = _frame(await self.next_event())
             if event.token != AUTH_TOKEN:
                 raise LinkAuthError(
                     f"a frame for token {event.token} before the link handshake was done"
