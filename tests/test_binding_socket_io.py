@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ambrosia_py.binding.socket_io import IOV_MAX, SocketStream, open_socket
+from ambrosia_py.binding.socket_io import SocketStream, open_socket
+from ambrosia_py.iov import IOV_MAX
 
 DEADLINE = 30.0  # seconds a wait may take before the test fails (never a time assertion)
 

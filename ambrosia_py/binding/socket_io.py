@@ -27,12 +27,12 @@ from itertools import islice
 from typing import Any, Final, TypeVar
 
 from .. import crashpoints
+from ..iov import IOV_MAX, advance, send_all
 from ..wire import Payload as Buffer
 
-__all__ = ["HIGH_WATER", "IOV_MAX", "READ_SIZE", "SocketStream", "open_socket"]
+__all__ = ["HIGH_WATER", "READ_SIZE", "SocketStream", "open_socket"]
 
 READ_SIZE: Final = 256 * 1024  # bytes asked of one recv (asyncio's transports ask as much)
-IOV_MAX: Final = 1024  # buffers per sendmsg call (Linux's UIO_MAXIOV)
 # drain() waits while more than this is queued. Queued buffers are the encoder's own (no
 # copy), so the mark bounds memory the binding holds anyway, not memory it adds; it is
 # large enough that the binding goes on handling records while the coordinator takes a
@@ -192,7 +192,7 @@ class SocketStream:
                 self._fail(exc)
                 return
             self._queued -= sent
-            _advance(queue, sent)
+            advance(queue, sent)
             if sent < size:  # the socket is full
                 break
         if queue and not self._writing:
@@ -235,10 +235,8 @@ class SocketStream:
             return
         self._sock.setblocking(True)
         try:
-            while self._queue:
-                sent = self._sock.sendmsg(list(islice(self._queue, IOV_MAX)))
-                self._queued -= sent
-                _advance(self._queue, sent)
+            send_all(self._sock, self._queue)
+            self._queued = 0
             crashpoints.reach_midway(name, self._sock, parts)
         except OSError as exc:
             self._fail(exc)
@@ -263,15 +261,3 @@ class SocketStream:
             if not waiter.done():
                 waiter.set_result(at_end)
         self._sock.close()
-
-
-def _advance(queue: deque[Buffer], sent: int) -> None:
-    """Drop ``sent`` bytes from the front of ``queue``; a buffer cut in two leaves a view
-    of its rest (no copy)."""
-    while sent:
-        size = len(queue[0])
-        if sent < size:
-            queue[0] = memoryview(queue[0])[sent:]
-            return
-        queue.popleft()
-        sent -= size

@@ -17,10 +17,13 @@ import concurrent.futures
 import contextlib
 import logging
 import socket
+from collections import deque
 from collections.abc import Awaitable, Callable
+from itertools import islice
 from typing import Any
 
 from .. import crashpoints, wire
+from ..iov import IOV_MAX, advance, send_all
 from ..wire import CONTROL_SEQ, Message
 from .binding_auth import PREAMBLE_SIZE, Socket, TokenGate
 
@@ -29,7 +32,6 @@ __all__ = ["BindingGoneError", "BindingLink", "Listener", "connect_binding"]
 log = logging.getLogger("ambrosia_py.coordinator")
 
 READ_SIZE = 256 * 1024
-_IOV_MAX = 1024  # buffers per sendmsg call
 PREAMBLE_TIMEOUT = 5.0  # seconds a connection has to prove the token
 MAX_UNPROVEN = 16  # connections proving the token at once; a new one evicts the oldest
 
@@ -151,23 +153,6 @@ class Listener:
             sock.close()
 
 
-def _advance(views: list[memoryview], sent: int) -> None:
-    """Drop ``sent`` bytes from the front of ``views``."""
-    while sent:
-        if sent >= len(views[0]):
-            sent -= len(views[0])
-            views.pop(0)
-        else:
-            views[0] = views[0][sent:]
-            sent = 0
-
-
-def _sendmsg_all(sock: socket.socket, views: list[memoryview]) -> None:
-    """Send every buffer, blocking, without joining them (the sender thread's job)."""
-    while views:
-        _advance(views, sock.sendmsg(views[:_IOV_MAX]))
-
-
 class BindingLink:
     """The binding's two connections.
 
@@ -246,14 +231,15 @@ class BindingLink:
         """
         if self.gone:
             return
-        views = [memoryview(p).cast("B") for p in parts if len(p)]
+        views: deque[wire.Payload] = deque(memoryview(p).cast("B") for p in parts if len(p))
         if self._last is None or self._last.done():
             if self._last is not None and self._last.exception() is not None:
                 self.gone = True
                 return
             crashpoints.reach_midway("ic.forward.mid_send", self._send, views)
             try:
-                _advance(views, self._send.sendmsg(views[:_IOV_MAX], [], socket.MSG_DONTWAIT))
+                first = list(islice(views, IOV_MAX))
+                advance(views, self._send.sendmsg(first, [], socket.MSG_DONTWAIT))
             except BlockingIOError:
                 pass
             except OSError:
@@ -263,7 +249,7 @@ class BindingLink:
                 self._last = None
                 return
         loop = asyncio.get_running_loop()
-        self._last = loop.run_in_executor(self._sender, _sendmsg_all, self._send, views)
+        self._last = loop.run_in_executor(self._sender, send_all, self._send, views)
 
     @property
     def flushed(self) -> bool:

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .. import crashpoints
+from ..iov import IOV_MAX
 from .errors import CorruptLogError, InstanceLockedError, StorageError
 from .logindex import EVERY_BYTES, INDEX_PREFIX, IndexWriter, index_path_for
 from .logscan import LogScan, TailDamage
@@ -53,7 +54,6 @@ CHECKPOINT_PREFIX = "serverchkpt"
 LOCK_FILE = "serverkillFile"
 _LOG_NAME = re.compile(rf"{LOG_PREFIX}([1-9][0-9]*)")
 _CHECKPOINT_NAME = re.compile(rf"{CHECKPOINT_PREFIX}([1-9][0-9]*)")
-_IOV_MAX = 1024  # Linux's limit on buffers per writev
 
 
 def _views(parts: Sequence[bytes | bytearray | memoryview]) -> list[memoryview]:
@@ -73,7 +73,7 @@ def _write_all(fd: int, parts: Sequence[bytes | bytearray | memoryview]) -> int:
     total = 0
     i = 0
     while i < len(views):
-        written = os.writev(fd, views[i : i + _IOV_MAX])
+        written = os.writev(fd, views[i : i + IOV_MAX])
         total += written
         # Drop what was written; a short write leaves a part half done.
         while written and i < len(views):

@@ -1,0 +1,36 @@
+"""Buffers written as they are, never joined: the queue a socket sends them from.
+
+Shared by the binding's sockets (``binding/socket_io.py``), the coordinator's socket to
+its binding (``coordinator/binding_link.py``) and its log files (``storage.py``).
+"""
+
+from __future__ import annotations
+
+import socket
+from collections import deque
+from itertools import islice
+from typing import Final
+
+from .wire import Payload
+
+__all__ = ["IOV_MAX", "advance", "send_all"]
+
+IOV_MAX: Final = 1024  # buffers per sendmsg or writev call (Linux's UIO_MAXIOV)
+
+
+def advance(queue: deque[Payload], sent: int) -> None:
+    """Drop ``sent`` bytes from the front of ``queue``; a buffer cut in two leaves a view
+    of its rest (no copy)."""
+    while sent:
+        size = len(queue[0])
+        if sent < size:
+            queue[0] = memoryview(queue[0])[sent:]
+            return
+        queue.popleft()
+        sent -= size
+
+
+def send_all(sock: socket.socket, queue: deque[Payload]) -> None:
+    """Send every buffer of ``queue`` on a blocking socket, resuming after short sends."""
+    while queue:
+        advance(queue, sock.sendmsg(list(islice(queue, IOV_MAX))))
