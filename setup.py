@@ -17,8 +17,15 @@ def _extensions() -> list[Extension]:
     for source in sorted((_HERE / "ambrosia_py").rglob("_c*.c")):
         relative = source.relative_to(_HERE)
         name = ".".join(relative.with_suffix("").parts)
+        headers = [str(h.relative_to(_HERE)) for h in sorted(source.parent.glob("*.h"))]
         found.append(
-            Extension(name, [str(relative)], extra_compile_args=["-O2", "-std=c11"], optional=True)
+            Extension(
+                name,
+                [str(relative)],
+                depends=headers,
+                extra_compile_args=["-O2", "-std=c11"],
+                optional=True,
+            )
         )
     return found
 

@@ -17,7 +17,7 @@ import asyncio
 import inspect
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .. import crashpoints, wire
@@ -173,11 +173,20 @@ async def serve(
     try:
         while data := await reader.read():
             records.feed(data)  # a fresh bytes: kept by reference, not copied
-            for record in records:
+            while True:
+                # A run of records made only of calls is handled in one go (one write of
+                # what they produce, one drain); any other record is read and handled
+                # alone. Replay is mostly such runs.
+                run: Sequence[tuple[int, Sequence[wire.Message]]] = records.take_calls()
+                if not run:
+                    record = records.next_record()
+                    if record is None:
+                        break
+                    run = [(record.seq, record.messages)]
                 try:
-                    out = d.handle(record)
+                    out = d.handle_run(run)
                 except Exception as exc:
-                    raise record_failure(d, record.seq, exc) from exc
+                    raise record_failure(d, d.record_seq, exc) from exc
                 if out:  # most replayed records produce nothing: no write, no drain
                     send(out)
                     await writer.drain()

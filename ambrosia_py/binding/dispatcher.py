@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import pickle
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -120,44 +120,56 @@ class Dispatcher(DispatcherState):
         self.me: Proxy | None = None  # the immortal's proxy for itself, made once
         self.keys = KeyTable()  # ingress outcomes by idempotency key: state, checkpointed
         self.ingress_answer: IngressAnswer | None = None  # set by the ingress (ingress/)
+        self.record_seq = 0  # the record being handled (see handle_run)
 
     # -- the record stream ---------------------------------------------------------------
 
     def handle(self, record: LogRecord) -> list[Message]:
-        """Process one record from the coordinator; return the messages to send back.
+        """Process one record from the coordinator; return the messages to send back."""
+        return self.handle_run([(record.seq, record.messages)])
 
-        The real event loop is hidden for the whole record (handlers run one after the
+    def handle_run(self, run: Sequence[tuple[int, Sequence[Message]]]) -> list[Message]:
+        """Process records given as (seq, messages), one after the other, as :meth:`handle`
+        would one by one; return the messages to send back for all of them, in order.
+        While it runs, :attr:`record_seq` is the sequence id of the record being handled.
+
+        The real event loop is hidden for the whole run (handlers run one after the
         other, synchronously): a handler that reaches for it gets a clear error, and
-        hiding it once per record rather than per message keeps the hot path short.
+        hiding it once per run rather than per message keeps the hot path short.
         """
         self._out = []
         loop = asyncio.events._get_running_loop()
         asyncio.events._set_running_loop(None)
         self._loop_hidden = True
+        methods = type(self.immortal).rpc_methods()
         try:
-            for msg in record.messages:
-                # Inline, the common case: a fork or impulse to a plain (sync) handler
-                # with pickled arguments. Anything else, or arguments that do not unpickle
-                # as (args, kwargs), takes the general path, which says what went wrong.
-                if type(msg) is IncomingRpc and msg.rpc_type is not RpcType.ASYNC_AWAIT:
-                    spec = type(self.immortal).rpc_methods().get(msg.method_id)
-                    if spec is not None and not spec.is_async and spec.codec == "pickle":
-                        try:
-                            args, kwargs = pickle.loads(msg.args)
-                            method = getattr(self.immortal, spec.name)
-                        except Exception:
-                            self._message(msg, record.seq)
+            for seq, messages in run:
+                self.record_seq = seq
+                for msg in messages:
+                    # Inline, the common case: a fork or impulse to a plain (sync) handler
+                    # with pickled arguments. Anything else, or arguments that do not
+                    # unpickle as (args, kwargs), takes the general path, which says what
+                    # went wrong.
+                    if type(msg) is IncomingRpc and msg.rpc_type is not RpcType.ASYNC_AWAIT:
+                        spec = methods.get(msg.method_id)
+                        if spec is not None and not spec.is_async and spec.codec == "pickle":
+                            try:
+                                args, kwargs = pickle.loads(msg.args)
+                                method = getattr(self.immortal, spec.name)
+                            except Exception:
+                                self._message(msg, seq)
+                                continue
+                            self._tail.append(msg)
+                            self._in_handler = True
+                            try:
+                                method(*args, **kwargs)
+                            except Exception as exc:
+                                self._finish(spec, None, None, exc)
+                            finally:
+                                self._in_handler = False
                             continue
-                        self._tail.append(msg)
-                        self._in_handler = True
-                        try:
-                            method(*args, **kwargs)
-                        except Exception as exc:
-                            self._finish(spec, None, None, exc)
-                        finally:
-                            self._in_handler = False
-                        continue
-                self._message(msg, record.seq)
+                    self._message(msg, seq)
+                    methods = type(self.immortal).rpc_methods()  # an upgrade changes them
         finally:
             self._loop_hidden = False
             asyncio.events._set_running_loop(loop)

@@ -20,95 +20,7 @@
 #include <stdint.h>
 #include <string.h>
 
-/* ---- XXH64 -------------------------------------------------------------------------- */
-
-#define P1 0x9E3779B185EBCA87ULL
-#define P2 0xC2B2AE3D27D4EB4FULL
-#define P3 0x165667B19E3779F9ULL
-#define P4 0x85EBCA77C2B2AE63ULL
-#define P5 0x27D4EB2F165667C5ULL
-
-static inline uint64_t rotl64(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
-
-static inline uint64_t rd64(const unsigned char *p)
-{
-    uint64_t v;
-    memcpy(&v, p, 8);
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-    v = __builtin_bswap64(v);
-#endif
-    return v;
-}
-
-static inline uint32_t rd32(const unsigned char *p)
-{
-    uint32_t v;
-    memcpy(&v, p, 4);
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-    v = __builtin_bswap32(v);
-#endif
-    return v;
-}
-
-static inline uint64_t xround(uint64_t acc, uint64_t lane)
-{
-    acc += lane * P2;
-    acc = rotl64(acc, 31);
-    return acc * P1;
-}
-
-static inline uint64_t xmerge(uint64_t acc, uint64_t v)
-{
-    acc ^= xround(0, v);
-    return acc * P1 + P4;
-}
-
-static uint64_t xxh64(const unsigned char *p, size_t len, uint64_t seed)
-{
-    const unsigned char *end = p + len;
-    uint64_t acc;
-    if (len >= 32) {
-        uint64_t v1 = seed + P1 + P2, v2 = seed + P2, v3 = seed, v4 = seed - P1;
-        const unsigned char *limit = end - 32;
-        do {
-            v1 = xround(v1, rd64(p));
-            v2 = xround(v2, rd64(p + 8));
-            v3 = xround(v3, rd64(p + 16));
-            v4 = xround(v4, rd64(p + 24));
-            p += 32;
-        } while (p <= limit);
-        acc = rotl64(v1, 1) + rotl64(v2, 7) + rotl64(v3, 12) + rotl64(v4, 18);
-        acc = xmerge(acc, v1);
-        acc = xmerge(acc, v2);
-        acc = xmerge(acc, v3);
-        acc = xmerge(acc, v4);
-    }
-    else {
-        acc = seed + P5;
-    }
-    acc += (uint64_t)len;
-    while (end - p >= 8) {
-        acc ^= xround(0, rd64(p));
-        acc = rotl64(acc, 27) * P1 + P4;
-        p += 8;
-    }
-    if (end - p >= 4) {
-        acc ^= (uint64_t)rd32(p) * P1;
-        acc = rotl64(acc, 23) * P2 + P3;
-        p += 4;
-    }
-    while (p < end) {
-        acc ^= (uint64_t)(*p) * P5;
-        acc = rotl64(acc, 11) * P1;
-        p++;
-    }
-    acc ^= acc >> 33;
-    acc *= P2;
-    acc ^= acc >> 29;
-    acc *= P3;
-    acc ^= acc >> 32;
-    return acc;
-}
+#include "xxh64.h"
 
 /* ---- configuration: the twin's classes --------------------------------------------- */
 
@@ -291,15 +203,22 @@ static PyObject *parse_tail(const Ctx *c, Py_ssize_t *pos)
     return make(T_tail, names, vals, 2);
 }
 
-/* The clean record at *pos as a RawRecord (new reference), advancing *pos and the
- * context's committer and next seq. NULL and no error: not clean, or incomplete (the
- * twin reads it); NULL and an error: a real failure. */
-static PyObject *parse_one(Ctx *c, Py_ssize_t *pos)
+/* Whether the record at ``at`` is clean up to the end of its body: a complete header
+ * with a length in the right form and range, the expected committer and sequence id, and
+ * (when verifying) matching check bytes. Fills in its fields (``length`` as a positive
+ * count of bytes, header included); never raises. */
+typedef struct {
+    int32_t committer;
+    int64_t length;
+    uint64_t check;
+    int64_t seq;
+} Head;
+
+static int clean_head(const Ctx *c, Py_ssize_t at, Head *r)
 {
     const unsigned char *d = c->data;
-    Py_ssize_t at = *pos;
     if (c->size - at < HEADER_SIZE)
-        return NULL;
+        return 0;
     const unsigned char *h = d + at;
     int32_t committer = (int32_t)rd32(h);
     int64_t length = (int32_t)rd32(h + 4);
@@ -307,31 +226,59 @@ static PyObject *parse_one(Ctx *c, Py_ssize_t *pos)
     int64_t seq = rd_i64(h + 16);
     if (c->on_disk) {
         if (length >= 0)
-            return NULL;
+            return 0;
         length = -length - 1;
     }
     if (length < HEADER_SIZE || length > c->max_record || length >= HAND_OVER ||
         length > c->size - at)
-        return NULL;
+        return 0;
     if (c->have_committer && committer != c->committer)
-        return NULL;
+        return 0;
     if (seq == INT64_MAX) /* its successor does not fit: the twin's business */
-        return NULL;
+        return 0;
     if (seq < 0) {
         if (c->on_disk || (seq != -1 && seq != -2))
-            return NULL;
+            return 0;
     }
     else if (c->have_next && seq != c->next_seq)
-        return NULL;
+        return 0;
     if (c->verify) {
         if (seq == -2) {
             if (check != 0)
-                return NULL;
+                return 0;
         }
         else if (xxh64(h + HEADER_SIZE, (size_t)(length - HEADER_SIZE), 0) != check)
-            return NULL;
+            return 0;
     }
-    Py_ssize_t end = at + (Py_ssize_t)length;
+    r->committer = committer;
+    r->length = length;
+    r->check = check;
+    r->seq = seq;
+    return 1;
+}
+
+/* A clean record was taken: the next must carry its committer and (logged) the next seq. */
+static void took(Ctx *c, const Head *r)
+{
+    c->have_committer = 1;
+    c->committer = r->committer;
+    if (r->seq >= 0) {
+        c->have_next = 1;
+        c->next_seq = r->seq + 1;
+    }
+}
+
+/* The clean record at *pos as a RawRecord (new reference), advancing *pos and the
+ * context's committer and next seq. NULL and no error: not clean, or incomplete (the
+ * twin reads it); NULL and an error: a real failure. */
+static PyObject *parse_one(Ctx *c, Py_ssize_t *pos)
+{
+    Py_ssize_t at = *pos;
+    Head r;
+    if (!clean_head(c, at, &r))
+        return NULL;
+    const unsigned char *h = c->data + at;
+    Py_ssize_t end = at + (Py_ssize_t)r.length;
     PyObject *tail;
     if (c->on_disk) {
         tail = parse_tail(c, &end);
@@ -346,8 +293,8 @@ static PyObject *parse_one(Ctx *c, Py_ssize_t *pos)
         tail = Py_None;
         Py_INCREF(tail);
     }
-    PyObject *hvals[4] = {PyLong_FromLong(committer), PyLong_FromLongLong(length),
-                          PyLong_FromUnsignedLongLong(check), PyLong_FromLongLong(seq)};
+    PyObject *hvals[4] = {PyLong_FromLong(r.committer), PyLong_FromLongLong(r.length),
+                          PyLong_FromUnsignedLongLong(r.check), PyLong_FromLongLong(r.seq)};
     PyObject *hnames[4] = {S_committer_id, S_length, S_check, S_seq};
     PyObject *rvals[4] = {make(T_header, hnames, hvals, 4),
                           PyBytes_FromStringAndSize((const char *)h, end - at),
@@ -357,12 +304,7 @@ static PyObject *parse_one(Ctx *c, Py_ssize_t *pos)
     if (rec == NULL)
         return NULL;
     *pos = end;
-    c->have_committer = 1;
-    c->committer = committer;
-    if (seq >= 0) {
-        c->have_next = 1;
-        c->next_seq = seq + 1;
-    }
+    took(c, &r);
     return rec;
 }
 
@@ -421,6 +363,19 @@ static int parse_args(PyObject *const *args, Ctx *c, Py_buffer *view, Py_ssize_t
     return 1;
 }
 
+/* The state after taking records from ``start`` to ``pos``: (pos, committer, next_seq),
+ * or the caller's own (args 1, 5, 6) when nothing was taken. */
+static PyObject *state_after(PyObject *const *args, const Ctx *c, Py_ssize_t start,
+                             Py_ssize_t pos)
+{
+    if (pos == start) /* nothing taken: the caller's state stands */
+        return PyTuple_Pack(3, args[1], args[5], args[6]);
+    PyObject *next = c->have_next ? PyLong_FromLongLong(c->next_seq) : Py_NewRef(Py_None);
+    if (next == NULL)
+        return NULL;
+    return Py_BuildValue("(niN)", pos, (int)c->committer, next);
+}
+
 static PyObject *py_take_raws(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 10 || !PyList_Check(args[9])) {
@@ -457,12 +412,86 @@ static PyObject *py_take_raws(PyObject *self, PyObject *const *args, Py_ssize_t 
         }
         PyBuffer_Release(&view);
     }
-    if (pos == start) /* nothing taken: the caller's state stands */
-        return PyTuple_Pack(3, args[1], args[5], args[6]);
-    PyObject *next = c.have_next ? PyLong_FromLongLong(c.next_seq) : Py_NewRef(Py_None);
-    if (next == NULL)
+    return state_after(args, &c, start, pos);
+}
+
+/* take_calls: the clean logged records (wire form, sequence id 0 or more) whose bodies
+ * ``decode`` (decoding's C loop over fork and impulse calls) reads to the end, each as
+ * (seq, [calls]) appended to ``out``. It stops *before* any other record, which the
+ * caller reads the general way (RecordReader.next_record); each record taken is copied
+ * out once, and its calls' arguments are views of that copy. */
+static PyObject *py_take_calls(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 11 || !PyCallable_Check(args[9]) || !PyList_Check(args[10])) {
+        PyErr_SetString(PyExc_TypeError, "take_calls() takes 9 arguments, a decoder and a list");
         return NULL;
-    return Py_BuildValue("(niN)", pos, (int)c.committer, next);
+    }
+    Py_ssize_t limit = PyLong_AsSsize_t(args[8]);
+    if (limit == -1 && PyErr_Occurred())
+        return NULL;
+    PyObject *decode = args[9], *out = args[10];
+    Ctx c;
+    Py_buffer view;
+    Py_ssize_t pos;
+    int ok = parse_args(args, &c, &view, &pos);
+    if (ok < 0)
+        return NULL;
+    Py_ssize_t start = pos;
+    if (ok > 0 && c.on_disk) {
+        PyBuffer_Release(&view);
+        ok = 0; /* the wire form only */
+    }
+    if (ok > 0) {
+        PyObject *header_size = PyLong_FromLong(HEADER_SIZE);
+        if (header_size == NULL) {
+            PyBuffer_Release(&view);
+            return NULL;
+        }
+        int failed = 0;
+        Head r;
+        while (PyList_GET_SIZE(out) < limit && clean_head(&c, pos, &r) && r.seq >= 0) {
+            PyObject *record = NULL, *mv = NULL, *calls = NULL, *end = NULL, *at = NULL;
+            PyObject *item = NULL, *seq = NULL;
+            int taken = 0;
+            record = PyBytes_FromStringAndSize((const char *)c.data + pos, (Py_ssize_t)r.length);
+            mv = record == NULL ? NULL : PyMemoryView_FromObject(record);
+            calls = PyList_New(0);
+            end = PyLong_FromLongLong(r.length);
+            if (mv == NULL || calls == NULL || end == NULL)
+                goto next;
+            PyObject *call_args[4] = {mv, header_size, end, calls};
+            at = PyObject_Vectorcall(decode, call_args, 4, NULL);
+            if (at == NULL)
+                goto next;
+            int whole = PyObject_RichCompareBool(at, end, Py_EQ);
+            if (whole <= 0) /* -1: an error; 0: not only calls, left for the caller */
+                goto next;
+            seq = PyLong_FromLongLong(r.seq);
+            item = seq == NULL ? NULL : PyTuple_Pack(2, seq, calls);
+            if (item == NULL || PyList_Append(out, item) < 0)
+                goto next;
+            taken = 1;
+        next:
+            Py_XDECREF(item);
+            Py_XDECREF(seq);
+            Py_XDECREF(at);
+            Py_XDECREF(end);
+            Py_XDECREF(calls);
+            Py_XDECREF(mv);
+            Py_XDECREF(record);
+            if (!taken) {
+                failed = PyErr_Occurred() != NULL;
+                break;
+            }
+            pos += (Py_ssize_t)r.length;
+            took(&c, &r);
+        }
+        Py_DECREF(header_size);
+        PyBuffer_Release(&view);
+        if (failed)
+            return NULL;
+    }
+    return state_after(args, &c, start, pos);
 }
 
 static PyObject *py_disk_to_wire(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
@@ -517,6 +546,11 @@ static PyMethodDef methods[] = {
      "take_raws(data, pos, consumed, on_disk, verify, committer, next_seq, max_record, "
      "limit, out)\nAppend the clean records from pos to out (until it holds limit); "
      "return (pos, committer, next_seq) after them."},
+    {"take_calls", (PyCFunction)(void (*)(void))py_take_calls, METH_FASTCALL,
+     "take_calls(data, pos, consumed, on_disk, verify, committer, next_seq, max_record, "
+     "limit, decode, out)\nAppend (seq, calls) for each clean logged record from pos whose "
+     "body decode(view, 24, length, calls) reads to the end, until out holds limit; stop "
+     "before any other record; return (pos, committer, next_seq) after those taken."},
     {"disk_to_wire", (PyCFunction)(void (*)(void))py_disk_to_wire, METH_FASTCALL,
      "disk_to_wire(raw, length): the wire form of an on-disk record's first length bytes."},
     {NULL, NULL, 0, NULL},

@@ -50,7 +50,7 @@ from .messages import (
 )
 from .varint import decode_zigzag_int, decode_zigzag_long
 
-__all__ = ["decode_message", "decode_messages"]
+__all__ = ["calls_decoder", "decode_message", "decode_messages"]
 
 
 def _read_name(mv: memoryview, pos: int, end: int, field: str) -> tuple[str, int]:
@@ -359,3 +359,10 @@ def _load_decode_calls() -> Callable[[memoryview, int, int, list[Message]], int]
 
 
 _decode_calls = _load_decode_calls()
+
+
+def calls_decoder() -> Callable[[memoryview, int, int, list[Message]], int] | None:
+    """The C loop :func:`decode_messages` runs over incoming fork and impulse calls: given
+    ``(view, pos, end, out)`` it appends the calls it reads to ``out`` and returns where it
+    stopped (``end`` when the calls are all there is). None where it is not built."""
+    return _decode_calls

@@ -19,7 +19,7 @@ from types import ModuleType
 import attrs
 
 from .. import accel
-from .decoding import decode_message, decode_messages
+from .decoding import calls_decoder, decode_message, decode_messages
 from .errors import (
     CheckpointSizeError,
     CommitterError,
@@ -34,8 +34,10 @@ from .messages import (
     Checkpoint,
     CheckpointHeader,
     Direction,
+    IncomingRpc,
     Message,
     MessageType,
+    RpcType,
 )
 from .records import (
     CHECKPOINT_SEQ,
@@ -176,6 +178,8 @@ _crecords = accel.load("ambrosia_py.wire._crecords")
 if _crecords is not None:
     _crecords.configure(RecordHeader, RawRecord, DiskRecordTail, Watermark, TrimWatermark)
 
+_calls_decoder = calls_decoder()  # the C loop over fork and impulse calls, if built
+
 _BATCH = 256  # records per :meth:`RecordReader.next_raws` call, by default
 
 
@@ -302,6 +306,56 @@ class RecordReader:
             limit,
             out,
         )
+
+    def take_calls(self, limit: int = _BATCH) -> list[tuple[int, list[Message]]]:
+        """The next records made only of incoming fork and impulse calls, as (seq, calls),
+        up to ``limit``: the records and messages :meth:`next_record` would give, without
+        a :class:`LogRecord` each. Stops at the first other record (a control record, a
+        checkpoint, a reply, anything unclean or incomplete), which :meth:`next_record`
+        then reads; errors, too, are its to raise."""
+        if self._failed is not None or self._pending is not None or self._on_disk:
+            return []
+        c = self._accel
+        if c is None or _calls_decoder is None or self._direction is not Direction.TO_BINDING:
+            return self._take_calls_pure(limit)
+        out: list[tuple[int, list[Message]]] = []
+        buf = self._buf
+        buf.pos, self._committer, self._next_seq = c.take_calls(
+            buf.data,
+            buf.pos,
+            buf.consumed,
+            False,
+            self._verify,
+            self._committer,
+            self._next_seq,
+            self._max_record,
+            limit,
+            _calls_decoder,
+            out,
+        )
+        return out
+
+    def _take_calls_pure(self, limit: int) -> list[tuple[int, list[Message]]]:
+        """:meth:`take_calls`' pure-Python twin. It reads the record it stops at, too, and
+        keeps it for :meth:`next_record` (``_pending``), so that it is decoded once."""
+        out: list[tuple[int, list[Message]]] = []
+        while len(out) < limit:
+            try:
+                raw = self._next_raw_pure()
+            except ProtocolError:
+                if out:
+                    return out  # ``_failed`` holds the error for the next call
+                raise
+            if raw is None:
+                break
+            messages = self.decode(raw)
+            if raw.seq < 0 or not all(
+                type(m) is IncomingRpc and m.rpc_type is not RpcType.ASYNC_AWAIT for m in messages
+            ):
+                self._pending = (raw, messages)
+                break
+            out.append((raw.seq, messages))
+        return out
 
     def _next_raw_pure(self) -> RawRecord | None:
         """:meth:`next_raw`'s pure-Python twin: every record, clean or not."""
