@@ -45,6 +45,9 @@ BACKOFF_MAX_S = 0.5
 # A receiver's Commits not taken by its socket beyond which more are not queued: a sender
 # that reads none of them is not worth memory (commits are cumulative; it reconnects).
 COMMIT_BACKLOG_BYTES = 64 * 1024
+# How long Commits wait to go as one: much less than the idle timeout (a sender closes a
+# link that confirms nothing for that long), enough to leave the critical path.
+COMMIT_DELAY_S = 0.01
 
 Lookup = Callable[[str], Awaitable[tuple[str, int] | None]]
 
@@ -97,6 +100,8 @@ class PeerLinks:
         # per destination whose send loop waits for output: its connection, frame budget
         self._parked: dict[str, tuple[LinkConn, int]] = {}
         self._inbound: dict[str, LinkConn] = {}  # per sender, its current connection
+        self._commit_due: set[str] = set()  # senders owed a Commit (see durable)
+        self._commit_timer: asyncio.TimerHandle | None = None
         self._accepted_count = 0  # accepted connections open now, authenticated or not
         self._accepting: set[asyncio.Task[None]] = set()  # a task per accepted connection
 
@@ -394,21 +399,40 @@ class PeerLinks:
 
     def durable(self, marks: dict[str, int]) -> None:
         """Records holding these senders' messages are durable (the inbox says up to
-        where): tell the senders that are connected."""
-        for sender in marks:
+        where): tell the senders, once the records are forwarded (see :meth:`_commit`)."""
+        self._commit_due.update(marks)
+        if self._commit_timer is None:
+            self._commit_timer = asyncio.get_running_loop().call_later(
+                COMMIT_DELAY_S, self._commit
+            )
+
+    def _commit(self) -> None:
+        """Send each connected sender whose messages were made durable a Commit up to where
+        its messages are durable now.
+
+        Commits are cumulative, so the ones due within :data:`COMMIT_DELAY_S` go as one
+        per sender, after the records are forwarded: written at once by the commit
+        pipeline they cost a frame (a tag, a send and a wake-up of the sender) per record,
+        and stood between a durable record and its binding."""
+        self._commit_timer = None
+        due, self._commit_due = self._commit_due, set()
+        for sender in due:
             conn = self._inbound.get(sender)
             if conn is None:
                 continue
             if conn.closing or conn.queued >= COMMIT_BACKLOG_BYTES:
                 continue  # gone, or it reads none: see COMMIT_BACKLOG_BYTES
             seq = self.intake.inbox.durable[sender]
-            # Written at once, not awaited: Commits are small, one per record at most,
-            # and waiting for the transport here would hold up the commit pipeline.
-            # A link closing under a Commit is normal: the sender reconnects, asks again.
+            # Written at once, not awaited: waiting for the transport here would hold up
+            # the commit pipeline. A link closing under a Commit is normal: the sender
+            # reconnects and asks again.
             with contextlib.suppress(OSError, ConnectionError, FlowError):
                 conn.write(wire.encode_message(wire.Commit(seq, seq)))
 
     async def close(self) -> None:
+        if self._commit_timer is not None:
+            self._commit_timer.cancel()
+            self._commit_timer = None
         if self._server is not None:
             self._server.close()
         for conn in list(self._inbound.values()):
