@@ -402,9 +402,7 @@ class PeerLinks:
         where): tell the senders, once the records are forwarded (see :meth:`_commit`)."""
         self._commit_due.update(marks)
         if self._commit_timer is None:
-            self._commit_timer = asyncio.get_running_loop().call_later(
-                COMMIT_DELAY_S, self._commit
-            )
+            self._commit_timer = asyncio.get_running_loop().call_later(COMMIT_DELAY_S, self._commit)
 
     def _commit(self) -> None:
         """Send each connected sender whose messages were made durable a Commit up to where
