@@ -100,6 +100,23 @@ def test_scan_streams_in_small_chunks_and_learns_the_committer(files: InstanceFi
     assert result.committer_id == COMMITTER and result.next_seq == 10
 
 
+def test_batches_are_the_records_in_runs_with_the_counts_after_each(
+    files: InstanceFiles,
+) -> None:
+    write_log(files, 1, range(600), size=40)  # more records than one run of the reader
+    result = files.scan_log(1, committer_id=None, next_seq=0, last=True, repair=False)
+    runs = []
+    for run in result.batches():
+        runs.append([r.seq for r in run])
+        last = run[-1]
+        assert result.records == sum(len(r) for r in runs)
+        assert result.next_seq == last.seq + 1
+        assert result.end_offset == last.offset + len(last.raw)
+    assert len(runs) > 1
+    assert [s for run in runs for s in run] == list(range(600))
+    assert result.end_offset == files.log_path(1).stat().st_size and result.done
+
+
 def test_append_writes_many_parts_and_large_records(files: InstanceFiles) -> None:
     big = wire.encode_disk_record(COMMITTER, 0, body(0, 3 * 1024 * 1024), WATERMARKS)
     # More buffers than one writev takes, some of them memoryviews and empty.

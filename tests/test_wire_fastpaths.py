@@ -55,6 +55,21 @@ def test_decoded_fast_path_calls_equal_constructed_ones(calls: list[IncomingRpc]
     assert [repr(d) for d in decoded] == [repr(c) for c in calls]
 
 
+def test_small_calls_own_their_arguments_and_large_ones_are_views() -> None:
+    """Under 16 KiB (the fast path) a call's arguments are bytes of their own, so the
+    record they came in is not kept alive by them; above, views of it, not copied."""
+    small = IncomingRpc(5, RpcType.FORK, b"s" * 100)
+    large = IncomingRpc(5, RpcType.IMPULSE, b"L" * 20_000)
+    data = bytearray(wire.encode_message(small) + wire.encode_message(large))
+    got = wire.decode_messages(data, 0, len(data))
+    assert got == [small, large]
+    assert type(got[0].args) is bytes  # type: ignore[union-attr]
+    big = got[1].args  # type: ignore[union-attr]
+    assert isinstance(big, memoryview) and big.obj is data
+    data[-1] = 0  # the view sees the buffer; the copy does not
+    assert got[0] == small and bytes(big)[-1] == 0
+
+
 @given(
     st.text(max_size=20),
     st.integers(-(2**31), 2**31 - 1),

@@ -231,7 +231,11 @@ class BindingLink:
         """
         if self.gone:
             return
-        views: deque[wire.Payload] = deque(memoryview(p).cast("B") for p in parts if len(p))
+        # Counted in bytes, as the socket counts what it took: views of other item sizes
+        # are cast to bytes (bytes, the common case, are taken as they are).
+        views: deque[wire.Payload] = deque(
+            p if type(p) is bytes else memoryview(p).cast("B") for p in parts if len(p)
+        )
         if self._last is None or self._last.done():
             if self._last is not None and self._last.exception() is not None:
                 self.gone = True

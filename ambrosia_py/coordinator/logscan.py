@@ -128,6 +128,12 @@ class LogScan:
         self.done = False
 
     def __iter__(self) -> Iterator[wire.RawRecord]:
+        for raws in self.batches():
+            yield from raws
+
+    def batches(self) -> Iterator[list[wire.RawRecord]]:
+        """The records in runs, as the reader takes them (iterating record by record costs
+        a generator step each). The counts above are updated per run."""
         if self._started:
             raise StorageError(f"scan of {self.path} is already under way or done")
         self._started = True
@@ -139,7 +145,7 @@ class LogScan:
             pass
         return self
 
-    def _scan(self) -> Iterator[wire.RawRecord]:
+    def _scan(self) -> Iterator[list[wire.RawRecord]]:
         try:
             fd = os.open(self.path, os.O_RDONLY)
         except FileNotFoundError:
@@ -160,14 +166,14 @@ class LogScan:
                     self._damaged(fd, size, exc)
                     break
                 if raws:
-                    for raw in raws:
-                        # What the reader's offset and next seq were after this record:
-                        # on disk every record is logged (seq >= 0) and ends its raw bytes.
-                        self.records += 1
-                        self.end_offset = raw.offset + len(raw.raw)
-                        self.next_seq = raw.header.seq + 1
-                        self.committer_id = raw.header.committer_id
-                        yield raw
+                    # What the reader's offset and next seq were after the last record: on
+                    # disk every record is logged (seq >= 0) and ends its raw bytes.
+                    last = raws[-1]
+                    self.records += len(raws)
+                    self.end_offset = last.offset + len(last.raw)
+                    self.next_seq = last.header.seq + 1
+                    self.committer_id = last.header.committer_id
+                    yield raws
                     continue
                 if read_to >= size:
                     if reader.buffered:

@@ -238,7 +238,8 @@ cdecode_decode_calls(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             goto error;
         }
         set_slot(call, SLOT_METHOD, method_obj);
-        PyObject *args_obj = PySequence_GetSlice(mv, q + 1, stop);
+        /* A copy of its own, as the pure loop makes it (see _decode_messages_py). */
+        PyObject *args_obj = PyBytes_FromStringAndSize((const char *)b + q + 1, stop - q - 1);
         if (args_obj == NULL) {
             Py_DECREF(call);
             goto error;

@@ -8,7 +8,9 @@ reads the bare messages a binding sends its coordinator.
 Both are sans-IO: no sockets, no files. ``feed()`` appends bytes; ``next_*()`` returns the
 next complete unit or ``None`` when more bytes are needed; ``close()`` says the stream
 ended and raises :class:`TruncatedInputError` if it ended inside a unit. Each record is copied
-out of the input buffer once; the messages decoded from it are views into that copy.
+out of the input buffer once; the messages decoded from it are views into that copy,
+except the arguments of fork and impulse calls under 16 KiB, copied out on their own
+(see :func:`~.decoding.decode_messages`).
 """
 
 from __future__ import annotations
