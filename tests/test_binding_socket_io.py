@@ -205,3 +205,43 @@ def test_reach_midway_does_nothing_unless_its_point_is_armed() -> None:
             assert await read_all(peer, 4) == b"sent"
 
     asyncio.run(main())
+
+
+def test_the_socket_stays_watched_between_reads_and_is_dropped_with_no_reader() -> None:
+    """Request and answer: one registration for many reads; bytes arriving with no
+    reader waiting unregister the socket (no loop spinning) and a later read gets them."""
+
+    async def main() -> None:
+        async with tcp_pair() as (stream, peer):
+            loop = asyncio.get_running_loop()
+            registered: list[int] = []
+            add_reader = loop.add_reader
+
+            def counting(fd: int, *args: object) -> None:
+                registered.append(fd)
+                add_reader(fd, *args)  # type: ignore[arg-type]
+
+            loop.add_reader = counting  # type: ignore[method-assign,assignment]
+            for i in range(20):
+                reading = asyncio.ensure_future(stream.read())
+                await asyncio.sleep(0)  # it waits: nothing sent yet
+                peer.send(b"%d;" % i)
+                assert await asyncio.wait_for(reading, DEADLINE) == b"%d;" % i
+            assert len(registered) == 1
+            # Readable with no reader: the callback drops the registration once.
+            peer.send(b"later")
+            for _ in range(100):
+                await asyncio.sleep(0.001)
+                if not stream._watching:
+                    break
+            assert not stream._watching
+            assert await asyncio.wait_for(stream.read(), DEADLINE) == b"later"
+            # Closing ends a waiting read with b"" and unregisters the socket.
+            reading = asyncio.ensure_future(stream.read())
+            await asyncio.sleep(0)
+            assert stream._watching
+            stream.close()
+            assert await asyncio.wait_for(reading, DEADLINE) == b""
+            assert not stream._watching
+
+    asyncio.run(main())

@@ -89,7 +89,9 @@ class SocketStream:
         self._queued = 0  # bytes in _queue
         self._writing = False  # a writable callback is registered
         self._drainers: list[asyncio.Future[None]] = []
-        self._reading: tuple[asyncio.Future[Any], object] | None = None  # and its end value
+        # the waiting read: its future, what it gets at the end, how it reads
+        self._reading: tuple[asyncio.Future[Any], object, Callable[[], Any]] | None = None
+        self._watching = False  # the socket is registered with the loop for reading
         self._error: OSError | None = None  # the write that found the peer gone
         self._closed = False
 
@@ -106,7 +108,13 @@ class SocketStream:
         return await self._receive(partial(self._sock.recv, n), b"")
 
     async def _receive(self, recv: Callable[[], _T], at_end: _T) -> _T:
-        """``recv()`` once the socket is readable; ``at_end`` once closed."""
+        """``recv()`` once the socket is readable; ``at_end`` once closed.
+
+        The socket stays registered with the loop between reads while readers keep
+        coming (a request and its answer: two system calls and the selector's
+        bookkeeping saved per read); it is dropped only when it turns readable with no
+        reader waiting, which would otherwise wake the loop again and again.
+        """
         if self._closed:
             return at_end
         try:
@@ -114,19 +122,22 @@ class SocketStream:
         except BlockingIOError:
             pass
         waiter: asyncio.Future[_T] = self._loop.create_future()
-        self._reading = (waiter, at_end)
-        self._loop.add_reader(self._fd, self._readable, waiter, recv)
+        self._reading = (waiter, at_end, recv)
+        if not self._watching:
+            self._loop.add_reader(self._fd, self._readable)
+            self._watching = True
         try:
             return await waiter
         finally:
             self._reading = None
-            if not self._closed:
-                self._loop.remove_reader(self._fd)
 
-    @staticmethod
-    def _readable(waiter: asyncio.Future[_T], recv: Callable[[], _T]) -> None:
-        if waiter.done():  # answered, its reader not resumed yet
+    def _readable(self) -> None:
+        reading = self._reading
+        if reading is None or reading[0].done():  # no one to read for: stop watching
+            self._loop.remove_reader(self._fd)
+            self._watching = False
             return
+        waiter, _, recv = reading
         try:
             data = recv()
         except BlockingIOError:
@@ -255,9 +266,11 @@ class SocketStream:
             self._flush()
         self._drop_queue()
         self._closed = True
-        if self._reading is not None:
-            waiter, at_end = self._reading
+        if self._watching:
             self._loop.remove_reader(self._fd)
+            self._watching = False
+        if self._reading is not None:
+            waiter, at_end, _ = self._reading
             if not waiter.done():
                 waiter.set_result(at_end)
         self._sock.close()
