@@ -222,8 +222,9 @@ def _check_decode(buf: Any, pos: int, end: int, direction: Direction) -> None:
         assert got[1] == want[1]
 
 
-def _check_count(body: Any) -> None:
-    assert _outcome(routing.count_replayable, body) == _outcome(routing._count_replayable_py, body)
+def _check_count(body: Any, start: int = 0) -> None:
+    got = _outcome(routing.count_replayable, body, start)
+    assert got == _outcome(routing._count_replayable_py, body, start)
 
 
 @given(_bodies(), st.data())
@@ -255,6 +256,10 @@ def test_fast_path_edges_match(parts: list[bytes]) -> None:
 def test_count_replayable_matches_its_pure_twin(body: bytes, data: Any) -> None:
     _check_count(body)
     _check_count(data.draw(_buffers(body)))
+    # From a start inside a longer buffer: what a record's header is followed by.
+    head = data.draw(st.binary(max_size=30))
+    _check_count(head + body, len(head))
+    assert routing.count_replayable(head + body, len(head)) == routing._count_replayable_py(body)
 
 
 @given(st.lists(_incoming_rpcs(), max_size=10))
@@ -294,6 +299,11 @@ def test_c_refuses_buffers_it_is_not_written_for() -> None:
     assert out == []
     assert _cdecode.count_replayable(memoryview(body).cast("c")) == -2
     assert _cdecode.count_replayable(b"\x08\x00\x01") == -1
+    for start in (-1, len(body) + 1, 2**70):
+        assert _cdecode.count_replayable(body, start) == -2  # type: ignore[arg-type]
+    assert _cdecode.count_replayable(body, len(body)) == 0
+    with pytest.raises(TypeError):
+        _cdecode.count_replayable(body, 0, 0)  # type: ignore[call-arg]
 
 
 @_needs_c

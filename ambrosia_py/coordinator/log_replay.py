@@ -18,7 +18,7 @@ from .. import accel, wire
 from .binding_link import BindingLink
 from .ic_core import IcState
 from .routing import count_replayable
-from .storage import CorruptLogError, InstanceFiles
+from .storage import InstanceFiles
 
 __all__ = ["Replayed", "replay_log"]
 
@@ -27,9 +27,11 @@ log = logging.getLogger("ambrosia_py.coordinator")
 
 def _replayable(record: wire.Payload) -> int:
     """How many of a record's messages (in wire form) are replayable (not impulses)."""
-    body = memoryview(record)[wire.HEADER_SIZE :]
-    n = count_replayable(body)  # forks and impulses, the common case, without decoding
-    return _count_replayable(wire.decode_messages(body, 0, len(body))) if n is None else n
+    n = count_replayable(record, wire.HEADER_SIZE)  # forks and impulses, without decoding
+    if n is None:
+        body = memoryview(record)[wire.HEADER_SIZE :]
+        return _count_replayable(wire.decode_messages(body, 0, len(body)))
+    return n
 
 
 def _count_replayable(messages: Iterable[wire.Message]) -> int:
@@ -63,17 +65,16 @@ def _link_marks(raw: wire.RawRecord) -> dict[str, int]:
     return {w.name: w.last_seq + 1 for w in raw.tail.watermarks}
 
 
-# Replayed records go to the binding in batches of up to this many records or bytes:
-# a send per record cost a tenth of the coordinator's replay time.
-_BATCH_RECORDS = 256
-_BATCH_BYTES = 1 << 20
-_JOIN_BELOW = 4096  # a batch whose records average fewer bytes goes as one joined buffer
+# A run of replayed records whose records average fewer bytes than this goes to the
+# binding as one joined buffer (one buffer to the socket rather than one each, for the
+# cost of copying a few bytes); larger ones go as they are.
+_JOIN_BELOW = 4096
 
 
-async def _send(binding: BindingLink, batch: list[wire.Payload], size: int) -> None:
-    """One send of a batch of records: small ones joined (one buffer to the socket
-    rather than one each, for the cost of copying a few bytes), large ones as they are."""
-    await binding.send([b"".join(batch)] if size < _JOIN_BELOW * len(batch) else batch)
+async def _send(binding: BindingLink, forms: list[bytes]) -> None:
+    """One send of a run of records (a send per record cost a tenth of replay's time)."""
+    size = sum(map(len, forms))
+    await binding.send([b"".join(forms)] if size < _JOIN_BELOW * len(forms) else [*forms])
 
 
 @attrs.frozen
@@ -102,37 +103,25 @@ async def replay_log(
         scan = files.scan_log(
             n, committer_id=state.committer_id, next_seq=next_seq, last=n == logs[-1], repair=repair
         )
-        batch: list[wire.Payload] = []  # records sent together: one send per batch
-        batched = 0
-        try:
-            for raws in scan.batches():
-                for raw in raws:
-                    if to_wire is None:
-                        record = _wire_form(raw)
-                    else:
-                        record = to_wire(raw.raw, raw.header.length)
-                    batch.append(record)
-                    batched += len(record)
-                    if len(batch) >= _BATCH_RECORDS or batched >= _BATCH_BYTES:
-                        await _send(binding, batch, batched)
-                        batch, batched = [], 0
-                    # Messages from other instances' links are replayable too, but not the
-                    # binding's outputs: the watermarks say how many of them the record
-                    # holds.
-                    tail = raw.tail
-                    if tail is not None and tail.watermarks:  # none: nothing from links
-                        marks = _link_marks(raw)
-                        from_links = sum(seq - inbox.get(name, 0) for name, seq in marks.items())
-                        inbox.update(marks)
-                        outputs -= from_links
-                    outputs += _replayable(record)
-                replayed += len(raws)
-        except CorruptLogError:
-            if batch:  # the verified records before the damage still go, as one by one
-                await _send(binding, batch, batched)
-            raise
-        if batch:
-            await _send(binding, batch, batched)
+        for raws in scan.batches():
+            # A run of records, up to the reader's batch, goes to the binding in one send
+            # (damage raises CorruptLogError after the verified records before it went).
+            if to_wire is None:
+                forms = [_wire_form(raw) for raw in raws]
+            else:
+                forms = [to_wire(raw.raw, raw.header.length) for raw in raws]
+            await _send(binding, forms)
+            # Messages from other instances' links are replayable too, but not the
+            # binding's outputs: the watermarks say how many of them the records hold.
+            for raw in raws:
+                tail = raw.tail
+                if tail is not None and tail.watermarks:  # none: nothing from links
+                    marks = _link_marks(raw)
+                    from_links = sum(seq - inbox.get(name, 0) for name, seq in marks.items())
+                    inbox.update(marks)
+                    outputs -= from_links
+            outputs += sum(map(_replayable, forms))
+            replayed += len(raws)
         if scan.next_seq is not None:
             next_seq = scan.next_seq
         if scan.damage is not None:

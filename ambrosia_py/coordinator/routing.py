@@ -95,22 +95,23 @@ def split_link_forks(data: bytes) -> list[bytes] | None:
     return out
 
 
-def count_replayable(body: wire.Payload) -> int | None:
-    """How many of a record body's framed messages are fork calls, when all are fork or
-    impulse calls; None otherwise (see :func:`_count_replayable_py`, the reference, and
+def count_replayable(body: wire.Payload, start: int = 0) -> int | None:
+    """How many of a record body's framed messages (from ``body[start:]``; a record in
+    wire form from its header's size on) are fork calls, when all are fork or impulse
+    calls; None otherwise (see :func:`_count_replayable_py`, the reference, and
     ``wire/_cdecode.c``, its C twin, used where built)."""
     count = _c_count_replayable
     if count is not None:
-        n = count(body)
+        n = count(body, start)
         if n >= 0:
             return n
         if n == -1:
             return None
         # -2: a body the C loop is not written for (not flat bytes)
-    return _count_replayable_py(body)
+    return _count_replayable_py(body, start)
 
 
-def _count_replayable_py(body: wire.Payload) -> int | None:
+def _count_replayable_py(body: wire.Payload, start: int = 0) -> int | None:
     """How many of a record body's framed messages are fork calls, read byte by byte,
     when all are fork or impulse calls (decoding accepts exactly these and reads
     nothing after their type byte); None otherwise (a return value, an async/await
@@ -119,7 +120,7 @@ def _count_replayable_py(body: wire.Payload) -> int | None:
     Used by replay, which needs only this count per logged record.
     """
     n = 0
-    pos = 0
+    pos = start
     end = len(body)
     while pos < end:
         b0 = body[pos]
@@ -154,7 +155,7 @@ def _count_replayable_py(body: wire.Payload) -> int | None:
 _IMPULSE = int(wire.RpcType.IMPULSE)
 
 
-def _load_count_replayable() -> Callable[[wire.Payload], int] | None:
+def _load_count_replayable() -> Callable[[wire.Payload, int], int] | None:
     # The C twin reads fork as 1 and impulse as 2, as the wire format has them.
     if (_FORK, _IMPULSE) != (1, 2) or accel.load("ambrosia_py.wire._cdecode") is None:
         return None

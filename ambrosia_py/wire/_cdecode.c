@@ -10,7 +10,8 @@
  *   not a flat run of unsigned bytes, a position out of range): the caller then runs the
  *   pure loop.
  *
- * count_replayable(body) -- routing.count_replayable: the number of fork calls when every
+ * count_replayable(body, start=0) -- routing.count_replayable: the number of fork calls in
+ *   body[start:] when every
  *   message is a fork or impulse call that decoding would accept; -1 where the Python
  *   function returns None; -2 for a body it is not written for (then run the Python one).
  *
@@ -267,9 +268,26 @@ error:
 }
 
 static PyObject *
-cdecode_count_replayable(PyObject *module, PyObject *body)
+cdecode_count_replayable(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
+    if (nargs != 1 && nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "count_replayable() takes 1 or 2 arguments (%zd given)",
+                     nargs);
+        return NULL;
+    }
+    PyObject *body = args[0];
+    Py_ssize_t start = 0;
+    if (nargs == 2) {
+        if (!PyLong_Check(args[1])) {
+            return PyLong_FromLong(-2);
+        }
+        start = PyLong_AsSsize_t(args[1]);
+        if (start == -1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            return PyLong_FromLong(-2);
+        }
+    }
     /* Only types whose items are their bytes (a subclass could index otherwise). */
     if (!PyBytes_CheckExact(body) && !PyByteArray_CheckExact(body) &&
         !PyMemoryView_Check(body)) {
@@ -280,13 +298,13 @@ cdecode_count_replayable(PyObject *module, PyObject *body)
         PyErr_Clear(); /* a released view: the Python function raises as it always did */
         return PyLong_FromLong(-2);
     }
-    if (!is_flat_bytes(&view)) {
+    if (!is_flat_bytes(&view) || start < 0 || start > view.len) {
         PyBuffer_Release(&view);
         return PyLong_FromLong(-2);
     }
     const unsigned char *b = (const unsigned char *)view.buf;
     const Py_ssize_t end = view.len;
-    Py_ssize_t pos = 0, n = 0;
+    Py_ssize_t pos = start, n = 0;
     while (pos < end) {
         Py_ssize_t size, at;
         unsigned int b0 = b[pos];
@@ -338,9 +356,9 @@ static PyMethodDef cdecode_methods[] = {
     {"decode_calls", (PyCFunction)(void (*)(void))cdecode_decode_calls, METH_FASTCALL,
      "decode_calls(mv, pos, end, out) -> int: append the run of fast-path calls at "
      "mv[pos:end] to out; return where it stopped (-1: not handled, nothing done)."},
-    {"count_replayable", cdecode_count_replayable, METH_O,
-     "count_replayable(body) -> int: the fork calls in a body of fork and impulse calls; "
-     "-1 where routing.count_replayable returns None; -2: not handled."},
+    {"count_replayable", (PyCFunction)(void (*)(void))cdecode_count_replayable, METH_FASTCALL,
+     "count_replayable(body, start=0) -> int: the fork calls in body[start:], a body of fork "
+     "and impulse calls; -1 where routing.count_replayable returns None; -2: not handled."},
     {NULL, NULL, 0, NULL},
 };
 
