@@ -73,6 +73,7 @@ __all__ = ["Dispatcher", "Mode"]
 
 log = logging.getLogger("ambrosia_py.binding")
 _TAIL_KEEP = 1024  # messages the tail may hold with nothing in flight (see handle)
+_AWAITED = RpcType.ASYNC_AWAIT
 
 
 class Dispatcher(DispatcherState):
@@ -141,7 +142,8 @@ class Dispatcher(DispatcherState):
         loop = asyncio.events._get_running_loop()
         asyncio.events._set_running_loop(None)
         self._loop_hidden = True
-        methods = type(self.immortal).rpc_methods()
+        plain = type(self.immortal)._plain_by_id
+        loads = pickle.loads
         try:
             for seq, messages in run:
                 self.record_seq = seq
@@ -150,12 +152,12 @@ class Dispatcher(DispatcherState):
                     # with pickled arguments. Anything else, or arguments that do not
                     # unpickle as (args, kwargs), takes the general path, which says what
                     # went wrong.
-                    if type(msg) is IncomingRpc and msg.rpc_type is not RpcType.ASYNC_AWAIT:
-                        spec = methods.get(msg.method_id)
-                        if spec is not None and not spec.is_async and spec.codec == "pickle":
+                    if type(msg) is IncomingRpc and msg.rpc_type is not _AWAITED:
+                        name = plain.get(msg.method_id)
+                        if name is not None:
                             try:
-                                args, kwargs = pickle.loads(msg.args)
-                                method = getattr(self.immortal, spec.name)
+                                args, kwargs = loads(msg.args)
+                                method = getattr(self.immortal, name)
                             except Exception:
                                 self._message(msg, seq)
                                 continue
@@ -164,12 +166,13 @@ class Dispatcher(DispatcherState):
                             try:
                                 method(*args, **kwargs)
                             except Exception as exc:
+                                spec = type(self.immortal).rpc_methods()[msg.method_id]
                                 self._finish(spec, None, None, exc)
                             finally:
                                 self._in_handler = False
                             continue
                     self._message(msg, seq)
-                    methods = type(self.immortal).rpc_methods()  # an upgrade changes them
+                    plain = type(self.immortal)._plain_by_id  # an upgrade changes them
         finally:
             self._loop_hidden = False
             asyncio.events._set_running_loop(loop)

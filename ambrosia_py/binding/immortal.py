@@ -210,6 +210,9 @@ class Immortal:
     version: ClassVar[int] = 0
     _rpc_by_id: ClassVar[dict[int, MethodSpec]] = {}
     _rpc_by_name: ClassVar[dict[str, MethodSpec]] = {}
+    # The synchronous handlers with pickled arguments, by method id: their names (the
+    # dispatcher runs these on its shortest path).
+    _plain_by_id: ClassVar[dict[int, str]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -230,6 +233,11 @@ class Immortal:
             by_id[spec.id] = spec
         cls._rpc_by_id = by_id
         cls._rpc_by_name = by_name
+        cls._plain_by_id = {
+            i: spec.name
+            for i, spec in by_id.items()
+            if not spec.is_async and spec.codec == "pickle"
+        }
 
     @classmethod
     def rpc_methods(cls) -> dict[int, MethodSpec]:
