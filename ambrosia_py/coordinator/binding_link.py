@@ -153,6 +153,9 @@ class Listener:
             sock.close()
 
 
+_PEEK_NOW = int(socket.MSG_PEEK | socket.MSG_DONTWAIT)  # an int: enum arithmetic costs per call
+
+
 class BindingLink:
     """The binding's two connections.
 
@@ -214,7 +217,7 @@ class BindingLink:
         if not self._ahead.empty():
             return True
         try:
-            return bool(self._receive.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+            return bool(self._receive.recv(1, _PEEK_NOW))
         except OSError:  # BlockingIOError: nothing there; others: the reader will see
             return False
 
