@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+import attrs
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -20,7 +21,7 @@ from ambrosia_py import wire
 from ambrosia_py.coordinator import routing
 from ambrosia_py.coordinator.ic_core import Intake
 from ambrosia_py.coordinator.links import LinkError
-from ambrosia_py.wire import Direction, IncomingRpc, MessageReader, RpcType
+from ambrosia_py.wire import Direction, IncomingReturnValue, IncomingRpc, MessageReader, RpcType
 
 from .strategies import messages, rpc_messages
 
@@ -192,3 +193,87 @@ def test_a_large_link_call_is_queued_as_a_view_of_the_frame_not_a_copy() -> None
     general = Intake(_SELF)
     _link_general(general, "b", data)
     assert _state(intake) == _state(general)
+
+
+# --- large calls from a link frame's view, decoded in place --------------------------------
+
+_large_forks = st.builds(
+    IncomingRpc,
+    st.sampled_from([0, 63, 64, 2**31 - 1, -1]),
+    st.just(RpcType.FORK),
+    st.integers(8 * 1024 - 8, 70_000).map(lambda n: bytes([n % 251]) * n),
+)
+
+
+def _framed_view(data: bytes) -> memoryview:
+    """``data`` as the link hands it over: a view of the frame's message, tag cut off."""
+    return memoryview(data + b"T" * 16)[: len(data)]
+
+
+def _enlarged(msg: wire.Message, size: int) -> wire.Message:
+    """``msg`` with arguments (or a value) of ``size`` bytes."""
+    if isinstance(msg, IncomingRpc):
+        return attrs.evolve(msg, args=b"v" * size)
+    if isinstance(msg, IncomingReturnValue) and msg.value:
+        return attrs.evolve(msg, value=b"v" * size)
+    return msg
+
+
+_any_large = st.builds(
+    _enlarged, rpc_messages(Direction.TO_BINDING), st.integers(8 * 1024 - 8, 70_000)
+)
+
+
+@given(
+    _large_forks | _any_large,
+    st.lists(_large_forks | _any_large | _forks | rpc_messages(Direction.TO_BINDING), max_size=5),
+    st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), max_size=3),
+    st.booleans(),
+)
+def test_a_view_of_a_link_frame_is_taken_as_its_bytes_are(
+    first: wire.Message,
+    msgs: list[wire.Message],
+    edits: list[tuple[int, int]],
+    near_the_start: bool,
+) -> None:
+    data = bytearray(b"".join(wire.encode_message(m) for m in [first, *msgs]))
+    for at, value in edits:
+        data[at % (8 if near_the_start else len(data)) % len(data)] = value
+    expected = _link_general(Intake(_SELF), "b", bytes(data))
+    assert _link(Intake(_SELF), "b", bytes(data)) == expected
+    view_intake = Intake(_SELF)
+    try:
+        n = view_intake.link_input("b", _framed_view(bytes(data)))
+    except LinkError as exc:
+        got: Any = ("error", str(exc), exc.offset, _state(view_intake))
+    else:
+        got = ("ok", n, _state(view_intake))
+    assert got == expected
+
+
+def test_large_calls_of_a_frame_view_are_queued_as_views_of_the_frame() -> None:
+    msgs = [
+        IncomingRpc(7, RpcType.FORK, b"a" * 70_000),
+        IncomingRpc(7, RpcType.FORK, b"b"),
+        IncomingRpc(8, RpcType.FORK, b"c" * 9_000),
+    ]
+    data = b"".join(wire.encode_message(m) for m in msgs)
+    view = _framed_view(data)
+    intake = Intake(_SELF)
+    assert intake.link_input("b", view) == 3
+    (big,), (small,), (medium,) = (parts for parts, *_ in intake.pending)
+    assert isinstance(big, memoryview) and big.obj is view.obj  # no copy
+    assert isinstance(medium, memoryview) and medium.obj is view.obj
+    assert type(small) is bytes  # a small call does not hold the frame
+    assert [bytes(big), small, bytes(medium)] == [wire.encode_message(m) for m in msgs]
+    assert intake.pending_bytes == len(data) and dict(intake.inbox.queued) == {"b": 3}
+
+
+def test_a_view_of_a_mutable_buffer_is_copied_first() -> None:
+    data = wire.encode_message(IncomingRpc(7, RpcType.FORK, b"a" * 70_000))
+    buf = bytearray(data)
+    intake = Intake(_SELF)
+    assert intake.link_input("b", memoryview(buf)) == 1
+    buf[:] = bytes(len(buf))  # the caller reuses its buffer: what was queued is unchanged
+    ((queued,),) = (parts for parts, *_ in intake.pending)
+    assert bytes(queued) == data

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import os
 from collections.abc import AsyncIterator, Callable, Sequence
 
 from .. import crashpoints
@@ -29,6 +30,8 @@ from ..flow import (
     Token,
     WellKnown,
 )
+from ..iov import IOV_MAX, advance
+from ..wire import Payload
 from .link_auth import AUTH_TOKEN, LinkAuthError, LinkChannel, LinkHandshake, Role
 from .links import LINK_TOKEN, LinkError
 
@@ -37,6 +40,9 @@ __all__ = ["PING_TOKEN", "PRE_AUTH_READ_SIZE", "LinkConn", "LinkProtocol"]
 PRE_AUTH_READ_SIZE = 4096  # what is looked at in one go before the peer authenticated
 PING_TOKEN = Token.well_known(WellKnown.PING)  # keep-alives, tagged like any frame
 _TIMER_SLACK_S = 0.001  # a timer firing this early counts as on time
+# Frames whose parts average less than this are joined, as before: one copy of small parts
+# costs less than handing each to the socket (and to the checksum and the tag) on its own.
+_JOIN_BELOW = 4096
 
 FrameHandler = Callable[[memoryview], None]
 
@@ -98,6 +104,15 @@ class LinkProtocol(asyncio.Protocol):
                 waiter.set_result(None)
 
 
+def _raw_fd(transport: asyncio.Transport) -> int | None:
+    """The descriptor of a plain TCP transport's socket; None over TLS (what is written
+    is encrypted first: only the transport may write to its socket) or without one."""
+    if not hasattr(os, "writev") or transport.get_extra_info("sslcontext") is not None:
+        return None
+    sock = transport.get_extra_info("socket")
+    return None if sock is None else int(sock.fileno())
+
+
 def _frame(event: object) -> FrameReceived:
     """``event`` if it is a frame; the end of the stream, or anything else, raises."""
     if isinstance(event, FrameReceived):
@@ -137,6 +152,7 @@ class LinkConn:
         self._lost: Exception | None = None  # the error that ended the stream (handshake)
         self._stall_timer: asyncio.TimerHandle | None = None
         self._last_bytes = self.last_event
+        self._fd = _raw_fd(self.transport)  # large frames go to it as parts (_write_parts)
 
     # -- receiving ---------------------------------------------------------------------
 
@@ -428,10 +444,35 @@ class LinkConn:
     def _write_tagged(self, token: Token, parts: tuple[bytes, ...]) -> None:
         assert self.channel is not None, "frames are sent only after the handshake"
         tag = self.channel.seal(token, parts)
-        out = self.flow.send(token, b"".join([*parts, tag]))
-        crashpoints.reach_midway("ic.link.mid_send", self.transport, out)
-        self.transport.writelines(out)
+        if self._fd is None or sum(map(len, parts)) < len(parts) * _JOIN_BELOW:
+            out = self.flow.send(token, b"".join([*parts, tag]))
+            crashpoints.reach_midway("ic.link.mid_send", self.transport, out)
+            self.transport.writelines(out)
+        else:
+            out = self.flow.send_parts(token, [*parts, tag])
+            crashpoints.reach_midway("ic.link.mid_send", self.transport, out)
+            self._write_parts(out)
         self.last_sent = self._loop.time()
+
+    def _write_parts(self, out: list[bytes | memoryview]) -> None:
+        """Write a frame's buffers without joining them.
+
+        While the transport holds nothing, they go straight to the socket (``writev``),
+        and only what it does not take is handed to the transport, buffer by buffer (a
+        view of the one cut in two): one copy into its buffer, where ``writelines`` would
+        join them first (asyncio's selector transport does) and copy that again. With
+        bytes already waiting there, everything goes behind them, to keep the order.
+        """
+        transport = self.transport
+        queue: collections.deque[Payload] = collections.deque(out)
+        if self._fd is not None and not transport.get_write_buffer_size() and not self.closing:
+            try:
+                sent = os.writev(self._fd, out if len(out) <= IOV_MAX else out[:IOV_MAX])
+            except OSError:  # full (EAGAIN), or broken: the transport finds out on its write
+                sent = 0
+            advance(queue, sent)
+        for buf in queue:
+            transport.write(buf)
 
     def close(self) -> None:
         if self._stall_timer is not None:

@@ -20,12 +20,13 @@ chunk are not delivered; they count as in flight, like every frame on a broken c
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 
 from .connect import ConnectPacket, compatible, connect_packet_size
 from .constants import CONNECT_PREFIX_LENGTH, PACKET_LIMIT, Buffer, WellKnown
 from .errors import FlowError, FlowStateError
 from .events import ConnectionClosed, Event, FrameReceived, PeerConnected
-from .frames import FrameReader, check_frame_limit, encode_frame
+from .frames import FrameReader, check_frame_limit, encode_frame, encode_frame_parts
 from .tokens import Token
 
 __all__ = ["ConnectionState", "FlowConnection"]
@@ -72,7 +73,8 @@ _MAY_SEND: dict[ConnectionState, tuple[_May, str]] = {
 
 
 def _as_bytes(view: memoryview) -> bytes:
-    """The bytes of ``view``, without a copy when it already spans a whole ``bytes``."""
+    """The bytes of ``view``, without a copy when it already spans a whole ``bytes`` (as
+    every message of :class:`FrameReader` does: its one copy is the reader's)."""
     obj = view.obj
     if isinstance(obj, bytes) and len(obj) == view.nbytes:
         return obj
@@ -187,6 +189,17 @@ class FlowConnection:
         arrived, after the connection closed or failed, and for anything but a ping to
         the well-known ping endpoint when the peer is incompatible.
         """
+        self._may_send(token)
+        return encode_frame(token, message, max_length=self._max, checksum=self._checksum)
+
+    def send_parts(self, token: Token, parts: Sequence[Buffer]) -> list[bytes | memoryview]:
+        """:meth:`send` of the message ``parts`` make one after the other, without joining
+        them: the header, then the parts as they are (large messages: no copy before the
+        socket's). The same bytes as ``send(token, b"".join(parts))``."""
+        self._may_send(token)
+        return encode_frame_parts(token, parts, max_length=self._max, checksum=self._checksum)
+
+    def _may_send(self, token: Token) -> None:
         may, why = _MAY_SEND[self._state]
         if may is _May.SEND_NOTHING:
             raise FlowStateError(f"cannot send a frame: {why}")
@@ -194,7 +207,6 @@ class FlowConnection:
             raise FlowStateError("cannot send a frame before our ConnectPacket")
         if may is _May.SEND_PINGS and token != _PING:
             raise FlowStateError(f"cannot send a frame to {token}: {why}")
-        return encode_frame(token, message, max_length=self._max, checksum=self._checksum)
 
     def receive_data(self, data: Buffer) -> list[Event]:
         """Bytes from the peer in, events out. ``b""`` means the peer ended the stream.
