@@ -32,7 +32,7 @@ from ..wire import (
     TakeCheckpoint,
 )
 from .links import Inbox, LinkError, Outbox, OutboxBudget
-from .routing import is_replayable, split_link_forks, to_incoming
+from .routing import is_replayable, large_link_forks, split_link_forks, to_incoming
 
 __all__ = [
     "CheckpointArrived",
@@ -59,7 +59,6 @@ _STATE_HEADER = struct.Struct("<6sHiqqqQQ")
 _U32 = struct.Struct("<I")
 _I64 = struct.Struct("<q")
 _I32 = struct.Struct("<i")
-_VIEW_FROM = 8 * 1024  # link calls this large are queued as views of their frame
 
 OutboxState = tuple[int, list[tuple[int, bytes]]]  # next seq, unconfirmed (seq, frame)
 
@@ -257,36 +256,6 @@ _IMPULSE = int(wire.RpcType.IMPULSE)
 _MAX_NAMES = 4096  # destination names remembered by Intake (then it starts over)
 
 
-def _large_fork_views(payload: memoryview) -> list[wire.Payload] | None:
-    """A link frame's messages if the first is large, the frame immutable and all are
-    fork calls as decoding reads them (``MessageReader``, ``decode_message``); else None,
-    and the paths of ``bytes`` decide (and name what is wrong). :func:`split_link_forks`
-    never takes large calls; without this the frame was copied whole before decoding.
-    Calls of :data:`_VIEW_FROM` or more are views of the frame, smaller ones copies."""
-    if not isinstance(payload.obj, bytes) or payload.format != "B" or not payload.c_contiguous:
-        return None
-    end = payload.nbytes
-    try:
-        if wire.decode_zigzag_int(payload, 0)[0] < _VIEW_FROM:
-            return None
-        out: list[wire.Payload] = []
-        pos = 0
-        while pos < end:
-            msg, stop = wire.decode_message(payload, pos, wire.Direction.TO_BINDING)
-            if (
-                stop - pos > wire.DEFAULT_MAX_MESSAGE_SIZE
-                or not isinstance(msg, IncomingRpc)
-                or msg.rpc_type != wire.RpcType.FORK
-            ):
-                return None
-            view = payload[pos:stop]
-            out.append(view if stop - pos >= _VIEW_FROM else view.tobytes())
-            pos = stop
-    except wire.ProtocolError:
-        return None
-    return out
-
-
 class Intake:
     """Sorts the binding's byte stream into input to log, output and control events.
 
@@ -375,7 +344,7 @@ class Intake:
         but complete incoming calls and return values is refused (``LinkError``), and
         nothing of that frame reaches the log.
         """
-        if isinstance(payload, memoryview) and (views := _large_fork_views(payload)):
+        if isinstance(payload, memoryview) and (views := large_link_forks(payload)):
             return self._queue_forks(sender, views, payload.nbytes)
         data = payload if isinstance(payload, bytes) else bytes(payload)
         forks = split_link_forks(data)

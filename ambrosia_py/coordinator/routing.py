@@ -3,8 +3,9 @@
 What :class:`ic_core.Intake` does to each call or return value without decoding it:
 cut the destination out of an outgoing frame (:func:`to_incoming`), tell an impulse
 from replayable input (:func:`is_replayable`), and split a link frame of fork calls into
-its messages (:func:`split_link_forks`). Each accepts exactly what decoding accepts, or
-leaves the frame to the general path that decodes it and raises the documented errors.
+its messages (:func:`split_link_forks`; :func:`large_link_forks` for frames of large
+calls, as views). Each accepts exactly what decoding accepts, or leaves the frame to the
+general path that decodes it and raises the documented errors.
 """
 
 from __future__ import annotations
@@ -13,9 +14,17 @@ from collections.abc import Callable
 
 from .. import accel, wire
 
-__all__ = ["count_replayable", "is_replayable", "split_link_forks", "to_incoming"]
+__all__ = [
+    "VIEW_FROM",
+    "count_replayable",
+    "is_replayable",
+    "large_link_forks",
+    "split_link_forks",
+    "to_incoming",
+]
 
 _FORK = int(wire.RpcType.FORK)
+VIEW_FROM = 8 * 1024  # link calls this large are queued as views of their frame
 
 
 def to_incoming(raw: bytes | memoryview) -> tuple[str, bytes, memoryview]:
@@ -92,6 +101,36 @@ def split_link_forks(data: bytes) -> list[bytes] | None:
             return None
         append(data[pos:stop])
         pos = stop
+    return out
+
+
+def large_link_forks(payload: memoryview) -> list[wire.Payload] | None:
+    """A link frame's messages if the first is large, the frame immutable and all are
+    fork calls as decoding reads them (``MessageReader``, ``decode_message``); else None,
+    and the paths of ``bytes`` decide (and name what is wrong). :func:`split_link_forks`
+    never takes large calls; without this the frame was copied whole before decoding.
+    Calls of :data:`VIEW_FROM` or more are views of the frame, smaller ones copies."""
+    if not isinstance(payload.obj, bytes) or payload.format != "B" or not payload.c_contiguous:
+        return None
+    end = payload.nbytes
+    try:
+        if wire.decode_zigzag_int(payload, 0)[0] < VIEW_FROM:
+            return None
+        out: list[wire.Payload] = []
+        pos = 0
+        while pos < end:
+            msg, stop = wire.decode_message(payload, pos, wire.Direction.TO_BINDING)
+            if (
+                stop - pos > wire.DEFAULT_MAX_MESSAGE_SIZE
+                or not isinstance(msg, wire.IncomingRpc)
+                or msg.rpc_type != wire.RpcType.FORK
+            ):
+                return None
+            view = payload[pos:stop]
+            out.append(view if stop - pos >= VIEW_FROM else view.tobytes())
+            pos = stop
+    except wire.ProtocolError:
+        return None
     return out
 
 
