@@ -115,8 +115,36 @@ async def _lost_tls(tls: tuple[ssl.SSLContext, ssl.SSLContext]) -> None:
     with pytest.raises((ConnectionError, OSError)):
         async with conn.idle_limit(30):
             await conn.deliver(lambda payload: None)
-    # A lost TLS transport raises when asked its buffer size; the conn does not.
+    # A lost TLS transport raises when asked its buffer size, or written to (an
+    # AttributeError, which once ended a link's send loop); the conn does neither.
     assert conn.closing and not conn.writable_now and conn.queued == 0
+    with pytest.raises((ConnectionError, OSError)):
+        conn.write(b"after the end")
+
+
+async def _closed_twice(tls: tuple[ssl.SSLContext, ssl.SSLContext]) -> None:
+    conn, _, writer = await _pair(tls)
+    await _open(conn, writer)
+    conn.transport.write(conn.flow.connect_packet_bytes())
+    conn.write(b"while open")
+    # Closed twice before the loss is reported (the link closes a connection from more
+    # than one place): asyncio's TLS transport then drops its protocol, and a write to it
+    # raises AttributeError, which once ended a link's send loop for good.
+    conn.transport.close()
+    conn.transport.close()
+    with pytest.raises(ConnectionResetError):
+        conn.write(b"after the close")
+    with pytest.raises(ConnectionResetError):
+        await conn.ping()
+
+
+@needs_openssl
+def test_writing_to_a_tls_connection_closed_twice_is_a_connection_error(tmp_path: Path) -> None:
+    options = mutual_tls(tmp_path, ("a",))["a"]
+    settings = LinkSettings(tls_cert=Path(options[1]), tls_key=Path(options[3]))
+    tls = tls_contexts(settings)
+    assert tls is not None
+    asyncio.run(_closed_twice(tls))
 
 
 @needs_openssl

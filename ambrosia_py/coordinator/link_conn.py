@@ -235,7 +235,8 @@ class LinkConn:
             self._error = exc
         if self._done is not None and not self._done.done():
             self._done.set_exception(exc)
-        self.transport.close()
+        if not self.transport.is_closing():  # a TLS transport closed twice drops its state
+            self.transport.close()
 
     def _wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():
@@ -443,6 +444,8 @@ class LinkConn:
 
     def _write_tagged(self, token: Token, parts: tuple[bytes, ...]) -> None:
         assert self.channel is not None, "frames are sent only after the handshake"
+        if self.closing:  # a lost TLS transport raises AttributeError when written to
+            raise ConnectionResetError("the link connection is closed")
         tag = self.channel.seal(token, parts)
         if self._fd is None or sum(map(len, parts)) < len(parts) * _JOIN_BELOW:
             out = self.flow.send(token, b"".join([*parts, tag]))

@@ -175,6 +175,12 @@ class PeerLinks:
                     problem = f"link to {dest!r} at {addr[0]}:{addr[1]} closed: {exc}"
                 except (OSError, ConnectionError) as exc:  # TimeoutError, ssl.SSLError too
                     problem = f"link to {dest!r} at {addr[0]}:{addr[1]}: {exc or type(exc)}"
+                except Exception as exc:
+                    # A fault of ours (asyncio's, once: a lost TLS transport raised on a
+                    # write): said loudly, and the link goes on, as after a lost
+                    # connection, rather than this task ending and the link with it.
+                    log.exception("link to %r at %s:%d failed unexpectedly", dest, *addr)
+                    problem = f"link to {dest!r} at {addr[0]}:{addr[1]}: {exc!r}"
                 finally:
                     if box.cursor is not None:  # it was open: a new run of failures starts
                         failures = 0
