@@ -17,7 +17,7 @@ checked as soon as its 4 bytes are in, before anything of the frame is buffered.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import attrs
 import xxhash
@@ -83,17 +83,12 @@ def encode_frame(
     Ready for ``writelines``. A mutable ``message`` must not change until it is written.
     Raises :class:`FrameLengthError` if 16 + the message size exceeds ``max_length``.
     """
-    size = _nbytes(message)
-    length = MIN_FRAME_LENGTH + size
-    if length > check_frame_limit(max_length):
-        raise FrameLengthError(
-            f"frame length {length} (a {size}-byte message) exceeds the limit {max_length}"
-        )
-    token_bytes = token.encode()
-    if checksum:
-        header = _PREFIX.pack(length, frame_checksum(token_bytes, message)) + token_bytes
-    else:
-        header = _LENGTH.pack(length) + token_bytes
+    header = _header(
+        token,
+        _nbytes(message),
+        max_length,
+        (lambda token_bytes: frame_checksum(token_bytes, message)) if checksum else None,
+    )
     return [header, message if isinstance(message, bytes | memoryview) else memoryview(message)]
 
 
@@ -111,21 +106,31 @@ def encode_frame_parts(
     Ready for ``writelines`` or ``writev``; mutable parts must not change until written.
     """
     views = [p if isinstance(p, bytes) else memoryview(p).cast("B") for p in parts]
-    size = sum(len(v) for v in views)
+
+    def streamed(token_bytes: bytes) -> int:
+        hasher = xxhash.xxh3_64(token_bytes)
+        for view in views:
+            hasher.update(view)
+        return int(hasher.intdigest())
+
+    header = _header(token, sum(len(v) for v in views), max_length, streamed if checksum else None)
+    return [header, *views]
+
+
+def _header(
+    token: Token, size: int, max_length: int, checksum: Callable[[bytes], int] | None
+) -> bytes:
+    """The header of a frame with a ``size``-byte message; ``checksum`` of the token's
+    bytes and the message, or None for the form without it (over TLS)."""
     length = MIN_FRAME_LENGTH + size
     if length > check_frame_limit(max_length):
         raise FrameLengthError(
             f"frame length {length} (a {size}-byte message) exceeds the limit {max_length}"
         )
     token_bytes = token.encode()
-    if checksum:
-        hasher = xxhash.xxh3_64(token_bytes)
-        for view in views:
-            hasher.update(view)
-        header = _PREFIX.pack(length, hasher.intdigest()) + token_bytes
-    else:
-        header = _LENGTH.pack(length) + token_bytes
-    return [header, *views]
+    if checksum is None:
+        return _LENGTH.pack(length) + token_bytes
+    return _PREFIX.pack(length, checksum(token_bytes)) + token_bytes
 
 
 def encode_frame_bytes(
