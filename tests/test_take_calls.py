@@ -173,6 +173,27 @@ def test_a_damaged_record_is_left_to_next_record_which_raises() -> None:
     assert reader.take_calls() == []  # a failed reader takes nothing more
 
 
+@pytest.mark.parametrize("accelerated", [True, False])
+def test_records_taken_before_a_malformed_one_are_returned_and_then_it_raises(
+    accelerated: bool,
+) -> None:
+    """Check bytes right, messages wrong (a call whose size runs past the record): the
+    calls before it come out, and the next read raises, as next_record does."""
+    args = pickle.dumps(((b"x",), {}))
+    good = wire.encode_record(1, 0, [IncomingRpc(1, RpcType.FORK, args)])
+    bad = wire.frame_record(1, 1, b"\x7f\x00") + b"\x7f\x00"
+    reader = wire.RecordReader(accelerated=accelerated)
+    reader.feed(good + bad)
+    assert [q for q, _ in reader.take_calls()] == [0]
+    with pytest.raises(wire.ProtocolError):
+        reader.take_calls() or reader.next_record()
+    reference = wire.RecordReader(accelerated=False)
+    reference.feed(good + bad)
+    assert reference.next_record() is not None
+    with pytest.raises(wire.ProtocolError):
+        reference.next_record()
+
+
 def test_the_c_reader_refuses_wrong_arguments() -> None:
     c = reader_mod._crecords
     if c is None:

@@ -344,13 +344,13 @@ class RecordReader:
         while len(out) < limit:
             try:
                 raw = self._next_raw_pure()
+                messages = [] if raw is None else self.decode(raw)
             except ProtocolError:
                 if out:
                     return out  # ``_failed`` holds the error for the next call
                 raise
             if raw is None:
                 break
-            messages = self.decode(raw)
             if raw.seq < 0 or not all(
                 type(m) is IncomingRpc and m.rpc_type is not RpcType.ASYNC_AWAIT for m in messages
             ):
