@@ -427,9 +427,9 @@ class PeerLinks:
             if conn.closing or conn.queued >= COMMIT_BACKLOG_BYTES:
                 continue  # gone, or it reads none: see COMMIT_BACKLOG_BYTES
             seq = self.intake.inbox.durable[sender]
-            # Written at once, not awaited: waiting for the transport here would hold up
-            # the commit pipeline. A link closing under a Commit is normal: the sender
-            # reconnects and asks again.
+            # Written, not awaited (a timer's callback): a Commit is small, and one that
+            # the socket does not take waits in the transport (bounded just above). A link
+            # closing under a Commit is normal: the sender reconnects and asks again.
             with contextlib.suppress(OSError, ConnectionError, FlowError):
                 conn.write(wire.encode_message(wire.Commit(seq, seq)))
 
