@@ -11,9 +11,9 @@
  *   pure loop.
  *
  * count_replayable(body, start=0) -- routing.count_replayable: the number of fork calls in
- *   body[start:] when every
- *   message is a fork or impulse call that decoding would accept; -1 where the Python
- *   function returns None; -2 for a body it is not written for (then run the Python one).
+ *   body[start:] when every message there is a fork or impulse call that decoding would
+ *   accept; -1 where the Python function returns None; -2 for a body it is not written
+ *   for (then run the Python one).
  *
  * init(cls, descriptors, rpc_types) -- called once at import: the IncomingRpc class, the
  *   member descriptors of its five slots in field order (method_id, rpc_type, args,

@@ -419,7 +419,7 @@ static PyObject *py_take_raws(PyObject *self, PyObject *const *args, Py_ssize_t 
  * ``decode`` (decoding's C loop over fork and impulse calls) reads to the end, each as
  * (seq, [calls]) appended to ``out``. It stops *before* any other record, which the
  * caller reads the general way (RecordReader.next_record); each record taken is copied
- * out once, and its calls' arguments are views of that copy. */
+ * out once, and decoded from that copy. */
 static PyObject *py_take_calls(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 11 || !PyCallable_Check(args[9]) || !PyList_Check(args[10])) {
