@@ -13,9 +13,18 @@ from typing import Final
 
 from .wire import Payload
 
-__all__ = ["IOV_MAX", "advance", "send_all"]
+__all__ = ["IOV_MAX", "advance", "byte_sized", "send_all"]
 
 IOV_MAX: Final = 1024  # buffers per sendmsg or writev call (Linux's UIO_MAXIOV)
+
+
+def byte_sized(part: Payload) -> Payload:
+    """``part`` as a buffer whose ``len`` counts bytes, as a socket or a file counts what
+    it took: itself when it is ``bytes``, a ``bytearray`` or a flat view of bytes, else a
+    view of it cast to bytes (nothing copied)."""
+    if isinstance(part, memoryview) and (part.ndim != 1 or part.itemsize != 1):
+        return part.cast("B")
+    return part
 
 
 def advance(queue: deque[Payload], sent: int) -> None:

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ambrosia_py.binding.socket_io import SocketStream, open_socket
-from ambrosia_py.iov import IOV_MAX
+from ambrosia_py.iov import IOV_MAX, byte_sized
 
 DEADLINE = 30.0  # seconds a wait may take before the test fails (never a time assertion)
 
@@ -245,3 +245,13 @@ def test_the_socket_stays_watched_between_reads_and_is_dropped_with_no_reader() 
             assert not stream._watching
 
     asyncio.run(main())
+
+
+def test_byte_sized_counts_bytes_and_copies_nothing() -> None:
+    raw = bytes(range(24))
+    for part in (raw, bytearray(raw), memoryview(raw)):
+        assert byte_sized(part) is part  # already counted in bytes
+    for view in (memoryview(raw).cast("I"), memoryview(raw).cast("B", (4, 6))):
+        sized = byte_sized(view)
+        assert isinstance(sized, memoryview) and sized.obj is raw
+        assert len(sized) == 24 and bytes(sized) == raw

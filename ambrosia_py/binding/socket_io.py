@@ -27,7 +27,7 @@ from itertools import islice
 from typing import Any, Final, TypeVar
 
 from .. import crashpoints
-from ..iov import IOV_MAX, advance, send_all
+from ..iov import IOV_MAX, advance, byte_sized, send_all
 from ..wire import Payload as Buffer
 
 __all__ = ["HIGH_WATER", "READ_SIZE", "SocketStream", "open_socket"]
@@ -160,9 +160,7 @@ class SocketStream:
         if self._error is not None or self._closed:
             return
         queue = self._queue
-        for part in parts:
-            if type(part) is memoryview and part.itemsize != 1:
-                part = part.cast("B")
+        for part in map(byte_sized, parts):
             size = len(part)
             if size:
                 queue.append(part)

@@ -23,7 +23,7 @@ from itertools import islice
 from typing import Any
 
 from .. import crashpoints, wire
-from ..iov import IOV_MAX, advance, send_all
+from ..iov import IOV_MAX, advance, byte_sized, send_all
 from ..wire import CONTROL_SEQ, Message
 from .binding_auth import PREAMBLE_SIZE, Socket, TokenGate
 
@@ -234,11 +234,7 @@ class BindingLink:
         """
         if self.gone:
             return
-        # Counted in bytes, as the socket counts what it took: views of other item sizes
-        # are cast to bytes (bytes, the common case, are taken as they are).
-        views: deque[wire.Payload] = deque(
-            p if type(p) is bytes else memoryview(p).cast("B") for p in parts if len(p)
-        )
+        views: deque[wire.Payload] = deque(v for v in map(byte_sized, parts) if len(v))
         if self._last is None or self._last.done():
             if self._last is not None and self._last.exception() is not None:
                 self.gone = True

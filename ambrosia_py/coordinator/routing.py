@@ -15,7 +15,6 @@ from collections.abc import Callable
 from .. import accel, wire
 
 __all__ = [
-    "VIEW_FROM",
     "count_replayable",
     "is_replayable",
     "large_link_forks",
@@ -24,7 +23,7 @@ __all__ = [
 ]
 
 _FORK = int(wire.RpcType.FORK)
-VIEW_FROM = 8 * 1024  # link calls this large are queued as views of their frame
+_VIEW_FROM = 8 * 1024  # link calls this large are queued as views of their frame
 
 
 def to_incoming(raw: bytes | memoryview) -> tuple[str, bytes, memoryview]:
@@ -109,12 +108,12 @@ def large_link_forks(payload: memoryview) -> list[wire.Payload] | None:
     fork calls as decoding reads them (``MessageReader``, ``decode_message``); else None,
     and the paths of ``bytes`` decide (and name what is wrong). :func:`split_link_forks`
     never takes large calls; without this the frame was copied whole before decoding.
-    Calls of :data:`VIEW_FROM` or more are views of the frame, smaller ones copies."""
+    Calls of :data:`_VIEW_FROM` or more are views of the frame, smaller ones copies."""
     if not isinstance(payload.obj, bytes) or payload.format != "B" or not payload.c_contiguous:
         return None
     end = payload.nbytes
     try:
-        if wire.decode_zigzag_int(payload, 0)[0] < VIEW_FROM:
+        if wire.decode_zigzag_int(payload, 0)[0] < _VIEW_FROM:
             return None
         out: list[wire.Payload] = []
         pos = 0
@@ -127,7 +126,7 @@ def large_link_forks(payload: memoryview) -> list[wire.Payload] | None:
             ):
                 return None
             view = payload[pos:stop]
-            out.append(view if stop - pos >= VIEW_FROM else view.tobytes())
+            out.append(view if stop - pos >= _VIEW_FROM else view.tobytes())
             pos = stop
     except wire.ProtocolError:
         return None

@@ -24,11 +24,14 @@ import os
 import re
 import tempfile
 import threading
+from collections import deque
 from collections.abc import Sequence
+from itertools import islice
 from pathlib import Path
 
 from .. import crashpoints
-from ..iov import IOV_MAX
+from ..iov import IOV_MAX, advance, byte_sized
+from ..wire import Payload
 from .errors import CorruptLogError, InstanceLockedError, StorageError
 from .logindex import EVERY_BYTES, INDEX_PREFIX, IndexWriter, index_path_for
 from .logscan import LogScan, TailDamage
@@ -56,33 +59,14 @@ _LOG_NAME = re.compile(rf"{LOG_PREFIX}([1-9][0-9]*)")
 _CHECKPOINT_NAME = re.compile(rf"{CHECKPOINT_PREFIX}([1-9][0-9]*)")
 
 
-def _views(parts: Sequence[bytes | bytearray | memoryview]) -> list[memoryview]:
-    out = []
-    for part in parts:
-        mv = memoryview(part)
-        if mv.ndim != 1 or mv.itemsize != 1:
-            mv = mv.cast("B")
-        if len(mv):
-            out.append(mv)
-    return out
-
-
 def _write_all(fd: int, parts: Sequence[bytes | bytearray | memoryview]) -> int:
     """Write every part with ``writev``, resuming after short writes; return the count."""
-    views = _views(parts)
+    queue: deque[Payload] = deque(v for v in map(byte_sized, parts) if len(v))
     total = 0
-    i = 0
-    while i < len(views):
-        written = os.writev(fd, views[i : i + IOV_MAX])
+    while queue:
+        written = os.writev(fd, list(islice(queue, IOV_MAX)))
         total += written
-        # Drop what was written; a short write leaves a part half done.
-        while written and i < len(views):
-            if written >= len(views[i]):
-                written -= len(views[i])
-                i += 1
-            else:
-                views[i] = views[i][written:]
-                written = 0
+        advance(queue, written)  # a short write leaves a part half done
     return total
 
 
