@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ambrosia_py.coordinator.commit import CommitPipeline
+from ambrosia_py.coordinator.commit import INLINE_MAX_BYTES, CommitPipeline
 from ambrosia_py.coordinator.storage import LogWriter, StorageError
 
 
@@ -170,3 +170,37 @@ def test_a_record_alone_is_written_and_synced_in_one_go(tmp_path: Path) -> None:
     # Nothing was in flight each time: write, sync, forward, one record after the other.
     kinds = [kind for kind, _ in events]
     assert kinds == ["written", "sync-start", "sync-end", "forwarded"] * 5
+
+
+def test_a_large_record_alone_still_goes_through_the_worker_threads(tmp_path: Path) -> None:
+    """Only a small record takes the latency path: one larger than INLINE_MAX_BYTES is
+    written by a worker thread, so the event loop goes on reading while it is."""
+    events: list[tuple[str, int]] = []
+    forwarded: list[int] = []
+    on_loop: list[bool] = []  # per write: was it on the event loop's thread
+
+    class _ThreadNotingWriter(_RecordingWriter):
+        def write(self, parts: object) -> None:  # type: ignore[override]
+            on_loop.append(threading.current_thread() is threading.main_thread())
+            super().write(parts)
+
+    async def main() -> None:
+        writer = _ThreadNotingWriter(tmp_path / "serverlog1", events)
+
+        async def forward(record: list) -> None:
+            forwarded.append(int(bytes(record[0])))
+
+        pipeline = CommitPipeline(forward, max_unsynced=4 * INLINE_MAX_BYTES)
+        try:
+            sizes = [INLINE_MAX_BYTES, INLINE_MAX_BYTES + 1, 10]
+            for i, size in enumerate(sizes):
+                await pipeline.append(writer, [b"x" * size], [str(i).encode()], alone=True)
+                await pipeline.flush()
+        finally:
+            await pipeline.close()
+            writer.close()
+
+    asyncio.run(main())
+    assert forwarded == [0, 1, 2]
+    assert on_loop == [True, False, True]
+    assert (tmp_path / "serverlog1").stat().st_size == 2 * INLINE_MAX_BYTES + 1 + 10
