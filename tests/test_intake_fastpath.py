@@ -114,6 +114,7 @@ def test_feed_fast_path_matches_on_mangled_bytes(
 def _link_general(intake: Intake, sender: str, data: bytes) -> Any:
     with pytest.MonkeyPatch.context() as patch:  # the fast path off: every frame is decoded
         patch.setattr("ambrosia_py.coordinator.ic_core.split_link_forks", lambda data: None)
+        patch.setattr("ambrosia_py.coordinator.ic_core._ONE_SMALL", 0)
         return _link(intake, sender, data)
 
 
@@ -146,6 +147,62 @@ def test_link_input_fast_path_matches_the_general_path(
             data[at % len(data)] = value
     expected = _link_general(Intake(_SELF), "b", bytes(data))
     assert _link(Intake(_SELF), "b", bytes(data)) == expected
+
+
+_link_senders = st.sampled_from(["b", "c", "", "bb"])
+_one_messages = st.one_of(
+    st.builds(
+        IncomingRpc,
+        st.sampled_from([0, 1, 64, 2**31 - 1, -1]),
+        st.sampled_from(list(RpcType)),
+        st.binary(max_size=40),
+        _link_senders,
+        st.integers(-(2**63), 2**63 - 1),
+    ).map(
+        lambda m: m if m.rpc_type is RpcType.ASYNC_AWAIT else attrs.evolve(m, sender="", call_seq=0)
+    ),
+    st.builds(
+        IncomingReturnValue,
+        st.sampled_from(
+            [wire.ReturnType.VALUE, wire.ReturnType.NO_VALUE, wire.ReturnType.EXCEPTION]
+        ),
+        _link_senders,
+        st.integers(-(2**63), 2**63 - 1),
+        st.binary(max_size=40),
+    ).filter(lambda m: m.return_type is not wire.ReturnType.NO_VALUE or not m.value),
+    rpc_messages(Direction.TO_BINDING),
+    messages(Direction.TO_BINDING, with_checkpoints=False),
+)
+
+
+@given(
+    _one_messages,
+    st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), max_size=2),
+    st.binary(max_size=3),
+)
+def test_a_frame_of_one_message_is_taken_as_the_general_path_takes_it(
+    msg: wire.Message, edits: list[tuple[int, int]], extra: bytes
+) -> None:
+    """The latency path's frame (one awaited call, or one reply) is decoded on its own:
+    what it takes, what it queues and what it refuses are the general path's, for any
+    kind of message, any sender it names, mangled bytes and bytes after the message."""
+    data = bytearray(wire.encode_message(msg) + extra)
+    for at, value in edits:
+        data[at % len(data)] = value
+    expected = _link_general(Intake(_SELF), "b", bytes(data))
+    assert _link(Intake(_SELF), "b", bytes(data)) == expected
+
+
+def test_an_awaited_call_and_a_reply_are_queued_whole_and_a_false_sender_refused() -> None:
+    call = wire.encode_message(IncomingRpc(5, RpcType.ASYNC_AWAIT, b"args", "b", 7))
+    reply = wire.encode_message(IncomingReturnValue(wire.ReturnType.VALUE, "b", 7, b"value"))
+    intake = Intake(_SELF)
+    assert intake.link_input("b", call) == 1
+    assert intake.link_input("b", memoryview(reply)) == 1
+    assert [b"".join(map(bytes, parts)) for parts, *_ in intake.pending] == [call, reply]
+    assert intake.inbox.queued == {"b": 2}
+    with pytest.raises(LinkError, match="names sender 'b'"):
+        Intake(_SELF).link_input("c", reply)
 
 
 @given(st.lists(_forks, min_size=1, max_size=10))

@@ -47,6 +47,10 @@ __all__ = [
     "to_incoming",
 ]
 
+# A link frame under this size holding one message is decoded on its own (the latency
+# path of an awaited call and its reply), not through a message reader.
+_ONE_SMALL = 8 * 1024
+
 # --- the coordinator's checkpoint file -----------------------------------------------------
 
 _STATE_MAGIC = b"AMBRIC"
@@ -350,6 +354,8 @@ class Intake:
         forks = split_link_forks(data)
         if forks:  # the common shape, checked byte by byte
             return self._queue_forks(sender, forks, len(data))
+        if len(data) < _ONE_SMALL and self._one_message(sender, data):
+            return 1  # a call awaited or its reply, alone: the latency path
         reader = MessageReader(direction=wire.Direction.TO_BINDING)  # the incoming form
         reader.feed(data)
         frames: list[RawMessage] = []
@@ -388,6 +394,32 @@ class Intake:
             # no later feed changes (of ``data``, which is immutable), not copied again.
             self._queue([frame.raw], False, sender, seq)
         return len(frames)
+
+    def _one_message(self, sender: str, data: bytes) -> bool:
+        """Queue a frame of exactly one message that the general path of
+        :meth:`link_input` would accept (an incoming call, not an impulse, or a return
+        value; one that is awaited or a reply naming ``sender``), decoded on its own: no
+        reader, no frame objects. False, having queued nothing, for anything else, which
+        the general path then reads and refuses with its errors."""
+        try:
+            msg, stop = wire.decode_message(data, 0, wire.Direction.TO_BINDING)
+        except wire.ProtocolError:
+            return False
+        if stop != len(data):
+            return False
+        if type(msg) is IncomingReturnValue:
+            if msg.sender != sender:
+                return False
+        elif type(msg) is IncomingRpc:
+            kind = msg.rpc_type
+            if kind is wire.RpcType.IMPULSE or (
+                kind is wire.RpcType.ASYNC_AWAIT and msg.sender != sender
+            ):
+                return False
+        else:
+            return False
+        self._queue([data], False, sender, self.inbox.accept(sender, 1))
+        return True
 
     def _queue_forks(self, sender: str, forks: Sequence[wire.Payload], size: int) -> int:
         """Queue the fork calls of one link frame (``size`` bytes in all) from ``sender``."""
