@@ -18,6 +18,7 @@ from ambrosia_py.coordinator.link_auth import (
     AUTH_TOKEN,
     TAG_SIZE,
     HandshakeState,
+    KeyedMac,
     LinkAuthError,
     LinkChannel,
     LinkHandshake,
@@ -225,8 +226,8 @@ def test_a_huge_declared_frame_is_refused_at_its_header() -> None:
 def test_tags_are_the_hmac_of_counter_token_and_message_whatever_its_size(
     sizes: list[int], frames_before: int
 ) -> None:
-    """Small messages are tagged in one call, larger ones streamed part by part (over
-    4096 bytes): both give HMAC-SHA256(key, counter | token | message), cut to 16 bytes."""
+    """Every tag is HMAC-SHA256(key, counter | token | message), cut to 16 bytes, whatever
+    the message's size and however many parts it is sent in."""
     key = bytes(range(32))
     channel = LinkChannel(send_key=key, receive_key=key)
     for _ in range(frames_before):
@@ -236,6 +237,16 @@ def test_tags_are_the_hmac_of_counter_token_and_message_whatever_its_size(
     counter = struct.pack("<Q", frames_before)
     assert tag == mac(key, counter, LINK_TOKEN.encode(), *parts)[:TAG_SIZE]
     assert bytes(channel.open(LINK_TOKEN, b"".join([*parts, tag]))) == b"".join(parts)
+
+
+@given(key=st.binary(max_size=150), parts=st.lists(st.binary(max_size=300), max_size=4))
+def test_a_keyed_mac_is_hmac_sha256_for_any_key_and_parts(key: bytes, parts: list[bytes]) -> None:
+    """The padded key states hashed once give RFC 2104's HMAC: keys shorter than SHA-256's
+    block, as long, and longer (hashed first), messages in any number of parts; and the
+    same object gives it again for the next message."""
+    keyed = KeyedMac(key)
+    assert keyed.digest(*parts) == hmac.digest(key, b"".join(parts), "sha256")
+    assert keyed.digest(b"next", *parts) == hmac.digest(key, b"".join([b"next", *parts]), "sha256")
 
 
 @settings(max_examples=60, deadline=None)
