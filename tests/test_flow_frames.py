@@ -249,3 +249,16 @@ def test_mutated_streams_raise_the_right_error(
         assert isinstance(err, FrameLengthError | ChecksumError | TruncatedFrameError)
         if isinstance(err, FrameLengthError):
             assert err.offset == start
+
+
+def test_frames_carry_their_own_tokens_however_many_a_peer_sends() -> None:
+    """Tokens read from frames are made once and reused, up to a bound: a peer that sends
+    a new token in every frame still gets each frame's own, and the reused ones stay few."""
+    from ambrosia_py.flow import frames as frames_module
+
+    sent = [Token(n, n * 7 + 1) for n in range(3 * frames_module._TOKENS_MAX)]
+    stream = b"".join(encode_frame_bytes(t, b"m") for t in sent * 2)
+    reader = FrameReader()
+    reader.feed(stream)
+    assert [f.token for f in reader] == sent * 2
+    assert len(frames_module._TOKENS) <= frames_module._TOKENS_MAX

@@ -50,6 +50,11 @@ _CHECKED_FROM = _PREFIX.size  # the checksum covers everything after length and 
 _U32 = 0xFFFF_FFFF
 _ONE_SHOT_BYTES = 4096  # checksums of messages up to this size hash one joined copy
 _SMALL_PIECE = 4096  # chunks of a cut frame smaller than this are gathered, not held apart
+# Tokens read from frames, by their halves: a connection carries frames for a few tokens
+# (a link: its own and the keep-alives'), so each is made (and validated) once, not per
+# frame. Bounded: a peer sending ever new tokens gets fresh ones past the first few.
+_TOKENS: dict[tuple[int, int], Token] = {}
+_TOKENS_MAX = 64
 
 
 def _nbytes(buf: Buffer) -> int:
@@ -152,6 +157,16 @@ class FlowFrame:
     token: Token
     message: memoryview = attrs.field(repr=lambda m: f"<{m.nbytes} bytes>")
     offset: int = attrs.field(default=0, eq=False)
+
+
+def _token(first: int, second: int) -> Token:
+    """``Token(first, second)``, made once for the tokens frames carry most."""
+    token = _TOKENS.get((first, second))
+    if token is None:
+        token = Token(first, second)
+        if len(_TOKENS) < _TOKENS_MAX:
+            _TOKENS[first, second] = token
+    return token
 
 
 class FrameReader:
@@ -299,7 +314,7 @@ class FrameReader:
         self._pos = end
         # The message's one copy: a slice of the chunk.
         message = data[pos + self._header : end]
-        return FlowFrame(Token(first, second), memoryview(message), start)
+        return FlowFrame(_token(first, second), memoryview(message), start)
 
     def _assembled_frame(self) -> FlowFrame | None:
         """The frame that begins the pieces, once all of it is in: its message joined."""
@@ -339,7 +354,7 @@ class FrameReader:
                 data, self._pos = bytes(data[self._pos :]), 0
             self._data = data
             self._consumed = self._start - self._pos
-        return FlowFrame(Token(first, second), memoryview(message), start)
+        return FlowFrame(_token(first, second), memoryview(message), start)
 
     def __iter__(self) -> Iterator[FlowFrame]:
         while (frame := self.next_frame()) is not None:
