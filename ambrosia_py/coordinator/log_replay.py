@@ -65,16 +65,10 @@ def _link_marks(raw: wire.RawRecord) -> dict[str, int]:
     return {w.name: w.last_seq + 1 for w in raw.tail.watermarks}
 
 
-# A run of replayed records whose records average fewer bytes than this goes to the
-# binding as one joined buffer (one buffer to the socket rather than one each, for the
-# cost of copying a few bytes); larger ones go as they are.
-_JOIN_BELOW = 4096
-
-
 async def _send(binding: BindingLink, forms: list[bytes]) -> None:
-    """One send of a run of records (a send per record cost a tenth of replay's time)."""
-    size = sum(map(len, forms))
-    await binding.send([b"".join(forms)] if size < _JOIN_BELOW * len(forms) else [*forms])
+    """One send of a run of records (a send per record cost a tenth of replay's time):
+    small records joined, large ones as they are (``wire.coalesce_parts``)."""
+    await binding.send(wire.coalesce_parts(forms))
 
 
 @attrs.frozen
