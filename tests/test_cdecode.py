@@ -75,8 +75,8 @@ _needs_c = pytest.mark.skipif(
 _EDGE_IDS = [0, -1, 1, 63, -64, 64, -65, 8191, -8192, 8192, 2**20 - 1, 2**20, 2**27, -(2**27)]
 _EDGE_IDS += [2**27 - 1, 606343346, 2**31 - 1, -(2**31), -(2**31) + 1]
 _method_ids = st.sampled_from(_EDGE_IDS) | st.integers(-(2**31), 2**31 - 1)
-# Arguments up to 300 bytes (sizes of one and two varint bytes), and some over 16 KiB
-# (three size bytes: the general path).
+# Arguments up to 300 bytes (sizes of one and two varint bytes), and some about and over
+# 8 KiB (three size bytes from 8,192 on: the general path).
 _args = st.binary(max_size=300) | st.sampled_from([b"", b"q" * 8185, b"r" * 8200, b"s" * 17000])
 
 

@@ -56,8 +56,9 @@ def test_decoded_fast_path_calls_equal_constructed_ones(calls: list[IncomingRpc]
 
 
 def test_small_calls_own_their_arguments_and_large_ones_are_views() -> None:
-    """Under 16 KiB (the fast path) a call's arguments are bytes of their own, so the
-    record they came in is not kept alive by them; above, views of it, not copied."""
+    """Under 8 KiB (the fast path: a size of one or two varint bytes) a call's arguments
+    are bytes of their own, so the record they came in is not kept alive by them; above,
+    views of it, not copied."""
     small = IncomingRpc(5, RpcType.FORK, b"s" * 100)
     large = IncomingRpc(5, RpcType.IMPULSE, b"L" * 20_000)
     data = bytearray(wire.encode_message(small) + wire.encode_message(large))

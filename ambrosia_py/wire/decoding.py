@@ -254,9 +254,9 @@ def decode_messages(
     """Decode the messages packed in ``buf[pos:end]`` (a record body).
 
     Payloads are views of ``buf``, except the arguments of incoming fork and impulse
-    calls under 16 KiB (the common case, decoded by the fast path), which are ``bytes`` of
-    their own: cheaper to make than a view and to collect, and they do not keep ``buf``
-    alive (a binding's checkpoint tail holds calls for a while).
+    calls in messages under 8 KiB (the common case, decoded by the fast path), which are
+    ``bytes`` of their own: cheaper to make than a view and to collect, and they do not
+    keep ``buf`` alive (a binding's checkpoint tail holds calls for a while).
     """
     decode_calls = _decode_calls
     if decode_calls is None or direction is not Direction.TO_BINDING:
@@ -330,7 +330,7 @@ def _decode_messages_py(
                         if r == 1 or r == 2:
                             # IncomingRpc(method, type, args), its slots set directly:
                             # the frozen class's __init__ costs a third more per message.
-                            # The arguments (under 16 KiB here) are copied: a view costs
+                            # The arguments (under 8 KiB here) are copied: a view costs
                             # more to make and to collect, and keeps the record alive.
                             call = new(IncomingRpc)
                             set_method(call, (m >> 1) ^ -(m & 1))

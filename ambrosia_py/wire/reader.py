@@ -9,7 +9,7 @@ Both are sans-IO: no sockets, no files. ``feed()`` appends bytes; ``next_*()`` r
 next complete unit or ``None`` when more bytes are needed; ``close()`` says the stream
 ended and raises :class:`TruncatedInputError` if it ended inside a unit. Each record is copied
 out of the input buffer once; the messages decoded from it are views into that copy,
-except the arguments of fork and impulse calls under 16 KiB, copied out on their own
+except the arguments of fork and impulse calls under 8 KiB, copied out on their own
 (see :func:`~.decoding.decode_messages`).
 """
 
