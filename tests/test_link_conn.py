@@ -52,6 +52,14 @@ async def _pair(
     return conn, reader, writer
 
 
+def _tls(tmp_path: Path) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    """The TLS contexts of a link between two coordinators, with a fresh certificate."""
+    options = mutual_tls(tmp_path, ("a",))["a"]
+    contexts = tls_contexts(LinkSettings(tls_cert=Path(options[1]), tls_key=Path(options[3])))
+    assert contexts is not None
+    return contexts
+
+
 async def _open(conn: LinkConn, writer: asyncio.StreamWriter) -> tuple[Keys, LinkChannel]:
     """The ConnectPackets, then both ends take the same keys (no secret handshake here:
     that is link_auth's, tested on its own); returns the peer's keys."""
@@ -99,9 +107,7 @@ def test_frames_are_delivered_in_order_pings_skipped_then_the_end_is_reported() 
 
 @needs_openssl
 def test_the_same_over_tls(tmp_path: Path) -> None:
-    options = mutual_tls(tmp_path, ("a",))["a"]
-    settings = LinkSettings(tls_cert=Path(options[1]), tls_key=Path(options[3]))
-    asyncio.run(_delivered_in_order(tls_contexts(settings)))
+    asyncio.run(_delivered_in_order(_tls(tmp_path)))
 
 
 async def _lost_tls(tls: tuple[ssl.SSLContext, ssl.SSLContext]) -> None:
@@ -140,10 +146,7 @@ async def _closed_twice(tls: tuple[ssl.SSLContext, ssl.SSLContext]) -> None:
 
 @needs_openssl
 def test_writing_to_a_tls_connection_closed_twice_is_a_connection_error(tmp_path: Path) -> None:
-    options = mutual_tls(tmp_path, ("a",))["a"]
-    settings = LinkSettings(tls_cert=Path(options[1]), tls_key=Path(options[3]))
-    tls = tls_contexts(settings)
-    assert tls is not None
+    tls = _tls(tmp_path)
     asyncio.run(_closed_twice(tls))
 
 
@@ -151,10 +154,7 @@ def test_writing_to_a_tls_connection_closed_twice_is_a_connection_error(tmp_path
 def test_a_lost_tls_connection_says_it_is_closing_and_asking_does_not_raise(
     tmp_path: Path,
 ) -> None:
-    options = mutual_tls(tmp_path, ("a",))["a"]
-    settings = LinkSettings(tls_cert=Path(options[1]), tls_key=Path(options[3]))
-    tls = tls_contexts(settings)
-    assert tls is not None
+    tls = _tls(tmp_path)
     asyncio.run(_lost_tls(tls))
 
 

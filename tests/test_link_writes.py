@@ -19,12 +19,11 @@ from pathlib import Path
 import pytest
 import xxhash
 
-from ambrosia_py.coordinator.link_config import LinkSettings, tls_contexts
 from ambrosia_py.coordinator.link_conn import LinkConn
 from ambrosia_py.iov import IOV_MAX
-from tests.certs import mutual_tls, needs_openssl
+from tests.certs import needs_openssl
 from tests.link_peer import LINK_TOKEN, PING_TOKEN, Keys
-from tests.test_link_conn import _open, _pair
+from tests.test_link_conn import _open, _pair, _tls
 
 Writes = list[tuple[bytes, ...] | None]  # a frame's parts, or None for a ping
 
@@ -119,9 +118,7 @@ def test_large_frames_go_out_as_parts_in_order_with_small_ones_and_pings(
 def test_over_tls_the_same_frames_go_out_through_the_transport(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    options = mutual_tls(tmp_path, ("a",))["a"]
-    settings = LinkSettings(tls_cert=Path(options[1]), tls_key=Path(options[3]))
-    asyncio.run(_write_all(tls_contexts(settings), _count_writev(monkeypatch)))
+    asyncio.run(_write_all(_tls(tmp_path), _count_writev(monkeypatch)))
 
 
 async def _write_after_reset() -> None:
@@ -162,6 +159,4 @@ async def _fd_only_for_plain_tcp(tls: tuple[ssl.SSLContext, ssl.SSLContext] | No
 @needs_openssl
 def test_only_a_plain_tcp_connection_writes_to_its_socket(tmp_path: Path) -> None:
     asyncio.run(_fd_only_for_plain_tcp(None))
-    options = mutual_tls(tmp_path, ("a",))["a"]
-    settings = LinkSettings(tls_cert=Path(options[1]), tls_key=Path(options[3]))
-    asyncio.run(_fd_only_for_plain_tcp(tls_contexts(settings)))
+    asyncio.run(_fd_only_for_plain_tcp(_tls(tmp_path)))
