@@ -19,6 +19,7 @@ import pytest
 
 from ambrosia_py.bench import compare_dbos, compare_grpc
 from ambrosia_py.bench.compare import QUICK, run_dbos, run_grpc
+from ambrosia_py.bench.compare_floor import MODES, Mode, measure_await_floor
 
 SIZES = {"16", "1024", "65536"}
 # The command, with grpc and dbos made unimportable (a None entry in sys.modules).
@@ -57,6 +58,8 @@ def test_quick_run_without_peers(tmp_path: Path) -> None:
         assert set(result["ours"][measure]) == SIZES
     for measure in ("replay_calls_per_s", "failover_s", "rss_idle_service_mib"):
         assert _positive(result["ours"][measure])
+    for mode in MODES:
+        assert _positive(result["limits"][f"await_floor_{mode}_p50_ms"])
     assert "Goals of issue 13" in (tmp_path / "out.md").read_text()
     assert list(tmp_path.iterdir()) == [tmp_path / "out.md"]  # the temporary dir is gone
 
@@ -74,3 +77,21 @@ def test_dbos_tiny(tmp_path: Path) -> None:
     assert set(figures) == {"steps_per_s", "workflows_per_s"}
     assert set(figures["steps_per_s"]) == SIZES  # type: ignore[arg-type]
     _all_positive(figures)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_await_floor_makes_every_call_durable_twice(tmp_path: Path, mode: Mode) -> None:
+    """The floor's skeleton is the awaited path: each of its coordinators appended every
+    frame it relayed from the link (20 measured + 3 unmeasured round trips of 16 B, each
+    4 + 16 bytes) to its file, and the caller got each call back as it sent it."""
+    p50 = measure_await_floor(tmp_path, mode, 16, 20)
+    assert _positive(p50)
+    for name in ("coordinator-a.log", "coordinator-b.log"):
+        data = (tmp_path / name).read_bytes()
+        frames = [data[i : i + 20] for i in range(0, len(data), 20)]
+        assert [int.from_bytes(f[4:12], "big") for f in frames] == list(range(23))
+
+
+def test_await_floor_needs_room_for_its_counter(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="8-byte counter"):
+        measure_await_floor(tmp_path, "blocking", 4, 1)

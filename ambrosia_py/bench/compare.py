@@ -6,7 +6,8 @@ invocation measures, ``--runs`` times, interleaved (limits, gRPC, DBOS, ours; th
 so a slow minute hits every party alike, and reports each figure's median:
 
 - **limits** (``compare_limits``): fdatasync'ed writes/s and sequential MB/s in the
-  data dir's filesystem; raw asyncio loopback msgs/s between two processes;
+  data dir's filesystem; raw asyncio loopback msgs/s between two processes; the floor
+  under an awaited round trip, its path with no work (``compare_floor``);
 - **grpc** (``compare_grpc``): grpcio client-streaming between two processes, raw bytes;
 - **dbos** (``compare_dbos``): DBOS on SQLite, durable steps/s and workflows/s;
 - **ours** (``compare_ours``): durable forks and awaited calls between two immortals on
@@ -33,6 +34,7 @@ from rich.console import Console
 
 from ..testing import ImmortalRunner
 from . import compare_dbos, compare_grpc
+from .compare_floor import MODES, measure_await_floor
 from .compare_limits import loopback_server, measure_disk_limits, measure_loopback
 from .compare_ours import (
     measure_awaits,
@@ -68,6 +70,7 @@ class Plan:
     dbos: int
     forks: dict[int, int]
     awaits: int
+    floor: int  # round trips through the awaited path's skeleton, each way
     replay: int
     load_calls: int
 
@@ -79,6 +82,7 @@ FULL = Plan(
     dbos=100,
     forks={16: 50_000, 1024: 30_000, SIZES[-1]: 2_000},
     awaits=300,
+    floor=1_000,
     replay=50_000,
     load_calls=10_000,
 )
@@ -89,6 +93,7 @@ QUICK = Plan(
     dbos=5,
     forks={16: 500, 1024: 500, SIZES[-1]: 20},
     awaits=5,
+    floor=20,
     replay=500,
     load_calls=100,
 )
@@ -104,6 +109,9 @@ def run_limits(plan: Plan, directory: Path) -> Figures:
         rates = {s: measure_loopback(port, s, n) for s, n in plan.loopback.items()}
     figures["loopback_msgs_per_s"] = _by_size(rates)
     figures["loopback_mb_per_s"] = _by_size({s: r * s / 1e6 for s, r in rates.items()})
+    for mode in MODES:
+        p50 = measure_await_floor(directory / f"floor-{mode}", mode, SIZES[0], plan.floor)
+        figures[f"await_floor_{mode}_p50_ms"] = p50 * 1e3
     return figures
 
 
