@@ -25,9 +25,9 @@ import click
 
 from ..coordinator.binding_auth import BindingAuth, token_for_ready_line
 from ..coordinator.errors import StorageError
+from ..coordinator.ic_config import CoordinatorConfig, CoordinatorError
 from ..coordinator.ic_core import IcState, StateFormatError
 from ..coordinator.ic_debug import run_debug
-from ..coordinator.ic_server import CoordinatorConfig, CoordinatorError
 from ..coordinator.storage import InstanceFiles
 from ..hashseed import instance_seed, run_under_seed
 from ..wire import RecordReader

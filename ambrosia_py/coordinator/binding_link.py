@@ -159,10 +159,13 @@ _PEEK_NOW = int(socket.MSG_PEEK | socket.MSG_DONTWAIT)  # an int: enum arithmeti
 class BindingLink:
     """The binding's two connections.
 
-    What the binding sends is read on the event loop (``sock_recv`` returns fresh bytes,
-    which the intake keeps without copying). Records go out from one sender thread with
-    a blocking ``sendmsg`` of their buffers: no copy into a transport buffer, order kept
-    by the single thread, and sending overlaps the next append.
+    What the binding sends is read on the event loop as fresh bytes, which the intake
+    keeps without copying: with :meth:`recv` during start-up, then by a reader callback
+    that hands each read on (:meth:`read_each`), as a protocol's ``data_received`` would:
+    no future, no task step and no reader added and removed per read. Records go out from
+    one sender thread with a blocking ``sendmsg`` of their buffers: no copy into a
+    transport buffer, order kept by the single thread, and sending overlaps the next
+    append.
     """
 
     def __init__(self, receive: socket.socket, send: socket.socket) -> None:
@@ -175,6 +178,62 @@ class BindingLink:
         self._ahead: asyncio.Queue[bytes] = asyncio.Queue()  # read while replay is sent
         self._reading_ahead: asyncio.Task[None] | None = None
         self._stop_ahead = False
+        self._on_data: Callable[[bytes], None] | None = None
+        self._on_lost: Callable[[OSError], None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # once read_each was called
+        self._reading = False
+
+    def read_each(
+        self, on_data: Callable[[bytes], None], on_lost: Callable[[OSError], None]
+    ) -> None:
+        """From now on, call ``on_data`` with each read from the event loop (``b""``
+        once the binding has gone), or ``on_lost`` once, when reading fails.
+
+        Only once :meth:`recv` has returned all that was read ahead (:meth:`read_ahead`
+        is done and nothing it read is left: see :attr:`read_ahead_left`).
+        """
+        assert not self.read_ahead_left
+        self._on_data, self._on_lost = on_data, on_lost
+        self._loop = asyncio.get_running_loop()
+        self.resume_reading()
+
+    @property
+    def read_ahead_left(self) -> bool:
+        """Whether :meth:`recv` still has bytes that were read ahead, or a read ahead in
+        progress, to return."""
+        reading = self._reading_ahead
+        return not self._ahead.empty() or (reading is not None and not reading.done())
+
+    def pause_reading(self) -> None:
+        """Stop calling ``on_data`` until :meth:`resume_reading` (back-pressure: the
+        binding's bytes wait in the socket, and TCP slows it down)."""
+        if self._reading and self._loop is not None:
+            self._reading = False
+            self._loop.remove_reader(self._receive)
+
+    def resume_reading(self) -> None:
+        if not self._reading and self._on_data is not None and self._loop is not None:
+            self._reading = True
+            self._loop.add_reader(self._receive, self._readable)
+
+    def _readable(self) -> None:
+        on_data, on_lost = self._on_data, self._on_lost
+        assert on_data is not None and on_lost is not None
+        try:
+            data = self._receive.recv(READ_SIZE)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._end()
+            on_lost(exc)
+            return
+        if not data:
+            self._end()
+        on_data(data)
+
+    def _end(self) -> None:
+        self.pause_reading()
+        self._on_data = self._on_lost = None
 
     def read_ahead(self) -> None:
         """Read what the binding sends into memory until :meth:`stop_reading_ahead`.
@@ -275,6 +334,7 @@ class BindingLink:
     def close(self) -> None:
         if self._reading_ahead is not None:
             self._reading_ahead.cancel()
+        self.pause_reading()
         for sock in (self._receive, self._send):
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)

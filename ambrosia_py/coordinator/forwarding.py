@@ -277,6 +277,10 @@ class OutboxGate:
         self._resumed = asyncio.Event()
         budget.on_resume = self._resumed.set
 
+    @property
+    def paused(self) -> bool:
+        return self._budget.paused
+
     async def wait(self) -> None:
         """Return at once unless paused; else once commits brought the total down."""
         if not self._budget.paused:

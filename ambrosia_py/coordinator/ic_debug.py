@@ -10,8 +10,9 @@ from .. import wire
 from ..wire import CHECKPOINT_SEQ, Checkpoint, UpgradeService
 from .binding_auth import open_gate
 from .binding_link import connect_binding
+from .ic_config import CoordinatorConfig, CoordinatorError, resolve_start
 from .ic_core import IcState
-from .ic_server import CoordinatorConfig, CoordinatorError, _print_ready, _resolve
+from .ic_server import _print_ready
 from .log_replay import replay_log
 from .registry_files import prepare_start
 from .storage import CorruptLogError, InstanceFiles
@@ -29,7 +30,7 @@ async def run_debug(
     """Serve a binding checkpoint ``checkpoint`` and the records after it, writing nothing."""
     registry = prepare_start(config.data_dir, config.instance)
     try:
-        version, receive_port, send_port = _resolve(config, registry)
+        version, receive_port, send_port = resolve_start(config, registry)
     finally:
         registry.close()
     files = InstanceFiles(config.data_dir, config.instance, version)

@@ -15,10 +15,10 @@ reference ambrosia.md, *Start-up* and *The two local sockets*):
   of logs N, N+1, ... (verified; a torn tail of the last log is cut and reported, damage
   before it stops recovery), then log M = last + 1, TakeBecomingPrimaryCheckpoint (or
   UpgradeTakeCheckpoint) and the binding's checkpoint written as checkpoint M.
-* Normal processing, group commit: a reader task sorts the binding's bytes into pending
-  input; a committer task packs everything pending into one record and writes it in a
-  worker thread — input keeps arriving meanwhile and forms the next record — while a
-  second stage (:mod:`commit`) ``fdatasync``s what was written and only then forwards the
+* Normal processing, group commit: a reader (a callback on the binding's socket) sorts
+  the binding's bytes into pending input; a committer task packs everything pending
+  into one record and writes it in a worker thread — input keeps arriving meanwhile and
+  forms the next record — while a second stage (:mod:`commit`) ``fdatasync``s what was written and only then forwards the
   same bytes to the binding (:mod:`forwarding`). The binding only ever sees durable input.
 * Checkpoints: when the binding sends TakeCheckpoint or the log passes its size trigger,
   the committer moves to log N+1 and sends TakeCheckpoint (a seq -1 record) between the
@@ -38,7 +38,6 @@ import secrets
 import signal
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import attrs
 
@@ -50,12 +49,13 @@ from ..wire import (
     TakeCheckpoint,
     UpgradeTakeCheckpoint,
 )
-from .binding_auth import BindingAuth, open_gate
+from .binding_auth import open_gate
 from .binding_link import BindingLink, connect_binding
 from .commit import CommitPipeline
 from .forwarding import Forwarded, Forwarder, LogPlace, OutboxGate
+from .ic_config import CoordinatorConfig, CoordinatorError, resolve_start
 from .ic_core import CheckpointArrived, CheckpointRequested, IcState, InitialArrived, Intake
-from .link_config import LinkSettings, load_secret, tls_contexts
+from .link_config import load_secret, tls_contexts
 from .links import Inbox
 from .log_replay import replay_log
 from .peer_links import PeerLinks
@@ -67,59 +67,7 @@ __all__ = ["CoordinatorConfig", "CoordinatorError", "run_coordinator"]
 
 log = logging.getLogger("ambrosia_py.coordinator")
 
-DEFAULT_LOG_TRIGGER_MB = 1000  # the released coordinator's default
-DEFAULT_MAX_RECORD_BYTES = 16 * 1024 * 1024
 _EMPTY_TAIL = wire.encode_disk_tail()  # no watermarks, no trim watermarks
-
-
-class CoordinatorError(Exception):
-    """A condition that stops the coordinator; the message says what and where."""
-
-
-@attrs.frozen
-class CoordinatorConfig:
-    """How to run one coordinator."""
-
-    data_dir: Path
-    instance: str
-    version: int | None = None
-    receive_port: int | None = None
-    send_port: int | None = None
-    log_trigger_mb: float = DEFAULT_LOG_TRIGGER_MB
-    upgrade_version: int | None = None
-    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
-    host: str = "127.0.0.1"
-    # How the binding proves it was started for this coordinator (binding_auth.py).
-    binding_auth: BindingAuth = BindingAuth.TOKEN
-    # Links to other instances' coordinators: where this one accepts them (port 0: any
-    # free port), and addresses of instances the registry does not know (other machines).
-    link_host: str = "127.0.0.1"
-    link_port: int = 0
-    link_to: tuple[tuple[str, str, int], ...] = ()
-    # The links' secret, TLS and limits (link_config.py).
-    link_settings: LinkSettings = LinkSettings()
-
-
-def _resolve(config: CoordinatorConfig, registry: Registry) -> tuple[int, int, int]:
-    """Version and ports: the registry's, registering the instance on first use."""
-    info = registry.get(config.instance)
-    if info is None:
-        info = registry.register(
-            config.instance,
-            receive_port=config.receive_port,
-            send_port=config.send_port,
-            version=config.version or 0,
-        )
-    if config.version is not None and config.version != info.current_version:
-        raise CoordinatorError(
-            f"instance {config.instance!r} is at version {info.current_version}, not "
-            f"{config.version}; use --upgrade-version to move to a new version"
-        )
-    return (
-        info.current_version,
-        config.receive_port or info.receive_port,
-        config.send_port or info.send_port,
-    )
 
 
 @attrs.frozen
@@ -173,28 +121,49 @@ class _Coordinator:
         return not (self._committing and self.intake.pending_bytes > self._max_pending)
 
     async def read_binding(self) -> None:
-        assert self.binding is not None
+        """Take what the binding sends until it goes: first what recovery read ahead,
+        then each read from the binding link's reader callback (a loop turn less than a
+        task waiting for each read: this is on every awaited call's path)."""
+        binding = self.binding
+        assert binding is not None
+        ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        resuming: asyncio.Task[None] | None = None
+
+        def end(exc: BaseException | None) -> None:
+            binding.pause_reading()
+            if ended.done():
+                pass
+            elif exc is None:
+                ended.set_result(None)
+            else:
+                ended.set_exception(exc)
+
+        async def resume_when_room() -> None:
+            await self._room_for_binding()
+            binding.resume_reading()
+
+        def take(data: bytes) -> None:
+            nonlocal resuming
+            try:
+                if not self._binding_input(data):
+                    return end(None)
+            except Exception as exc:  # bad input or a bug: raised below, where it is told
+                return end(exc)
+            # Back-pressure once links are open (replay needs every output read): the
+            # outbox limit, and room for pending input. Safe only as the commit loop
+            # never waits for the binding (forwarding.py).
+            if self.links is not None and (self._outbox_gate.paused or not self.has_room()):
+                binding.pause_reading()
+                resuming = asyncio.create_task(resume_when_room())
+
         try:
-            while data := await self.binding.recv():
-                events = self.intake.feed(data)
-                for event in events:
-                    self._on_event(event)
+            while binding.read_ahead_left:
+                if not self._binding_input(await binding.recv()):
+                    return
                 if self.links is not None:
-                    self.links.output_ready()
-                if events or self.intake.pending:  # not for output alone: it goes by link
-                    self._wake.set()
-                # sock_recv returns at once while data is waiting: yield, so the committer
-                # can start the next record while input keeps arriving (group commit), and
-                # the links can send. With nothing waiting, the next read yields anyway.
-                if self.binding.has_unread():
-                    await asyncio.sleep(0)
-                # Back-pressure once links are open (replay needs every output read): the
-                # outbox limit, and room for pending input. Safe only as the commit loop
-                # never waits for the binding (forwarding.py).
-                if self.links is not None:
-                    await self._outbox_gate.wait()
-                    await self.room_for_input()
-            self.intake.close()
+                    await self._room_for_binding()
+            binding.read_each(take, end)
+            await ended
         except wire.ProtocolError as exc:
             log.error("bad input from the binding: %s", exc)
             self._failure = exc
@@ -204,6 +173,9 @@ class _Coordinator:
             log.exception("reading the binding failed")
             self._failure = exc
         finally:
+            end(None)
+            if resuming is not None:
+                resuming.cancel()
             self._eof = True
             self._wake.set()
             for fut in (self._startup_checkpoint, self._initial):
@@ -211,6 +183,24 @@ class _Coordinator:
                     fut.set_exception(CoordinatorError("the binding disconnected during start-up"))
                     # Only the first of the two is awaited; the other must not warn.
                     fut.add_done_callback(lambda f: f.exception())
+
+    def _binding_input(self, data: bytes) -> bool:
+        """Take one read from the binding; False once it has gone (``b""``)."""
+        if not data:
+            self.intake.close()
+            return False
+        events = self.intake.feed(data)
+        for event in events:
+            self._on_event(event)
+        if self.links is not None:
+            self.links.output_ready()
+        if events or self.intake.pending:  # not for output alone: it goes by link
+            self._wake.set()
+        return True
+
+    async def _room_for_binding(self) -> None:
+        await self._outbox_gate.wait()
+        await self.room_for_input()
 
     def _on_event(self, event: object) -> None:
         if isinstance(event, CheckpointRequested):
@@ -497,7 +487,7 @@ class _Coordinator:
 
     async def run(self, ready: Callable[[str], None]) -> int:
         version = self.files.version
-        _, receive_port, send_port = _resolve(self.config, self.registry)
+        _, receive_port, send_port = resolve_start(self.config, self.registry)
         # Whatever address an earlier incarnation published is dead; publish anew once
         # recovered (senders look it up again and wait meanwhile).
         self.registry.clear_link_address(self.config.instance)
@@ -570,7 +560,7 @@ async def run_coordinator(
         # Read now, so a bad secret or TLS file stops start-up, not links after recovery.
         load_secret(config.link_settings, config.data_dir)
         tls_contexts(config.link_settings)
-        version, _, _ = _resolve(config, registry)
+        version, _, _ = resolve_start(config, registry)
         files = InstanceFiles(config.data_dir, config.instance, version)
         files.create()
         files.acquire_lock()

@@ -1,0 +1,72 @@
+"""How a coordinator is run: its settings, what it stops with, and its version and ports."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import attrs
+
+from .binding_auth import BindingAuth
+from .link_config import LinkSettings
+from .registry import Registry
+
+__all__ = [
+    "DEFAULT_LOG_TRIGGER_MB",
+    "DEFAULT_MAX_RECORD_BYTES",
+    "CoordinatorConfig",
+    "CoordinatorError",
+    "resolve_start",
+]
+
+DEFAULT_LOG_TRIGGER_MB = 1000  # the released coordinator's default
+DEFAULT_MAX_RECORD_BYTES = 16 * 1024 * 1024
+
+
+class CoordinatorError(Exception):
+    """A condition that stops the coordinator; the message says what and where."""
+
+
+@attrs.frozen
+class CoordinatorConfig:
+    """How to run one coordinator."""
+
+    data_dir: Path
+    instance: str
+    version: int | None = None
+    receive_port: int | None = None
+    send_port: int | None = None
+    log_trigger_mb: float = DEFAULT_LOG_TRIGGER_MB
+    upgrade_version: int | None = None
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
+    host: str = "127.0.0.1"
+    # How the binding proves it was started for this coordinator (binding_auth.py).
+    binding_auth: BindingAuth = BindingAuth.TOKEN
+    # Links to other instances' coordinators: where this one accepts them (port 0: any
+    # free port), and addresses of instances the registry does not know (other machines).
+    link_host: str = "127.0.0.1"
+    link_port: int = 0
+    link_to: tuple[tuple[str, str, int], ...] = ()
+    # The links' secret, TLS and limits (link_config.py).
+    link_settings: LinkSettings = LinkSettings()
+
+
+def resolve_start(config: CoordinatorConfig, registry: Registry) -> tuple[int, int, int]:
+    """Version and ports: the registry's, registering the instance on first use."""
+    info = registry.get(config.instance)
+    if info is None:
+        info = registry.register(
+            config.instance,
+            receive_port=config.receive_port,
+            send_port=config.send_port,
+            version=config.version or 0,
+        )
+    if config.version is not None and config.version != info.current_version:
+        raise CoordinatorError(
+            f"instance {config.instance!r} is at version {info.current_version}, not "
+            f"{config.version}; use --upgrade-version to move to a new version"
+        )
+    return (
+        info.current_version,
+        config.receive_port or info.receive_port,
+        config.send_port or info.send_port,
+    )
