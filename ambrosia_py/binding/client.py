@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .. import crashpoints, wire
+from ..allocator import prime_allocator
 from ..coordinator.binding_auth import Socket, encode_preamble
 from ..wire import Message, RecordReader
 from .background import BackgroundFailure, BackgroundTasks
@@ -134,6 +135,7 @@ async def serve(
     :class:`BackgroundTaskError`. A record the binding cannot go on from (a state that
     cannot be pickled for a checkpoint, ...) raises :class:`ServiceFailedError`.
     """
+    prime_allocator()  # every read asks for 256 KiB: from the heap, not a fresh mapping
     conn = await connect(receive_port, send_port, host=host, timeout=timeout, token=token)
     reader, writer = conn.reader, conn.writer
     d = dispatcher or Dispatcher(service, instance, upgrade_to=upgrade_to, options=options)

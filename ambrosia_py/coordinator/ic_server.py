@@ -18,8 +18,9 @@ reference ambrosia.md, *Start-up* and *The two local sockets*):
 * Normal processing, group commit: a reader (a callback on the binding's socket) sorts
   the binding's bytes into pending input; a committer task packs everything pending
   into one record and writes it in a worker thread — input keeps arriving meanwhile and
-  forms the next record — while a second stage (:mod:`commit`) ``fdatasync``s what was written and only then forwards the
-  same bytes to the binding (:mod:`forwarding`). The binding only ever sees durable input.
+  forms the next record — while a second stage (:mod:`commit`) ``fdatasync``s what was
+  written and only then forwards the same bytes to the binding (:mod:`forwarding`). The
+  binding only ever sees durable input.
 * Checkpoints: when the binding sends TakeCheckpoint or the log passes its size trigger,
   the committer moves to log N+1 and sends TakeCheckpoint (a seq -1 record) between the
   last record of log N and the first of log N+1, so the binding's answer is the state at
@@ -42,6 +43,7 @@ from collections.abc import Callable
 import attrs
 
 from .. import crashpoints, wire
+from ..allocator import prime_allocator
 from ..wire import (
     CHECKPOINT_SEQ,
     Checkpoint,
@@ -553,6 +555,7 @@ async def run_coordinator(
     config: CoordinatorConfig, ready: Callable[[str], None] = _print_ready
 ) -> int:
     """Run one coordinator until its binding disconnects; return the exit status."""
+    prime_allocator()  # every read asks for 256 KiB: from the heap, not a fresh mapping
     # Refuses when the registry has lost track of the instance's files (never a first
     # start over existing history), before anything is listened on or written.
     registry = prepare_start(config.data_dir, config.instance)
