@@ -37,6 +37,8 @@ from functools import partial
 from pathlib import Path
 from typing import Literal
 
+from ..allocator import prime_allocator
+
 __all__ = ["MODES", "Mode", "hop", "measure_await_floor"]
 
 Mode = Literal["asyncio", "blocking"]
@@ -79,6 +81,7 @@ def measure_await_floor(directory: Path, mode: Mode, size: int, count: int) -> f
         caller = socket.create_connection(to_a.getsockname())
         caller.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         run = _call_blocking if mode == "blocking" else _call_asyncio
+        prime_allocator()
         times = run(caller, size, warm + count)[warm:]
     finally:
         to_a.close()
@@ -155,6 +158,7 @@ def _durable(fd: int, frame: bytes) -> None:
 def hop() -> None:
     """A skeleton process: ``MODE ROLE ARGS`` on the command line (see the module)."""
     mode, role, *args = sys.argv[1:]
+    prime_allocator()  # as ours: asyncio's reads ask for 256 KiB
     log = os.open(args[-1], os.O_WRONLY | os.O_CREAT | os.O_APPEND) if len(args) == 3 else -1
     if mode == "blocking":
         _hop_blocking(role, args, log)
