@@ -4,10 +4,10 @@ this start's token (:mod:`binding_auth`), refusing a second binding, and moving 
 without copying them.
 
 Raw sockets rather than asyncio streams: the coordinator moves every byte it logs through
-these connections, and the stream classes copy each read and write. Reads use
-``loop.sock_recv``, whose fresh ``bytes`` the intake keeps by reference; records go out
-from one sender thread with a blocking ``sendmsg`` of their buffers, which keeps their
-order and lets sending overlap the next append.
+these connections, and the stream classes copy each read and write. Reads (``recv``
+during start-up, then a reader callback) give fresh ``bytes``, which the intake keeps by
+reference; records go out from one sender thread with a blocking ``sendmsg`` of their
+buffers, which keeps their order and lets sending overlap the next append.
 """
 
 from __future__ import annotations
