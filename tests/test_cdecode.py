@@ -62,6 +62,12 @@ def test_the_accelerator_is_used_when_built() -> None:
     assert module.decode_calls(memoryview(body), 0, len(body), out) == len(body)
     assert out == [IncomingRpc(7, RpcType.FORK, b"abc")] * 2
     assert module.count_replayable(body) == 2
+    # ... and an awaited call, its sender and sequence number with it.
+    awaited = IncomingRpc(-3, RpcType.ASYNC_AWAIT, b"xyz", "caller-1", -(2**62))
+    body = wire.encode_message(awaited)
+    out = []
+    assert module.decode_calls(memoryview(body), 0, len(body), out) == len(body)
+    assert out == [awaited] and type(out[0].args) is bytes
 
 
 _needs_c = pytest.mark.skipif(
@@ -135,6 +141,33 @@ _EDGE_MESSAGES = [
     b"\x00",  # size 0
 ]
 assert len(_EDGE_MESSAGES[2]) == 9 and _EDGE_MESSAGES[2][0] == 16
+
+
+def _awaited(name: bytes, seq: bytes, args: bytes = b"a") -> bytes:
+    """An incoming async/await call, method 1, from the raw bytes of its sender's name
+    and sequence number (the name's length as its varint)."""
+    return _framed(b"\x00\x00\x02\x00" + wire.encode_zigzag_int(len(name)) + name + seq + args)
+
+
+# The async/await call's own edges: the fast path takes a name of at most 63 ASCII bytes
+# (one length byte) and a sequence number of at most nine bytes.
+_SEQ9 = b"\xff" * 8 + b"\x7f"  # the largest nine-byte varint: 2**63 - 1, zig-zag
+_EDGE_MESSAGES += [
+    _awaited(b"", b"\x00"),  # no name, sequence 0
+    _awaited(b"n" * 63, b"\x02"),  # the longest name of one length byte
+    _awaited(b"n" * 64, b"\x02"),  # two length bytes: the general path
+    _awaited("é".encode(), b"\x02"),  # not ASCII, valid UTF-8: the general path
+    _awaited(b"\xff\xfe", b"\x02"),  # not UTF-8: the general path raises
+    _awaited(b"ab", _SEQ9),  # the longest sequence number the fast path takes
+    _awaited(b"ab", b"\x80" * 9 + b"\x01"),  # ten bytes: the general path
+    _awaited(b"ab", b"\xff" * 10 + b"\x01"),  # eleven: the general path raises
+    _awaited(b"ab", b"\x80\x80", b""),  # the sequence number runs to the end
+    _awaited(b"ab", b"", b""),  # no sequence number
+    _framed(b"\x00\x00\x02\x00\x03ab\x02"),  # an odd name length (negative)
+    _framed(b"\x00\x00\x02\x00\x0cab\x02"),  # a name that runs past the end
+    _framed(b"\x00\x00\x02\x00"),  # the name's length missing
+    _framed(b"\x00\x00\x02\x00\x80\x01" + b"n" * 64 + b"\x02"),  # 64 as two bytes
+]
 _edge_messages = st.sampled_from(_EDGE_MESSAGES)
 _messages = st.one_of(
     _incoming_rpcs().map(wire.encode_message),

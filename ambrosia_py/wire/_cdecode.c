@@ -1,7 +1,7 @@
 /* The C twin of two hot loops over record bodies (the Python code stays the reference):
  *
  * decode_calls(mv, pos, end, out) -- decoding.decode_messages' fast path: decodes the run
- *   of incoming fork / impulse calls at mv[pos:end] that the pure loop would build by
+ *   of incoming calls (fork, impulse, async/await) at mv[pos:end] that the pure loop builds by
  *   setting IncomingRpc's slots, appends them to the list ``out``, and returns where it
  *   stopped (``end``, or the first message the pure loop gives to decode_message). It
  *   accepts exactly what that loop accepts and never raises for malformed input: anything
@@ -224,10 +224,56 @@ cdecode_decode_calls(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             break;
         }
         unsigned int r = b[q];
-        if (r != 1 && r != 2) {
+        if (r > 2) {
             break;
         }
         long long method = (long long)(m >> 1) ^ -(long long)(m & 1);
+        /* An async/await call (0) names its sender and numbers itself: a name of at most
+         * 63 ASCII bytes (its length one varint byte), then a sequence number of at most
+         * nine varint bytes. Anything else there is left to the Python code. */
+        Py_ssize_t args_at = q + 1;
+        const unsigned char *name = NULL;
+        Py_ssize_t name_len = 0;
+        long long call_seq = 0;
+        if (r == 0) {
+            Py_ssize_t p = q + 1;
+            if (p >= stop || b[p] >= 0x80 || (b[p] & 1)) {
+                break;
+            }
+            name_len = b[p] >> 1;
+            name = b + p + 1;
+            p += 1 + name_len;
+            if (p > stop) {
+                break;
+            }
+            int ascii = 1;
+            for (Py_ssize_t i = 0; i < name_len; i++) {
+                if (name[i] >= 0x80) {
+                    ascii = 0;
+                    break;
+                }
+            }
+            if (!ascii) {
+                break;
+            }
+            uint64_t v = 0;
+            int shift = 0;
+            int closed = 0;
+            while (p < stop && shift < 63) {
+                unsigned int c = b[p++];
+                v |= (uint64_t)(c & 0x7F) << shift;
+                shift += 7;
+                if (c < 0x80) {
+                    closed = 1;
+                    break;
+                }
+            }
+            if (!closed) {
+                break;
+            }
+            call_seq = (long long)(v >> 1) ^ -(long long)(v & 1);
+            args_at = p;
+        }
 
         PyObject *call = rpc_cls->tp_alloc(rpc_cls, 0);
         if (call == NULL) {
@@ -240,7 +286,7 @@ cdecode_decode_calls(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         }
         set_slot(call, SLOT_METHOD, method_obj);
         /* A copy of its own, as the pure loop makes it (see _decode_messages_py). */
-        PyObject *args_obj = PyBytes_FromStringAndSize((const char *)b + q + 1, stop - q - 1);
+        PyObject *args_obj = PyBytes_FromStringAndSize((const char *)b + args_at, stop - args_at);
         if (args_obj == NULL) {
             Py_DECREF(call);
             goto error;
@@ -248,10 +294,26 @@ cdecode_decode_calls(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         set_slot(call, SLOT_ARGS, args_obj);
         Py_INCREF(rpc_types[r]);
         set_slot(call, SLOT_TYPE, rpc_types[r]);
-        Py_INCREF(empty_str);
-        set_slot(call, SLOT_SENDER, empty_str);
-        Py_INCREF(zero);
-        set_slot(call, SLOT_SEQ, zero);
+        PyObject *sender_obj = empty_str, *seq_obj = zero;
+        if (r == 0) {
+            sender_obj = PyUnicode_DecodeASCII((const char *)name, name_len, NULL);
+            seq_obj = sender_obj == NULL ? NULL : PyLong_FromLongLong(call_seq);
+            if (seq_obj == NULL) {
+                Py_XDECREF(sender_obj);
+                sender_obj = NULL;
+            }
+        }
+        else {
+            Py_INCREF(sender_obj);
+            Py_INCREF(seq_obj);
+        }
+        if (sender_obj == NULL) {
+            /* the slots not set stay NULL: the object is freed as it is */
+            Py_DECREF(call);
+            goto error;
+        }
+        set_slot(call, SLOT_SENDER, sender_obj);
+        set_slot(call, SLOT_SEQ, seq_obj);
         int failed = PyList_Append(out, call);
         Py_DECREF(call);
         if (failed) {

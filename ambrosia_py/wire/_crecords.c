@@ -416,7 +416,7 @@ static PyObject *py_take_raws(PyObject *self, PyObject *const *args, Py_ssize_t 
 }
 
 /* take_calls: the clean logged records (wire form, sequence id 0 or more) whose bodies
- * ``decode`` (decoding's C loop over fork and impulse calls) reads to the end, each as
+ * ``decode`` (decoding's C loop over incoming calls) reads to the end, each as
  * (seq, [calls]) appended to ``out``. It stops *before* any other record, which the
  * caller reads the general way (RecordReader.next_record); each record taken is copied
  * out once, and decoded from that copy. */

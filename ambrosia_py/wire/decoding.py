@@ -253,9 +253,9 @@ def decode_messages(
 ) -> list[Message]:
     """Decode the messages packed in ``buf[pos:end]`` (a record body).
 
-    Payloads are views of ``buf``, except the arguments of incoming fork and impulse
-    calls in messages under 8 KiB (the common case, decoded by the fast path), which are
-    ``bytes`` of their own: cheaper to make than a view and to collect, and they do not
+    Payloads are views of ``buf``, except the arguments of incoming calls in messages
+    under 8 KiB (the common case, decoded by the fast path), which are ``bytes`` of their
+    own: cheaper to make than a view and to collect, and they do not
     keep ``buf`` alive (a binding's checkpoint tail holds calls for a while).
     """
     decode_calls = _decode_calls
@@ -267,8 +267,8 @@ def decode_messages(
             f"messages end at {end}, past the {len(mv)}-byte buffer", offset=pos
         )
     out: list[Message] = []
-    # The C twin of the fast path below decodes each run of incoming fork and impulse
-    # calls; every other message (or anything doubtful) is decoded here, as before.
+    # The C twin of the fast path below decodes each run of incoming calls; every other
+    # message (or anything doubtful) is decoded here, as before.
     at = decode_calls(mv, pos, end, out)
     if at < 0:  # a buffer the C loop is not written for (not flat bytes): nothing done
         return _decode_messages_py(mv, pos, end, direction)
@@ -294,8 +294,9 @@ def _decode_messages_py(
     new = object.__new__
     set_method, set_type, set_args, set_sender, set_seq = _INCOMING_RPC_SLOTS
     while pos < end:
-        # Fast path: a size of one or two varint bytes and an incoming fork or impulse call
-        # with a one-byte method id, which is what high-rate traffic looks like.
+        # Fast path: a size of one or two varint bytes and an incoming call (a fork, an
+        # impulse, or an async/await call from a short ASCII name), which is what
+        # high-rate traffic and awaited calls look like.
         if incoming:
             b0 = mv[pos]
             if b0 < 0x80:
@@ -325,25 +326,52 @@ def _decode_messages_py(
                                 break
                         else:
                             shift = 99
-                    if shift <= 35 and m <= 0xFFFFFFFF and q < stop:
+                    if shift <= 35 and m <= 0xFFFFFFFF and q < stop and mv[q] <= 2:
                         r = mv[q]
-                        if r == 1 or r == 2:
-                            # IncomingRpc(method, type, args), its slots set directly:
+                        sender, call_seq, at = "", 0, q + 1
+                        if r == 0:
+                            # An async/await call: a sender of at most 63 ASCII bytes,
+                            # a sequence number of at most nine varint bytes; anything
+                            # else takes the general path.
+                            sender, call_seq, at = _fast_caller(mv, q + 1, stop)
+                        if at:
+                            # IncomingRpc(method, type, args, ...), its slots set directly:
                             # the frozen class's __init__ costs a third more per message.
                             # The arguments (under 8 KiB here) are copied: a view costs
                             # more to make and to collect, and keeps the record alive.
                             call = new(IncomingRpc)
                             set_method(call, (m >> 1) ^ -(m & 1))
                             set_type(call, _RPC_TYPES[r])
-                            set_args(call, mv[q + 1 : stop].tobytes())
-                            set_sender(call, "")
-                            set_seq(call, 0)
+                            set_args(call, mv[at:stop].tobytes())
+                            set_sender(call, sender)
+                            set_seq(call, call_seq)
                             append(call)
                             pos = stop
                             continue
         msg, pos = decode_message(mv, pos, direction, end=end)
         append(msg)
     return out
+
+
+def _fast_caller(mv: memoryview, p: int, stop: int) -> tuple[str, int, int]:
+    """An async/await call's sender and sequence number at ``mv[p:stop]``, and where its
+    arguments start; ``("", 0, 0)`` for anything the fast path leaves to the general one."""
+    if p >= stop or mv[p] >= 0x80 or mv[p] & 1:
+        return "", 0, 0
+    n = mv[p] >> 1
+    name = mv[p + 1 : p + 1 + n]
+    p += 1 + n
+    if p > stop or not name.tobytes().isascii():
+        return "", 0, 0
+    v = shift = 0
+    while p < stop and shift < 63:
+        c = mv[p]
+        p += 1
+        v |= (c & 0x7F) << shift
+        shift += 7
+        if c < 0x80:
+            return str(name, "ascii"), (v >> 1) ^ -(v & 1), p
+    return "", 0, 0
 
 
 _RPC_TYPES = (RpcType.ASYNC_AWAIT, RpcType.FORK, RpcType.IMPULSE)
@@ -370,7 +398,7 @@ _decode_calls = _load_decode_calls()
 
 
 def calls_decoder() -> Callable[[memoryview, int, int, list[Message]], int] | None:
-    """The C loop :func:`decode_messages` runs over incoming fork and impulse calls: given
+    """The C loop :func:`decode_messages` runs over incoming calls: given
     ``(view, pos, end, out)`` it appends the calls it reads to ``out`` and returns where it
     stopped (``end`` when the calls are all there is). None where it is not built."""
     return _decode_calls

@@ -9,7 +9,7 @@ Both are sans-IO: no sockets, no files. ``feed()`` appends bytes; ``next_*()`` r
 next complete unit or ``None`` when more bytes are needed; ``close()`` says the stream
 ended and raises :class:`TruncatedInputError` if it ended inside a unit. Each record is copied
 out of the input buffer once; the messages decoded from it are views into that copy,
-except the arguments of fork and impulse calls under 8 KiB, copied out on their own
+except the arguments of incoming calls under 8 KiB, copied out on their own
 (see :func:`~.decoding.decode_messages`).
 """
 
@@ -39,7 +39,6 @@ from .messages import (
     IncomingRpc,
     Message,
     MessageType,
-    RpcType,
 )
 from .records import (
     CHECKPOINT_SEQ,
@@ -180,7 +179,7 @@ _crecords = accel.load("ambrosia_py.wire._crecords")
 if _crecords is not None:
     _crecords.configure(RecordHeader, RawRecord, DiskRecordTail, Watermark, TrimWatermark)
 
-_calls_decoder = calls_decoder()  # the C loop over fork and impulse calls, if built
+_calls_decoder = calls_decoder()  # the C loop over incoming calls, if built
 
 _BATCH = 256  # records per :meth:`RecordReader.next_raws` call, by default
 
@@ -310,9 +309,9 @@ class RecordReader:
         )
 
     def take_calls(self, limit: int = _BATCH) -> list[tuple[int, list[Message]]]:
-        """The next records made only of incoming fork and impulse calls, as (seq, calls),
-        up to ``limit``: the records and messages :meth:`next_record` would give, without
-        a :class:`LogRecord` each. Stops at the first other record (a control record, a
+        """The next records made only of incoming calls, as (seq, calls), up to
+        ``limit``: the records and messages :meth:`next_record` would give, without a
+        :class:`LogRecord` each. Stops at the first other record (a control record, a
         checkpoint, a reply, anything unclean or incomplete), which :meth:`next_record`
         then reads; errors, too, are its to raise."""
         if self._failed is not None or self._pending is not None or self._on_disk:
@@ -351,9 +350,7 @@ class RecordReader:
                 raise
             if raw is None:
                 break
-            if raw.seq < 0 or not all(
-                type(m) is IncomingRpc and m.rpc_type is not RpcType.ASYNC_AWAIT for m in messages
-            ):
+            if raw.seq < 0 or not all(type(m) is IncomingRpc for m in messages):
                 self._pending = (raw, messages)
                 break
             out.append((raw.seq, messages))
