@@ -68,6 +68,12 @@ def test_the_accelerator_is_used_when_built() -> None:
     out = []
     assert module.decode_calls(memoryview(body), 0, len(body), out) == len(body)
     assert out == [awaited] and type(out[0].args) is bytes
+    # ... and a reply.
+    reply = IncomingReturnValue(ReturnType.VALUE, "callee", 2**40, b"result")
+    body = wire.encode_message(reply)
+    out = []
+    assert module.decode_calls(memoryview(body), 0, len(body), out) == len(body)
+    assert out == [reply] and type(out[0].value) is bytes
 
 
 _needs_c = pytest.mark.skipif(
@@ -168,6 +174,34 @@ _EDGE_MESSAGES += [
     _framed(b"\x00\x00\x02\x00"),  # the name's length missing
     _framed(b"\x00\x00\x02\x00\x80\x01" + b"n" * 64 + b"\x02"),  # 64 as two bytes
 ]
+
+
+def _reply(kind: int, name: bytes, seq: bytes, rest: bytes) -> bytes:
+    """A return value of ``kind`` from the raw bytes of its sender's name, sequence number
+    and what follows (a value's length and bytes)."""
+    return _framed(b"\x00" + bytes([kind]) + wire.encode_zigzag_int(len(name)) + name + seq + rest)
+
+
+# Return values: the fast path takes the caller as for a call, then a value's length in one
+# or two varint bytes and exactly that many bytes.
+_EDGE_MESSAGES += [
+    _reply(1, b"ab", b"\x02", b"\x06xyz"),  # a value
+    _reply(3, b"ab", b"\x02", b"\x06xyz"),  # an exception
+    _reply(2, b"ab", b"\x02", b""),  # no value
+    _reply(2, b"ab", b"\x02", b"\x00"),  # no value, a byte after: the general path raises
+    _reply(1, b"ab", b"\x02", b"\x00"),  # an empty value
+    _reply(1, b"ab", b"\x02", b"\x80\x00"),  # an empty value, its length in two bytes
+    _reply(1, b"ab", b"\x02", b"\xc8\x01" + b"v" * 100),  # a length of two bytes
+    _reply(1, b"ab", b"\x02", b"\x80\x80\x00"),  # a length of three bytes: general
+    _reply(1, b"ab", b"\x02", b"\x06xy"),  # the value runs past the end
+    _reply(1, b"ab", b"\x02", b"\x06xyzw"),  # a byte after the value
+    _reply(1, b"ab", b"\x02", b"\x07xyz"),  # an odd length (negative)
+    _reply(1, b"ab", b"\x02", b""),  # the length missing
+    _reply(1, "é".encode(), b"\x02", b"\x02q"),  # not ASCII: the general path
+    _reply(1, b"n" * 63, _SEQ9, b"\x02q"),  # the longest name and sequence number taken
+    _reply(1, b"ab", b"\x80" * 9 + b"\x01", b"\x02q"),  # ten bytes: general
+    _reply(4, b"ab", b"\x02", b"\x02q"),  # kind 4: the general path raises
+]
 _edge_messages = st.sampled_from(_EDGE_MESSAGES)
 _messages = st.one_of(
     _incoming_rpcs().map(wire.encode_message),
@@ -243,6 +277,10 @@ def _same_messages(got: list[wire.Message], want: list[wire.Message]) -> None:
             assert type(g.method_id) is int and type(g.call_seq) is int
             assert type(g.sender) is str
             assert g.rpc_type is w.rpc_type
+        if isinstance(w, IncomingReturnValue):
+            assert isinstance(g, IncomingReturnValue)
+            assert type(g.value) is type(w.value) and type(g.call_seq) is int
+            assert type(g.sender) is str and g.return_type is w.return_type
 
 
 def _check_decode(buf: Any, pos: int, end: int, direction: Direction) -> None:
@@ -269,6 +307,28 @@ def test_decode_messages_matches_its_pure_twin(body: bytes, data: Any) -> None:
     end = data.draw(st.integers(pos, len(body) + 2))
     _check_decode(buf, pos, end, Direction.TO_BINDING)
     _check_decode(buf, pos, end, data.draw(st.sampled_from(Direction)))
+
+
+def _general_only(buf: Any, pos: int, end: int) -> list[wire.Message]:
+    """The body decoded message by message by ``decode_message``: no fast path at all."""
+    mv = memoryview(buf)
+    if end > len(mv):
+        raise wire.TruncatedInputError(
+            f"messages end at {end}, past the {len(mv)}-byte buffer", offset=pos
+        )
+    out = []
+    while pos < end:
+        msg, pos = decoding.decode_message(mv, pos, Direction.TO_BINDING, end=end)
+        out.append(msg)
+    return out
+
+
+@given(st.one_of(_bodies(), st.lists(_edge_messages, max_size=6).map(b"".join)))
+def test_the_pure_fast_path_decodes_as_the_general_path(body: bytes) -> None:
+    """The twin's own fast path is held to ``decode_message``: the same messages (payloads
+    equal, copies where the general path gives views) and the same errors."""
+    got = _outcome(decoding._decode_messages_py, body, 0, len(body), Direction.TO_BINDING)
+    assert got == _outcome(_general_only, body, 0, len(body))
 
 
 @given(st.lists(_incoming_rpcs() | _return_values(), max_size=10))
@@ -354,5 +414,16 @@ def test_init_checks_what_it_is_given() -> None:
     with pytest.raises(TypeError):
         _cdecode.init(IncomingRpc, descriptors, types[:2])
     _cdecode.init(IncomingRpc, descriptors, types)  # as at import: still works
+    returns, return_types = decoding._RETURN_DESCRIPTORS, decoding._RETURN_TYPES
+    with pytest.raises(TypeError):
+        _cdecode.init_returns(IncomingReturnValue, returns[:3], return_types)
+    with pytest.raises(TypeError):
+        _cdecode.init_returns(IncomingRpc, returns, return_types)  # not its slots
+    with pytest.raises(TypeError):
+        _cdecode.init_returns(IncomingReturnValue, returns, return_types[:2])
+    _cdecode.init_returns(IncomingReturnValue, returns, return_types)
+    reply = IncomingReturnValue(ReturnType.NO_VALUE, "x", -1, b"")
+    body = wire.encode_message(reply)
+    assert wire.decode_messages(body, 0, len(body)) == [reply]
     body = wire.encode_message(IncomingRpc(-5, RpcType.IMPULSE, b""))
     assert wire.decode_messages(body, 0, len(body)) == [IncomingRpc(-5, RpcType.IMPULSE, b"")]

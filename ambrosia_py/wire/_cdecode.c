@@ -1,8 +1,9 @@
 /* The C twin of two hot loops over record bodies (the Python code stays the reference):
  *
  * decode_calls(mv, pos, end, out) -- decoding.decode_messages' fast path: decodes the run
- *   of incoming calls (fork, impulse, async/await) at mv[pos:end] that the pure loop builds by
- *   setting IncomingRpc's slots, appends them to the list ``out``, and returns where it
+ *   of incoming calls (fork, impulse, async/await) and return values at mv[pos:end] that the
+ *   pure loop builds by setting IncomingRpc's and IncomingReturnValue's slots, appends them
+ *   to the list ``out``, and returns where it
  *   stopped (``end``, or the first message the pure loop gives to decode_message). It
  *   accepts exactly what that loop accepts and never raises for malformed input: anything
  *   doubtful is left to the Python code, which raises the documented errors. Returns -1,
@@ -18,6 +19,10 @@
  * init(cls, descriptors, rpc_types) -- called once at import: the IncomingRpc class, the
  *   member descriptors of its five slots in field order (method_id, rpc_type, args,
  *   sender, call_seq), and RpcType's members by value (ASYNC_AWAIT, FORK, IMPULSE).
+ *
+ * init_returns(cls, descriptors, return_types) -- the same for IncomingReturnValue (slots
+ *   return_type, sender, call_seq, value) and ReturnType's VALUE, NO_VALUE, EXCEPTION.
+ *   Until it is called, decode_calls leaves return values to the Python code.
  */
 
 #define PY_SSIZE_T_CLEAN
@@ -36,6 +41,57 @@ static PyObject *rpc_types[3] = {NULL, NULL, NULL};
 static PyObject *empty_str = NULL;
 static PyObject *zero = NULL;
 
+/* Set by init_returns; strong references. */
+#define N_RET_SLOTS 4
+enum { RET_TYPE, RET_SENDER, RET_SEQ, RET_VALUE };
+static PyTypeObject *ret_cls = NULL;
+static Py_ssize_t ret_offset[N_RET_SLOTS];
+static PyObject *ret_types[3] = {NULL, NULL, NULL}; /* VALUE, NO_VALUE, EXCEPTION */
+
+/* The offsets of ``n`` writable object slots of ``cls``, from a tuple of its member
+ * descriptors (all distinct); -1 with a TypeError for anything else. */
+static int
+slot_offsets(PyObject *cls, PyObject *descrs, Py_ssize_t n, Py_ssize_t *offsets)
+{
+    if (!PyType_Check(cls)) {
+        PyErr_SetString(PyExc_TypeError, "the class must be a type");
+        return -1;
+    }
+    PyTypeObject *tp = (PyTypeObject *)cls;
+    if (tp->tp_flags & Py_TPFLAGS_IS_ABSTRACT || tp->tp_alloc == NULL) {
+        PyErr_SetString(PyExc_TypeError, "the class cannot be instantiated");
+        return -1;
+    }
+    if (!PyTuple_Check(descrs) || PyTuple_GET_SIZE(descrs) != n) {
+        PyErr_Format(PyExc_TypeError, "expected a tuple of %zd member descriptors", n);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *d = PyTuple_GET_ITEM(descrs, i);
+        if (!Py_IS_TYPE(d, &PyMemberDescr_Type)) {
+            PyErr_Format(PyExc_TypeError, "slot %zd is not a member descriptor", i);
+            return -1;
+        }
+        PyMemberDef *member = ((PyMemberDescrObject *)d)->d_member;
+        PyTypeObject *owner = PyDescr_TYPE(d);
+        if (member->type != T_OBJECT_EX || (member->flags & READONLY) ||
+            !PyType_IsSubtype(tp, owner) || member->offset < (Py_ssize_t)sizeof(PyObject) ||
+            member->offset + (Py_ssize_t)sizeof(PyObject *) > tp->tp_basicsize) {
+            PyErr_Format(PyExc_TypeError, "slot %zd is not a writable object slot of the class",
+                         i);
+            return -1;
+        }
+        for (Py_ssize_t j = 0; j < i; j++) {
+            if (offsets[j] == member->offset) {
+                PyErr_Format(PyExc_TypeError, "slot %zd repeats slot %zd", i, j);
+                return -1;
+            }
+        }
+        offsets[i] = member->offset;
+    }
+    return 0;
+}
+
 static PyObject *
 cdecode_init(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -44,47 +100,14 @@ cdecode_init(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_Format(PyExc_TypeError, "init() takes 3 arguments (%zd given)", nargs);
         return NULL;
     }
-    PyObject *cls = args[0], *descrs = args[1], *types = args[2];
-    if (!PyType_Check(cls)) {
-        PyErr_SetString(PyExc_TypeError, "init(): the class must be a type");
-        return NULL;
-    }
-    PyTypeObject *tp = (PyTypeObject *)cls;
-    if (tp->tp_flags & Py_TPFLAGS_IS_ABSTRACT || tp->tp_alloc == NULL) {
-        PyErr_SetString(PyExc_TypeError, "init(): the class cannot be instantiated");
-        return NULL;
-    }
-    if (!PyTuple_Check(descrs) || PyTuple_GET_SIZE(descrs) != N_SLOTS) {
-        PyErr_SetString(PyExc_TypeError, "init(): expected a tuple of 5 member descriptors");
+    PyObject *cls = args[0], *types = args[2];
+    Py_ssize_t offsets[N_SLOTS];
+    if (slot_offsets(cls, args[1], N_SLOTS, offsets) < 0) {
         return NULL;
     }
     if (!PyTuple_Check(types) || PyTuple_GET_SIZE(types) != 3) {
         PyErr_SetString(PyExc_TypeError, "init(): expected a tuple of 3 RPC types");
         return NULL;
-    }
-    Py_ssize_t offsets[N_SLOTS];
-    for (Py_ssize_t i = 0; i < N_SLOTS; i++) {
-        PyObject *d = PyTuple_GET_ITEM(descrs, i);
-        if (!Py_IS_TYPE(d, &PyMemberDescr_Type)) {
-            PyErr_Format(PyExc_TypeError, "init(): slot %zd is not a member descriptor", i);
-            return NULL;
-        }
-        PyMemberDef *member = ((PyMemberDescrObject *)d)->d_member;
-        PyTypeObject *owner = PyDescr_TYPE(d);
-        if (member->type != T_OBJECT_EX || (member->flags & READONLY) ||
-            !PyType_IsSubtype(tp, owner) || member->offset < (Py_ssize_t)sizeof(PyObject) ||
-            member->offset + (Py_ssize_t)sizeof(PyObject *) > tp->tp_basicsize) {
-            PyErr_Format(PyExc_TypeError, "init(): slot %zd is not a writable object slot "
-                         "of the class", i);
-            return NULL;
-        }
-        for (Py_ssize_t j = 0; j < i; j++) {
-            if (offsets[j] == member->offset) {
-                PyErr_Format(PyExc_TypeError, "init(): slot %zd repeats slot %zd", i, j);
-                return NULL;
-            }
-        }
-        offsets[i] = member->offset;
     }
     PyObject *empty = PyUnicode_FromStringAndSize("", 0);
     if (empty == NULL) {
@@ -96,7 +119,7 @@ cdecode_init(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     Py_INCREF(cls);
-    Py_XSETREF(rpc_cls, tp);
+    Py_XSETREF(rpc_cls, (PyTypeObject *)cls);
     memcpy(slot_offset, offsets, sizeof(offsets));
     for (Py_ssize_t i = 0; i < 3; i++) {
         PyObject *t = PyTuple_GET_ITEM(types, i);
@@ -105,6 +128,34 @@ cdecode_init(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     Py_XSETREF(empty_str, empty);
     Py_XSETREF(zero, z);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+cdecode_init_returns(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 3) {
+        PyErr_Format(PyExc_TypeError, "init_returns() takes 3 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    PyObject *cls = args[0], *types = args[2];
+    Py_ssize_t offsets[N_RET_SLOTS];
+    if (slot_offsets(cls, args[1], N_RET_SLOTS, offsets) < 0) {
+        return NULL;
+    }
+    if (!PyTuple_Check(types) || PyTuple_GET_SIZE(types) != 3) {
+        PyErr_SetString(PyExc_TypeError, "init_returns(): expected a tuple of 3 return types");
+        return NULL;
+    }
+    Py_INCREF(cls);
+    Py_XSETREF(ret_cls, (PyTypeObject *)cls);
+    memcpy(ret_offset, offsets, sizeof(offsets));
+    for (Py_ssize_t i = 0; i < 3; i++) {
+        PyObject *t = PyTuple_GET_ITEM(types, i);
+        Py_INCREF(t);
+        Py_XSETREF(ret_types[i], t);
+    }
     Py_RETURN_NONE;
 }
 
@@ -135,6 +186,95 @@ static inline void
 set_slot(PyObject *obj, int slot, PyObject *value)
 {
     *(PyObject **)((char *)obj + slot_offset[slot]) = value;
+}
+
+/* The sender's name and a sequence number at b[p:stop], as an async/await call and a
+ * return value carry them: a name of at most 63 ASCII bytes (its length one varint byte),
+ * then a varint of at most nine bytes. Returns where they end, or -1 for anything else
+ * (the Python code's to read). */
+static Py_ssize_t
+caller_at(const unsigned char *b, Py_ssize_t p, Py_ssize_t stop, Py_ssize_t *name_at,
+          Py_ssize_t *name_len, long long *seq)
+{
+    if (p >= stop || b[p] >= 0x80 || (b[p] & 1)) {
+        return -1;
+    }
+    Py_ssize_t n = b[p] >> 1;
+    *name_at = p + 1;
+    *name_len = n;
+    p += 1 + n;
+    if (p > stop) {
+        return -1;
+    }
+    for (Py_ssize_t i = *name_at; i < *name_at + n; i++) {
+        if (b[i] >= 0x80) {
+            return -1;
+        }
+    }
+    uint64_t v = 0;
+    for (int shift = 0; p < stop && shift < 63; shift += 7) {
+        unsigned int c = b[p++];
+        v |= (uint64_t)(c & 0x7F) << shift;
+        if (c < 0x80) {
+            *seq = (long long)(v >> 1) ^ -(long long)(v & 1);
+            return p;
+        }
+    }
+    return -1;
+}
+
+/* An IncomingReturnValue of kind 1-3 (value, no value, exception) from b[p:stop], after
+ * its kind byte: its caller (caller_at), then for a value or an exception a length of one
+ * or two varint bytes and exactly that many bytes to the end. NULL with no error set for
+ * anything else, NULL with an error set when Python failed. */
+static PyObject *
+decode_return(const unsigned char *b, Py_ssize_t p, Py_ssize_t stop, unsigned int kind)
+{
+    Py_ssize_t name_at, name_len;
+    long long seq;
+    p = caller_at(b, p, stop, &name_at, &name_len, &seq);
+    if (p < 0) {
+        return NULL;
+    }
+    Py_ssize_t value_len = 0;
+    if (kind != 2) {
+        if (p >= stop) {
+            return NULL;
+        }
+        unsigned int v = b[p++];
+        if (v >= 0x80) {
+            if (p >= stop || b[p] >= 0x80) {
+                return NULL;
+            }
+            v = (v & 0x7F) | ((unsigned int)b[p++] << 7);
+        }
+        if (v & 1) {
+            return NULL;
+        }
+        value_len = v >> 1;
+    }
+    if (p + value_len != stop) {
+        return NULL;
+    }
+    PyObject *reply = ret_cls->tp_alloc(ret_cls, 0);
+    if (reply == NULL) {
+        return NULL;
+    }
+    PyObject *slots[N_RET_SLOTS];
+    slots[RET_TYPE] = ret_types[kind - 1];
+    Py_INCREF(slots[RET_TYPE]);
+    slots[RET_SENDER] = PyUnicode_DecodeASCII((const char *)b + name_at, name_len, NULL);
+    slots[RET_SEQ] = PyLong_FromLongLong(seq);
+    /* A copy of its own, as the pure loop makes it; b"" for no value. */
+    slots[RET_VALUE] = PyBytes_FromStringAndSize((const char *)b + p, value_len);
+    for (int i = 0; i < N_RET_SLOTS; i++) {
+        *(PyObject **)((char *)reply + ret_offset[i]) = slots[i];
+    }
+    if (slots[RET_SENDER] == NULL || slots[RET_SEQ] == NULL || slots[RET_VALUE] == NULL) {
+        Py_DECREF(reply); /* the slots set are released with it; NULL ones are skipped */
+        return NULL;
+    }
+    return reply;
 }
 
 static PyObject *
@@ -196,9 +336,29 @@ cdecode_decode_calls(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             break;
         }
         Py_ssize_t stop = at + (raw >> 1);
-        /* An RPC (type 0), a call (kind 0): stop - at >= 4, so both bytes are inside. */
-        if (stop > end || b[at] != 0 || b[at + 1] != 0) {
+        /* An RPC (type 0): stop - at >= 4, so its type and kind bytes are inside. A return
+         * value (kind 1-3) is built here whole; a call (kind 0) below. */
+        if (stop > end || b[at] != 0) {
             break;
+        }
+        if (b[at + 1] != 0) {
+            if (b[at + 1] > 3 || ret_cls == NULL) {
+                break;
+            }
+            PyObject *reply = decode_return(b, at + 2, stop, b[at + 1]);
+            if (reply == NULL) {
+                if (PyErr_Occurred()) {
+                    goto error;
+                }
+                break;
+            }
+            int failed = PyList_Append(out, reply);
+            Py_DECREF(reply);
+            if (failed) {
+                goto error;
+            }
+            pos = stop;
+            continue;
         }
         /* The method id: at most five varint bytes, its value within 32 bits. */
         Py_ssize_t q = at + 2;
@@ -228,51 +388,15 @@ cdecode_decode_calls(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             break;
         }
         long long method = (long long)(m >> 1) ^ -(long long)(m & 1);
-        /* An async/await call (0) names its sender and numbers itself: a name of at most
-         * 63 ASCII bytes (its length one varint byte), then a sequence number of at most
-         * nine varint bytes. Anything else there is left to the Python code. */
+        /* An async/await call (0) names its sender and numbers itself (caller_at). */
         Py_ssize_t args_at = q + 1;
-        const unsigned char *name = NULL;
-        Py_ssize_t name_len = 0;
+        Py_ssize_t name_at = 0, name_len = 0;
         long long call_seq = 0;
         if (r == 0) {
-            Py_ssize_t p = q + 1;
-            if (p >= stop || b[p] >= 0x80 || (b[p] & 1)) {
+            args_at = caller_at(b, q + 1, stop, &name_at, &name_len, &call_seq);
+            if (args_at < 0) {
                 break;
             }
-            name_len = b[p] >> 1;
-            name = b + p + 1;
-            p += 1 + name_len;
-            if (p > stop) {
-                break;
-            }
-            int ascii = 1;
-            for (Py_ssize_t i = 0; i < name_len; i++) {
-                if (name[i] >= 0x80) {
-                    ascii = 0;
-                    break;
-                }
-            }
-            if (!ascii) {
-                break;
-            }
-            uint64_t v = 0;
-            int shift = 0;
-            int closed = 0;
-            while (p < stop && shift < 63) {
-                unsigned int c = b[p++];
-                v |= (uint64_t)(c & 0x7F) << shift;
-                shift += 7;
-                if (c < 0x80) {
-                    closed = 1;
-                    break;
-                }
-            }
-            if (!closed) {
-                break;
-            }
-            call_seq = (long long)(v >> 1) ^ -(long long)(v & 1);
-            args_at = p;
         }
 
         PyObject *call = rpc_cls->tp_alloc(rpc_cls, 0);
@@ -296,7 +420,7 @@ cdecode_decode_calls(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         set_slot(call, SLOT_TYPE, rpc_types[r]);
         PyObject *sender_obj = empty_str, *seq_obj = zero;
         if (r == 0) {
-            sender_obj = PyUnicode_DecodeASCII((const char *)name, name_len, NULL);
+            sender_obj = PyUnicode_DecodeASCII((const char *)b + name_at, name_len, NULL);
             seq_obj = sender_obj == NULL ? NULL : PyLong_FromLongLong(call_seq);
             if (seq_obj == NULL) {
                 Py_XDECREF(sender_obj);
@@ -415,6 +539,9 @@ static PyMethodDef cdecode_methods[] = {
     {"init", (PyCFunction)(void (*)(void))cdecode_init, METH_FASTCALL,
      "init(cls, descriptors, rpc_types): IncomingRpc, its slots' member descriptors in "
      "field order, RpcType's members by value."},
+    {"init_returns", (PyCFunction)(void (*)(void))cdecode_init_returns, METH_FASTCALL,
+     "init_returns(cls, descriptors, return_types): IncomingReturnValue, its slots' member "
+     "descriptors in field order, ReturnType's VALUE, NO_VALUE and EXCEPTION."},
     {"decode_calls", (PyCFunction)(void (*)(void))cdecode_decode_calls, METH_FASTCALL,
      "decode_calls(mv, pos, end, out) -> int: append the run of fast-path calls at "
      "mv[pos:end] to out; return where it stopped (-1: not handled, nothing done)."},

@@ -1,10 +1,16 @@
 """The C twins of ``decoding.decode_messages``' fast path and ``routing.count_replayable``
 (``_cdecode.c``); the Python code stays the reference."""
 
-from .messages import IncomingRpc, Message, RpcType
+from .messages import IncomingReturnValue, IncomingRpc, Message, ReturnType, RpcType
 
 def init(
     cls: type[IncomingRpc], descriptors: tuple[object, ...], rpc_types: tuple[RpcType, ...], /
+) -> None: ...
+def init_returns(
+    cls: type[IncomingReturnValue],
+    descriptors: tuple[object, ...],
+    return_types: tuple[ReturnType, ...],
+    /,
 ) -> None: ...
 def decode_calls(mv: memoryview, pos: int, end: int, out: list[Message], /) -> int: ...
 def count_replayable(body: bytes | bytearray | memoryview, start: int = 0, /) -> int: ...

@@ -253,9 +253,9 @@ def decode_messages(
 ) -> list[Message]:
     """Decode the messages packed in ``buf[pos:end]`` (a record body).
 
-    Payloads are views of ``buf``, except the arguments of incoming calls in messages
-    under 8 KiB (the common case, decoded by the fast path), which are ``bytes`` of their
-    own: cheaper to make than a view and to collect, and they do not
+    Payloads are views of ``buf``, except the arguments of incoming calls and the values
+    of return values in messages under 8 KiB (the common case, decoded by the fast path),
+    which are ``bytes`` of their own: cheaper to make than a view and to collect, and they do not
     keep ``buf`` alive (a binding's checkpoint tail holds calls for a while).
     """
     decode_calls = _decode_calls
@@ -267,8 +267,8 @@ def decode_messages(
             f"messages end at {end}, past the {len(mv)}-byte buffer", offset=pos
         )
     out: list[Message] = []
-    # The C twin of the fast path below decodes each run of incoming calls; every other
-    # message (or anything doubtful) is decoded here, as before.
+    # The C twin of the fast path below decodes each run of incoming calls and return
+    # values; every other message (or anything doubtful) is decoded here, as before.
     at = decode_calls(mv, pos, end, out)
     if at < 0:  # a buffer the C loop is not written for (not flat bytes): nothing done
         return _decode_messages_py(mv, pos, end, direction)
@@ -295,8 +295,8 @@ def _decode_messages_py(
     set_method, set_type, set_args, set_sender, set_seq = _INCOMING_RPC_SLOTS
     while pos < end:
         # Fast path: a size of one or two varint bytes and an incoming call (a fork, an
-        # impulse, or an async/await call from a short ASCII name), which is what
-        # high-rate traffic and awaited calls look like.
+        # impulse, or an async/await call from a short ASCII name) or a return value, which
+        # is what high-rate traffic and awaited calls and their replies look like.
         if incoming:
             b0 = mv[pos]
             if b0 < 0x80:
@@ -308,7 +308,13 @@ def _decode_messages_py(
             if not raw_size & 1 and raw_size >= 8:
                 stop = pos + hdr + (raw_size >> 1)
                 p = pos + hdr
-                if stop <= end and mv[p] == 0 and mv[p + 1] == 0:
+                if stop <= end and mv[p] == 0 and 1 <= mv[p + 1] <= 3:
+                    reply = _fast_return(mv, p + 2, stop, mv[p + 1])
+                    if reply is not None:
+                        append(reply)
+                        pos = stop
+                        continue
+                elif stop <= end and mv[p] == 0 and mv[p + 1] == 0:
                     # The method id: one byte, or up to five (ids hashed from method names
                     # are 31-bit); anything longer or odd takes the general path.
                     q = p + 2
@@ -374,6 +380,38 @@ def _fast_caller(mv: memoryview, p: int, stop: int) -> tuple[str, int, int]:
     return "", 0, 0
 
 
+def _fast_return(mv: memoryview, p: int, stop: int, kind: int) -> IncomingReturnValue | None:
+    """A return value of ``kind`` (1-3) from ``mv[p:stop]``, after its kind byte: its caller
+    (as :func:`_fast_caller`), then for a value or an exception a length of one or two
+    varint bytes and exactly that many bytes; None for anything else."""
+    sender, call_seq, p = _fast_caller(mv, p, stop)
+    if not p:
+        return None
+    n = 0
+    if kind != 2:
+        if p >= stop:
+            return None
+        v = mv[p]
+        p += 1
+        if v >= 0x80:
+            if p >= stop or mv[p] >= 0x80:
+                return None
+            v = (v & 0x7F) | (mv[p] << 7)
+            p += 1
+        if v & 1:
+            return None
+        n = v >> 1
+    if p + n != stop:
+        return None
+    reply = object.__new__(IncomingReturnValue)
+    set_type, set_sender, set_seq, set_value = _RETURN_SLOTS
+    set_type(reply, _RETURN_TYPES[kind - 1])
+    set_sender(reply, sender)
+    set_seq(reply, call_seq)
+    set_value(reply, mv[p:stop].tobytes())  # a copy of its own, as for calls; b"" for none
+    return reply
+
+
 _RPC_TYPES = (RpcType.ASYNC_AWAIT, RpcType.FORK, RpcType.IMPULSE)
 _INCOMING_RPC_DESCRIPTORS = slot_descriptors(
     IncomingRpc,
@@ -381,6 +419,13 @@ _INCOMING_RPC_DESCRIPTORS = slot_descriptors(
     "decode_messages' fast path and _cdecode.c",
 )
 _INCOMING_RPC_SLOTS = tuple(d.__set__ for d in _INCOMING_RPC_DESCRIPTORS)
+_RETURN_TYPES = (ReturnType.VALUE, ReturnType.NO_VALUE, ReturnType.EXCEPTION)
+_RETURN_DESCRIPTORS = slot_descriptors(
+    IncomingReturnValue,
+    ("return_type", "sender", "call_seq", "value"),
+    "decode_messages' fast path and _cdecode.c",
+)
+_RETURN_SLOTS = tuple(d.__set__ for d in _RETURN_DESCRIPTORS)
 
 
 def _load_decode_calls() -> Callable[[memoryview, int, int, list[Message]], int] | None:
@@ -391,6 +436,7 @@ def _load_decode_calls() -> Callable[[memoryview, int, int, list[Message]], int]
     from . import _cdecode
 
     _cdecode.init(IncomingRpc, _INCOMING_RPC_DESCRIPTORS, _RPC_TYPES)
+    _cdecode.init_returns(IncomingReturnValue, _RETURN_DESCRIPTORS, _RETURN_TYPES)
     return _cdecode.decode_calls
 
 
@@ -398,7 +444,7 @@ _decode_calls = _load_decode_calls()
 
 
 def calls_decoder() -> Callable[[memoryview, int, int, list[Message]], int] | None:
-    """The C loop :func:`decode_messages` runs over incoming calls: given
+    """The C loop :func:`decode_messages` runs over incoming calls and return values: given
     ``(view, pos, end, out)`` it appends the calls it reads to ``out`` and returns where it
     stopped (``end`` when the calls are all there is). None where it is not built."""
     return _decode_calls

@@ -9,7 +9,8 @@ Both are sans-IO: no sockets, no files. ``feed()`` appends bytes; ``next_*()`` r
 next complete unit or ``None`` when more bytes are needed; ``close()`` says the stream
 ended and raises :class:`TruncatedInputError` if it ended inside a unit. Each record is copied
 out of the input buffer once; the messages decoded from it are views into that copy,
-except the arguments of incoming calls under 8 KiB, copied out on their own
+except the arguments of incoming calls and the values of replies under 8 KiB, copied
+out on their own
 (see :func:`~.decoding.decode_messages`).
 """
 
@@ -36,6 +37,7 @@ from .messages import (
     Checkpoint,
     CheckpointHeader,
     Direction,
+    IncomingReturnValue,
     IncomingRpc,
     Message,
     MessageType,
@@ -179,7 +181,8 @@ _crecords = accel.load("ambrosia_py.wire._crecords")
 if _crecords is not None:
     _crecords.configure(RecordHeader, RawRecord, DiskRecordTail, Watermark, TrimWatermark)
 
-_calls_decoder = calls_decoder()  # the C loop over incoming calls, if built
+_calls_decoder = calls_decoder()  # the C loop over incoming calls and replies, if built
+_CALLS = (IncomingRpc, IncomingReturnValue)  # what take_calls takes
 
 _BATCH = 256  # records per :meth:`RecordReader.next_raws` call, by default
 
@@ -309,7 +312,7 @@ class RecordReader:
         )
 
     def take_calls(self, limit: int = _BATCH) -> list[tuple[int, list[Message]]]:
-        """The next records made only of incoming calls, as (seq, calls), up to
+        """The next records made only of incoming calls and replies, as (seq, calls), up to
         ``limit``: the records and messages :meth:`next_record` would give, without a
         :class:`LogRecord` each. Stops at the first other record (a control record, a
         checkpoint, a reply, anything unclean or incomplete), which :meth:`next_record`
@@ -350,7 +353,7 @@ class RecordReader:
                 raise
             if raw is None:
                 break
-            if raw.seq < 0 or not all(type(m) is IncomingRpc for m in messages):
+            if raw.seq < 0 or not all(type(m) in _CALLS for m in messages):
                 self._pending = (raw, messages)
                 break
             out.append((raw.seq, messages))
