@@ -1,4 +1,4 @@
-"""``RecordReader.take_calls`` (runs of records made only of fork and impulse calls) and
+"""``RecordReader.take_calls`` (runs of records made only of incoming calls and replies) and
 ``Dispatcher.handle_run``, which the binding reads and handles those runs with.
 
 Reading a stream by ``take_calls`` where it can and ``next_record`` where it stops must
@@ -20,7 +20,14 @@ from hypothesis import strategies as st
 from ambrosia_py import accel, wire
 from ambrosia_py.binding.dispatcher import Dispatcher
 from ambrosia_py.binding.immortal import Immortal, rpc
-from ambrosia_py.wire import IncomingRpc, LogRecord, Message, RpcType
+from ambrosia_py.wire import (
+    IncomingReturnValue,
+    IncomingRpc,
+    LogRecord,
+    Message,
+    ReturnType,
+    RpcType,
+)
 from ambrosia_py.wire import reader as reader_mod
 
 from . import strategies as s
@@ -138,6 +145,8 @@ def test_the_c_reader_takes_the_calls_and_stops_before_anything_else(
         (-1, [wire.TakeCheckpoint()]),
         (7, [IncomingRpc(1, RpcType.FORK, args)]),
         (8, [IncomingRpc(1, RpcType.ASYNC_AWAIT, args, "caller", 3)]),
+        (9, [IncomingReturnValue(ReturnType.VALUE, "callee", 4, args)]),
+        (10, [IncomingRpc(1, RpcType.FORK, b"z" * 9000)]),  # 8 KiB or more: not C's
     ]
     reader = wire.RecordReader()
     reader.feed(b"".join(wire.encode_record(9, q, m) for q, m in records))
@@ -151,10 +160,10 @@ def test_the_c_reader_takes_the_calls_and_stops_before_anything_else(
     assert reader.take_calls() == []  # the control record is next_record's
     control = reader.next_record()
     assert control == LogRecord(9, -1, (wire.TakeCheckpoint(),))
-    assert [(q, list(m)) for q, m in reader.take_calls(5)] == [records[3]]
-    assert reader.take_calls() == []  # an awaited call is not a fork or an impulse
+    assert [(q, list(m)) for q, m in reader.take_calls(5)] == records[3:6]
+    assert reader.take_calls() == []  # a call of 8 KiB or more is next_record's
     last = reader.next_record()
-    assert last is not None and last.seq == 8
+    assert last is not None and last.seq == 10 and list(last.messages) == records[6][1]
     assert reader.buffered == 0
 
 
