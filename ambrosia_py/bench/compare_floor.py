@@ -31,6 +31,7 @@ import statistics
 import struct
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from functools import partial
@@ -70,23 +71,33 @@ def measure_await_floor(directory: Path, mode: Mode, size: int, count: int) -> f
         argv = [sys.executable, "-c", code, mode, role, *map(str, args)]
         procs.append(subprocess.Popen(argv, pass_fds=[s.fileno() for s in fds]))
 
+    def stop() -> None:
+        for proc in procs:
+            proc.kill()
+
+    # A skeleton that stops answering is killed: the caller's read then ends, and raises.
+    deadline = 60.0 + 0.05 * (warm + count)
+    watchdog = threading.Timer(deadline, stop)
     try:
         start("coordinator-b", to_b.fileno(), link.fileno(), directory / _LOGS[1], fds=(to_b, link))
         start("binding-b", to_b.getsockname()[1])
         start(
             "coordinator-a", to_a.fileno(), link.getsockname()[1], directory / _LOGS[0], fds=(to_a,)
         )
-        for s in (to_b, link):
-            s.close()
         caller = socket.create_connection(to_a.getsockname())
         caller.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         run = _call_blocking if mode == "blocking" else _call_asyncio
         prime_allocator()
-        times = run(caller, size, warm + count)[warm:]
+        watchdog.start()
+        try:
+            times = run(caller, size, warm + count)[warm:]
+        except (EOFError, asyncio.IncompleteReadError, ConnectionError) as exc:
+            raise RuntimeError(f"the await floor's skeleton stopped answering ({exc})") from None
     finally:
-        to_a.close()
-        for proc in procs:
-            proc.kill()
+        watchdog.cancel()
+        for s in (to_a, to_b, link):
+            s.close()
+        stop()
         for proc in procs:
             proc.wait()
     frame = _HEADER.size + size
