@@ -92,23 +92,41 @@ slot_offsets(PyObject *cls, PyObject *descrs, Py_ssize_t n, Py_ssize_t *offsets)
     return 0;
 }
 
+/* What init and init_returns share: their three arguments (a class, its slots' member
+ * descriptors in field order, three enum members by value) checked, then kept: a strong
+ * reference to the class in *cls, its ``n`` slots' offsets in offsets, and strong
+ * references to the members in types. -1 with a TypeError, keeping nothing, otherwise. */
+static int
+keep_class(const char *fn, const char *members, PyObject *const *args, Py_ssize_t nargs,
+           Py_ssize_t n, PyTypeObject **cls, Py_ssize_t *offsets, PyObject **types)
+{
+    if (nargs != 3) {
+        PyErr_Format(PyExc_TypeError, "%s() takes 3 arguments (%zd given)", fn, nargs);
+        return -1;
+    }
+    Py_ssize_t found[N_SLOTS > N_RET_SLOTS ? N_SLOTS : N_RET_SLOTS];
+    if (slot_offsets(args[0], args[1], n, found) < 0) {
+        return -1;
+    }
+    if (!PyTuple_Check(args[2]) || PyTuple_GET_SIZE(args[2]) != 3) {
+        PyErr_Format(PyExc_TypeError, "%s(): expected a tuple of 3 %s", fn, members);
+        return -1;
+    }
+    Py_INCREF(args[0]);
+    Py_XSETREF(*cls, (PyTypeObject *)args[0]);
+    memcpy(offsets, found, (size_t)n * sizeof(Py_ssize_t));
+    for (Py_ssize_t i = 0; i < 3; i++) {
+        PyObject *t = PyTuple_GET_ITEM(args[2], i);
+        Py_INCREF(t);
+        Py_XSETREF(types[i], t);
+    }
+    return 0;
+}
+
 static PyObject *
 cdecode_init(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
-    if (nargs != 3) {
-        PyErr_Format(PyExc_TypeError, "init() takes 3 arguments (%zd given)", nargs);
-        return NULL;
-    }
-    PyObject *cls = args[0], *types = args[2];
-    Py_ssize_t offsets[N_SLOTS];
-    if (slot_offsets(cls, args[1], N_SLOTS, offsets) < 0) {
-        return NULL;
-    }
-    if (!PyTuple_Check(types) || PyTuple_GET_SIZE(types) != 3) {
-        PyErr_SetString(PyExc_TypeError, "init(): expected a tuple of 3 RPC types");
-        return NULL;
-    }
     PyObject *empty = PyUnicode_FromStringAndSize("", 0);
     if (empty == NULL) {
         return NULL;
@@ -118,13 +136,11 @@ cdecode_init(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         Py_DECREF(empty);
         return NULL;
     }
-    Py_INCREF(cls);
-    Py_XSETREF(rpc_cls, (PyTypeObject *)cls);
-    memcpy(slot_offset, offsets, sizeof(offsets));
-    for (Py_ssize_t i = 0; i < 3; i++) {
-        PyObject *t = PyTuple_GET_ITEM(types, i);
-        Py_INCREF(t);
-        Py_XSETREF(rpc_types[i], t);
+    if (keep_class("init", "RPC types", args, nargs, N_SLOTS, &rpc_cls, slot_offset,
+                   rpc_types) < 0) {
+        Py_DECREF(empty);
+        Py_DECREF(z);
+        return NULL;
     }
     Py_XSETREF(empty_str, empty);
     Py_XSETREF(zero, z);
@@ -135,26 +151,9 @@ static PyObject *
 cdecode_init_returns(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
-    if (nargs != 3) {
-        PyErr_Format(PyExc_TypeError, "init_returns() takes 3 arguments (%zd given)", nargs);
+    if (keep_class("init_returns", "return types", args, nargs, N_RET_SLOTS, &ret_cls,
+                   ret_offset, ret_types) < 0) {
         return NULL;
-    }
-    PyObject *cls = args[0], *types = args[2];
-    Py_ssize_t offsets[N_RET_SLOTS];
-    if (slot_offsets(cls, args[1], N_RET_SLOTS, offsets) < 0) {
-        return NULL;
-    }
-    if (!PyTuple_Check(types) || PyTuple_GET_SIZE(types) != 3) {
-        PyErr_SetString(PyExc_TypeError, "init_returns(): expected a tuple of 3 return types");
-        return NULL;
-    }
-    Py_INCREF(cls);
-    Py_XSETREF(ret_cls, (PyTypeObject *)cls);
-    memcpy(ret_offset, offsets, sizeof(offsets));
-    for (Py_ssize_t i = 0; i < 3; i++) {
-        PyObject *t = PyTuple_GET_ITEM(types, i);
-        Py_INCREF(t);
-        Py_XSETREF(ret_types[i], t);
     }
     Py_RETURN_NONE;
 }
