@@ -283,7 +283,7 @@ class OutboxGate:
 
     async def wait(self) -> None:
         """Return at once unless paused; else once commits brought the total down."""
-        if not self._budget.paused:
+        if not self.paused:
             return
         self._resumed.clear()
         started = time.monotonic()

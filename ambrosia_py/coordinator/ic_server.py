@@ -133,12 +133,11 @@ class _Coordinator:
 
         def end(exc: BaseException | None) -> None:
             binding.pause_reading()
-            if ended.done():
-                pass
-            elif exc is None:
-                ended.set_result(None)
-            else:
-                ended.set_exception(exc)
+            if not ended.done():
+                if exc is None:
+                    ended.set_result(None)
+                else:
+                    ended.set_exception(exc)
 
         async def resume_when_room() -> None:
             await self._room_for_binding()

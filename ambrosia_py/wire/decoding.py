@@ -255,8 +255,8 @@ def decode_messages(
 
     Payloads are views of ``buf``, except the arguments of incoming calls and the values
     of return values in messages under 8 KiB (the common case, decoded by the fast path),
-    which are ``bytes`` of their own: cheaper to make than a view and to collect, and they do not
-    keep ``buf`` alive (a binding's checkpoint tail holds calls for a while).
+    which are ``bytes`` of their own: cheaper to make than a view and to collect, and they
+    do not keep ``buf`` alive (a binding's checkpoint tail holds calls for a while).
     """
     decode_calls = _decode_calls
     if decode_calls is None or direction is not Direction.TO_BINDING:

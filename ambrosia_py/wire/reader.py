@@ -9,9 +9,8 @@ Both are sans-IO: no sockets, no files. ``feed()`` appends bytes; ``next_*()`` r
 next complete unit or ``None`` when more bytes are needed; ``close()`` says the stream
 ended and raises :class:`TruncatedInputError` if it ended inside a unit. Each record is copied
 out of the input buffer once; the messages decoded from it are views into that copy,
-except the arguments of incoming calls and the values of replies under 8 KiB, copied
-out on their own
-(see :func:`~.decoding.decode_messages`).
+except the arguments of incoming calls and the values of replies under 8 KiB, copied out
+on their own (see :func:`~.decoding.decode_messages`).
 """
 
 from __future__ import annotations
@@ -315,8 +314,8 @@ class RecordReader:
         """The next records made only of incoming calls and replies, as (seq, calls), up to
         ``limit``: the records and messages :meth:`next_record` would give, without a
         :class:`LogRecord` each. Stops at the first other record (a control record, a
-        checkpoint, a reply, anything unclean or incomplete), which :meth:`next_record`
-        then reads; errors, too, are its to raise."""
+        checkpoint, a message the fast path leaves to Python, anything unclean or
+        incomplete), which :meth:`next_record` then reads; errors, too, are its to raise."""
         if self._failed is not None or self._pending is not None or self._on_disk:
             return []
         c = self._accel
