@@ -43,8 +43,11 @@ _TIMER_SLACK_S = 0.001  # a timer firing this early counts as on time
 # Frames whose parts average less than this are joined, as before: one copy of small parts
 # costs less than handing each to the socket (and to the checksum and the tag) on its own.
 _JOIN_BELOW = 4096
+# A read of at most this many bytes may be one whole frame for the C fast path (_feed),
+# its payload copied out; larger frames are read by the flow reader, as views.
+_ONE_FRAME_MAX = 8192
 
-FrameHandler = Callable[[memoryview], None]
+FrameHandler = Callable[[bytes | memoryview], None]
 
 
 class LinkProtocol(asyncio.Protocol):
@@ -180,6 +183,18 @@ class LinkConn:
     def _feed(self, data: bytes) -> None:
         """Delivering: frames of ``data`` to the handler now."""
         assert self.channel is not None and self._handler is not None
+        if len(data) <= _ONE_FRAME_MAX and (limit := self.flow.receive_limit()):
+            # One whole small link frame, the usual read on a quiet link: checked and
+            # opened in one C call (anything else, valid or not, is read below).
+            payload = self.channel.open_frame(data, LINK_TOKEN, limit)
+            if payload is not None:
+                self.flow.skip_frame(len(data))
+                self.last_event = self._last_bytes = self._loop.time()
+                try:
+                    self._handler(payload)
+                except Exception as exc:  # a handler refusing: the link ends
+                    self._end(exc)
+                return
         try:
             self._deliver(self.flow.receive_data(data))
         except Exception as exc:  # a bad frame or tag, a handler refusing: the link ends
@@ -446,12 +461,17 @@ class LinkConn:
         assert self.channel is not None, "frames are sent only after the handshake"
         if self.closing:  # a lost TLS transport raises AttributeError when written to
             raise ConnectionResetError("the link connection is closed")
-        tag = self.channel.seal(token, parts)
         if self._fd is None or sum(map(len, parts)) < len(parts) * _JOIN_BELOW:
-            out = self.flow.send(token, b"".join([*parts, tag]))
+            frame = self.channel.seal_frame(token, parts, self.flow.send_limit(token))
+            if frame is not None:  # built in one C call: the same bytes as below
+                out: list[bytes | memoryview] = [frame]
+            else:
+                tag = self.channel.seal(token, parts)
+                out = self.flow.send(token, b"".join([*parts, tag]))
             crashpoints.reach_midway("ic.link.mid_send", self.transport, out)
             self.transport.writelines(out)
         else:
+            tag = self.channel.seal(token, parts)
             out = self.flow.send_parts(token, [*parts, tag])
             crashpoints.reach_midway("ic.link.mid_send", self.transport, out)
             self._write_parts(out)

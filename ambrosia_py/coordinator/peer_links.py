@@ -258,7 +258,7 @@ class PeerLinks:
         loop = asyncio.get_running_loop()
         owed_since = loop.time()
 
-        def commit(payload: memoryview) -> None:  # as each frame is read
+        def commit(payload: bytes | memoryview) -> None:  # as each frame is read
             nonlocal owed_since
             owed_since = loop.time()
             msg, _ = wire.decode_message(payload, 0, wire.Direction.TO_BINDING)
@@ -385,7 +385,7 @@ class PeerLinks:
             await self._room()
             conn.resume_reading()
 
-        def take(payload: memoryview) -> None:
+        def take(payload: bytes | memoryview) -> None:
             nonlocal resuming
             if self._inbound.get(sender) is not conn:
                 conn.stop_delivering()  # replaced by a newer connection

@@ -199,6 +199,35 @@ class FlowConnection:
         self._may_send(token)
         return encode_frame_parts(token, parts, max_length=self._max, checksum=self._checksum)
 
+    def send_limit(self, token: Token) -> int:
+        """The frame length limit, for a sender that builds a checksummed frame to
+        ``token`` itself (a C twin of :meth:`send`); 0 where frames go without the
+        checksum (over TLS): then :meth:`send` it. Raises as :meth:`send` does."""
+        self._may_send(token)
+        return self._max if self._checksum else 0
+
+    def receive_limit(self) -> int:
+        """The frame length limit when the next byte received begins a checksummed frame
+        and nothing is held (a reader of whole frames may then take them itself and say
+        so with :meth:`skip_frame`); else 0, and :meth:`receive_data` must read them."""
+        reader = self._reader
+        if (
+            reader is None
+            or self._state is not _S.COMPATIBLE
+            or not self._checksum
+            or reader.buffered
+            or self._error is not None
+        ):
+            return 0
+        return self._max
+
+    def skip_frame(self, size: int) -> None:
+        """Count a whole frame of ``size`` bytes, read and checked by the caller at a
+        frame boundary (:meth:`receive_limit`), as if it had come through
+        :meth:`receive_data`: offsets in later errors stay right."""
+        assert self._reader is not None, "no frames before the peer's ConnectPacket"
+        self._reader.skip(size)
+
     def _may_send(self, token: Token) -> None:
         may, why = _MAY_SEND[self._state]
         if may is _May.SEND_NOTHING:

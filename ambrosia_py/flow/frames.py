@@ -253,6 +253,15 @@ class FrameReader:
         self._pos = 0
         self._data = chunk
 
+    def skip(self, size: int) -> None:
+        """Count ``size`` bytes of whole frames read elsewhere, at a frame boundary (none
+        held): the next byte fed is at the stream offset after them."""
+        if self.buffered or size < 0:
+            raise ValueError(f"cannot skip {size} bytes with {self.buffered} held")
+        self._consumed += self._pos + size
+        self._data = b""
+        self._pos = 0
+
     def _add_piece(self, data: Buffer) -> None:
         """Hold ``data`` as the cut frame's next piece: a ``bytes`` by reference, a copy
         of anything else. Small chunks go into a bytearray that gathers them (a piece for
