@@ -32,7 +32,13 @@ from ..wire import (
     TakeCheckpoint,
 )
 from .links import Inbox, LinkError, Outbox, OutboxBudget
-from .routing import is_replayable, large_link_forks, split_link_forks, to_incoming
+from .routing import (
+    is_replayable,
+    large_link_forks,
+    one_link_message,
+    split_link_forks,
+    to_incoming,
+)
 
 __all__ = [
     "CheckpointArrived",
@@ -50,6 +56,7 @@ __all__ = [
 # A link frame under this size holding one message is decoded on its own (the latency
 # path of an awaited call and its reply), not through a message reader.
 _ONE_SMALL = 8 * 1024
+
 
 # --- the coordinator's checkpoint file -----------------------------------------------------
 
@@ -401,11 +408,8 @@ class Intake:
         value; one that is awaited or a reply naming ``sender``), decoded on its own: no
         reader, no frame objects. False, having queued nothing, for anything else, which
         the general path then reads and refuses with its errors."""
-        try:
-            msg, stop = wire.decode_message(data, 0, wire.Direction.TO_BINDING)
-        except wire.ProtocolError:
-            return False
-        if stop != len(data):
+        msg = one_link_message(data)
+        if msg is None:
             return False
         if type(msg) is IncomingReturnValue:
             if msg.sender != sender:

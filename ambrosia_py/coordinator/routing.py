@@ -13,17 +13,20 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from .. import accel, wire
+from ..wire.decoding import calls_decoder
 
 __all__ = [
     "count_replayable",
     "is_replayable",
     "large_link_forks",
+    "one_link_message",
     "split_link_forks",
     "to_incoming",
 ]
 
 _FORK = int(wire.RpcType.FORK)
 _VIEW_FROM = 8 * 1024  # link calls this large are queued as views of their frame
+_decode_calls = calls_decoder()
 
 
 def to_incoming(raw: bytes | memoryview) -> tuple[str, bytes, memoryview]:
@@ -101,6 +104,24 @@ def split_link_forks(data: bytes) -> list[bytes] | None:
         append(data[pos:stop])
         pos = stop
     return out
+
+
+def one_link_message(data: bytes) -> wire.Message | None:
+    """The message ``data`` is, decoded in the incoming form, if it is exactly one; None
+    if it is several, or is not read whole (malformed: the general path says how).
+
+    Incoming calls and return values go through the C decoder where it is built (the
+    same messages as :func:`wire.decode_message`, tested so in ``test_cdecode``)."""
+    if _decode_calls is not None:
+        out: list[wire.Message] = []
+        stop = _decode_calls(memoryview(data), 0, len(data), out)
+        if out:
+            return out[0] if stop == len(data) and len(out) == 1 else None
+    try:
+        msg, stop = wire.decode_message(data, 0, wire.Direction.TO_BINDING)
+    except wire.ProtocolError:
+        return None
+    return msg if stop == len(data) else None
 
 
 def large_link_forks(payload: memoryview) -> list[wire.Payload] | None:
