@@ -1,6 +1,6 @@
 """The wire's fast paths give the bytes and objects of the general ones.
 
-``encode_messages_parts`` frames fork and impulse calls inline; ``decode_messages``
+``encode_messages_parts`` frames outgoing calls and replies inline; ``decode_messages``
 builds incoming fork and impulse calls by setting their slots directly.
 """
 
@@ -10,7 +10,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ambrosia_py import wire
-from ambrosia_py.wire import Direction, IncomingRpc, OutgoingRpc, RpcType
+from ambrosia_py.wire import (
+    Direction,
+    IncomingRpc,
+    OutgoingReturnValue,
+    OutgoingRpc,
+    ReturnType,
+    RpcType,
+)
 from ambrosia_py.wire.messages import new_outgoing_rpc
 
 from .strategies import messages
@@ -24,7 +31,26 @@ _calls = st.builds(
 )
 
 
-@given(st.lists(_calls | messages(Direction.TO_COORDINATOR), max_size=8))
+_awaited = st.builds(
+    OutgoingRpc,
+    st.sampled_from(["", "b", "x" * 70]),
+    st.sampled_from([0, 64, 2**31 - 1]),
+    st.just(RpcType.ASYNC_AWAIT),
+    st.binary(max_size=100) | st.just(b"y" * 5000),
+    st.sampled_from(["", "a", "s" * 70]),
+    st.sampled_from([0, 1, -1, 63, 64, 2**63 - 1, -(2**63)]),
+)
+_replies = st.builds(
+    OutgoingReturnValue,
+    st.sampled_from(["", "b", "x" * 70]),
+    st.sampled_from([ReturnType.VALUE, ReturnType.NO_VALUE, ReturnType.EXCEPTION]),
+    st.sampled_from(["", "a"]),
+    st.sampled_from([0, 1, 2**63 - 1]),
+    st.binary(max_size=100) | st.just(b"v" * 9000),
+).filter(lambda m: m.return_type is not ReturnType.NO_VALUE or not m.value)
+
+
+@given(st.lists(_calls | _awaited | _replies | messages(Direction.TO_COORDINATOR), max_size=8))
 def test_encode_messages_parts_is_encode_message_parts_of_each(msgs: list[wire.Message]) -> None:
     expected = b"".join(bytes(p) for m in msgs for p in wire.encode_message_parts(m))
     assert b"".join(bytes(p) for p in wire.encode_messages_parts(msgs)) == expected

@@ -175,7 +175,7 @@ async def serve(
     try:
         while data := await reader.read():
             records.feed(data)  # a fresh bytes: kept by reference, not copied
-            while True:
+            while not records.drained:
                 # A run of records made only of calls is handled in one go (one write of
                 # what they produce, one drain); any other record is read and handled
                 # alone. Replay is mostly such runs.
@@ -255,7 +255,7 @@ _effect_tasks: set[asyncio.Future[Any]] = set()  # keeps running async effects r
 def _run_effect(fn: Any, args: tuple[Any, ...]) -> None:
     try:
         result = fn(*args)
-        if inspect.isawaitable(result):
+        if result is not None and inspect.isawaitable(result):
             task = asyncio.ensure_future(result)
             _effect_tasks.add(task)
             task.add_done_callback(_effect_done)

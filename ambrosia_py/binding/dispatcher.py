@@ -330,7 +330,8 @@ class Dispatcher(DispatcherState):
         while True:
             self._current = task
             try:
-                with self._handler_context():
+                saved = self._enter()  # _handler_context, spelled out on the hot path
+                try:
                     awaited = task.coro.throw(error) if error is not None else task.coro.send(value)
                     while not isinstance(awaited, CallFuture):
                         awaited = task.coro.throw(
@@ -339,6 +340,8 @@ class Dispatcher(DispatcherState):
                                 "only await calls to immortals; do I/O in a @background task"
                             )
                         )
+                finally:
+                    self._leave(saved)
             except StopIteration as stop:
                 self._done(task)
                 self._finish(task.spec, task.reply_to, stop.value, None)

@@ -160,7 +160,9 @@ class SocketStream:
         if self._error is not None or self._closed:
             return
         queue = self._queue
-        for part in map(byte_sized, parts):
+        for part in parts:
+            if type(part) is not bytes:
+                part = byte_sized(part)
             size = len(part)
             if size:
                 queue.append(part)
@@ -201,9 +203,13 @@ class SocketStream:
                 self._fail(exc)
                 return
             self._queued -= sent
-            advance(queue, sent)
             if sent < size:  # the socket is full
+                advance(queue, sent)
                 break
+            if batch is queue:
+                queue.clear()
+            else:
+                advance(queue, sent)
         if queue and not self._writing:
             self._writing = True
             self._loop.add_writer(self._fd, self._flush)

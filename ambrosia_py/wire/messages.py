@@ -499,30 +499,35 @@ _JOIN_MAX = 4096  # arguments up to this size are copied behind their head: one 
 def encode_messages_parts(msgs: Iterable[Message]) -> list[Buffer]:
     """``encode_message_parts`` of each message, in order, in one list.
 
-    The bytes are the same; a fork or impulse call (what high-rate traffic is) is framed
-    inline with its cached head, and joined to its arguments into one buffer when they
-    are small (a view of large arguments is left as it is: no copy).
+    The bytes are the same; an outgoing call (what high-rate traffic is, and an awaited
+    call) is framed inline with its cached head, and a reply with its head, each joined
+    to its arguments or value into one buffer when they are small (a view of large ones
+    is left as it is: no copy).
     """
     out: list[Buffer] = []
     append = out.append
     for msg in msgs:
-        if isinstance(msg, OutgoingRpc) and msg.rpc_type is not RpcType.ASYNC_AWAIT:
+        if type(msg) is OutgoingRpc:
             head = _outgoing_head(msg)
             args = msg.args
-            n = (1 + len(head) + len(args)) << 1  # the frame's size, as a ZigZagInt
-            if n < 0x80:
-                prefix = bytes((n, 0)) + head
-            elif n < 0x4000:
-                prefix = bytes(((n & 0x7F) | 0x80, n >> 7, 0)) + head
-            else:
-                prefix = encode_zigzag_int(n >> 1) + b"\x00" + head
-            if len(args) <= _JOIN_MAX:
-                append(prefix + args)
-            else:
-                append(prefix)
-                append(args)
+        elif type(msg) is OutgoingReturnValue:  # the destination, its head, its value
+            *heads, args = _data_parts(msg)
+            head = b"".join(heads)
         else:
             out.extend(encode_message_parts(msg))
+            continue
+        n = (1 + len(head) + len(args)) << 1  # the frame's size, as a ZigZagInt
+        if n < 0x80:
+            prefix = bytes((n, 0)) + head
+        elif n < 0x4000:
+            prefix = bytes(((n & 0x7F) | 0x80, n >> 7, 0)) + head
+        else:
+            prefix = encode_zigzag_int(n >> 1) + b"\x00" + head
+        if len(args) <= _JOIN_MAX:
+            append(prefix + args)
+        else:
+            append(prefix)
+            append(args)
     return out
 
 

@@ -233,6 +233,11 @@ class RecordReader:
         return self._buf.available
 
     @property
+    def drained(self) -> bool:
+        """Whether everything fed has been returned: no bytes, no record held back."""
+        return self._pending is None and not self._buf.available
+
+    @property
     def next_seq(self) -> int | None:
         """The sequence id the next logged record must carry, once known."""
         return self._next_seq
