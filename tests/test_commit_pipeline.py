@@ -74,10 +74,9 @@ async def _run(
     forwarded = [] if forwarded is None else forwarded
     writer = _RecordingWriter(tmp_path / "serverlog1", events, fail_sync, hold_first_sync)
 
-    async def forward(record: list) -> None:
+    def forward(record: list) -> None:
         forwarded.append(int(bytes(record[0])))
         events.append(("forwarded", forwarded[-1]))
-        await asyncio.sleep(0)
 
     pipeline = CommitPipeline(forward, max_unsynced=64)
     try:
@@ -146,7 +145,7 @@ def test_a_failed_sync_forwards_nothing_it_covered(tmp_path: Path) -> None:
     async def main() -> None:
         writer = _RecordingWriter(tmp_path / "serverlog1", events, fail_sync=0)
 
-        async def forward(record: list) -> None:
+        def forward(record: list) -> None:
             forwarded.append(int(bytes(record[0])))
 
         pipeline = CommitPipeline(forward, max_unsynced=1 << 20)
@@ -187,7 +186,7 @@ def test_a_large_record_alone_still_goes_through_the_worker_threads(tmp_path: Pa
     async def main() -> None:
         writer = _ThreadNotingWriter(tmp_path / "serverlog1", events)
 
-        async def forward(record: list) -> None:
+        def forward(record: list) -> None:
             forwarded.append(int(bytes(record[0])))
 
         pipeline = CommitPipeline(forward, max_unsynced=4 * INLINE_MAX_BYTES)
@@ -204,3 +203,47 @@ def test_a_large_record_alone_still_goes_through_the_worker_threads(tmp_path: Pa
     assert forwarded == [0, 1, 2]
     assert on_loop == [True, False, True]
     assert (tmp_path / "serverlog1").stat().st_size == 2 * INLINE_MAX_BYTES + 1 + 10
+
+
+def test_append_now_is_done_on_return_and_a_failure_stays_with_the_pipeline(
+    tmp_path: Path,
+) -> None:
+    """The latency path called from a read (no await): when it returns, the record is
+    written, synced, its on_durable run and it is forwarded, in that order. A failed sync
+    forwards nothing, and every later call says what failed."""
+    events: list[tuple[str, int]] = []
+    forwarded: list[int] = []
+
+    async def main() -> None:
+        writer = _RecordingWriter(tmp_path / "serverlog1", events, fail_sync=1)
+
+        def forward(record: list) -> None:
+            forwarded.append(int(bytes(record[0])))
+            events.append(("forwarded", forwarded[-1]))
+
+        pipeline = CommitPipeline(forward, max_unsynced=1 << 20)
+        try:
+            assert pipeline.idle
+            pipeline.append_now(writer, [b"abc"], [b"0"], lambda: events.append(("durable", 0)))
+            assert events == [
+                ("written", 0),
+                ("sync-start", 1),
+                ("sync-end", 0),
+                ("durable", 0),
+                ("forwarded", 0),
+            ]
+            assert pipeline.idle
+            with pytest.raises(StorageError, match="injected"):
+                pipeline.append_now(writer, [b"def"], [b"1"])
+            assert not pipeline.idle
+            with pytest.raises(StorageError, match="injected"):
+                pipeline.check()
+            with pytest.raises(StorageError, match="injected"):
+                await pipeline.append(writer, [b"ghi"], [b"2"], alone=True)
+        finally:
+            await pipeline.close()
+            writer.close()
+
+    asyncio.run(main())
+    assert forwarded == [0]
+    assert (tmp_path / "serverlog1").read_bytes() == b"abcdef"

@@ -198,3 +198,34 @@ async def _idle_and_paused() -> None:
 
 def test_a_paused_connection_is_not_idle_and_a_resumed_quiet_one_is() -> None:
     asyncio.run(_idle_and_paused())
+
+
+async def _read_done() -> None:
+    conn, _, writer = await _pair()
+    keys, _ = await _open(conn, writer)
+    events: list[str] = []
+
+    async def deliver() -> None:
+        async with conn.idle_limit(30):
+            await conn.deliver(
+                lambda payload: events.append(bytes(payload).decode()),
+                lambda: events.append("done"),
+            )
+
+    task = asyncio.ensure_future(deliver())
+    await asyncio.sleep(0)  # delivering now
+    protocol = conn.transport.get_protocol()
+    assert isinstance(protocol, asyncio.Protocol)
+    # Reads as the transport hands them over: three frames, one (the C path's shape),
+    # two and the first half of a third, its second half.
+    a, b, c, d, e, f = (_tagged(keys, x) for x in (b"a", b"b", b"c", b"d", b"e", b"f"))
+    for read in (a + b + c, d, e + f[:10], f[10:]):
+        protocol.data_received(read)
+    assert events == ["a", "b", "c", "done", "d", "done", "e", "done", "f", "done"]
+    writer.close()
+    with pytest.raises(ConnectionError):
+        await asyncio.wait_for(task, 30)
+
+
+def test_the_end_of_each_reads_frames_is_said_after_them() -> None:
+    asyncio.run(_read_done())

@@ -188,8 +188,8 @@ class Forwarder:
         self._settled.clear()
         self._kick.set()
 
-    async def __call__(self, item: Forwarded) -> None:
-        """:meth:`put`, as the commit pipeline forwards (it returns at once)."""
+    def __call__(self, item: Forwarded) -> None:
+        """:meth:`put`, as the commit pipeline forwards."""
         self.put(*item)
 
     def control(self, committer_id: int, msg: wire.Message) -> None:

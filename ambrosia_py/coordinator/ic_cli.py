@@ -17,7 +17,7 @@ from .data_dir import DataDirError, data_dir_option, debuggable_instance
 from .ic_config import DEFAULT_LOG_TRIGGER_MB, CoordinatorConfig, CoordinatorError
 from .ic_core import StateFormatError
 from .ic_debug import run_debug
-from .ic_server import run_coordinator
+from .ic_run import run_coordinator
 from .link_config import (
     DEFAULT_HANDSHAKE_TIMEOUT_S,
     DEFAULT_IDLE_TIMEOUT_S,

@@ -11,6 +11,7 @@ from .link_config import LinkSettings
 from .registry import Registry
 
 __all__ = [
+    "print_ready",
     "DEFAULT_LOG_TRIGGER_MB",
     "DEFAULT_MAX_RECORD_BYTES",
     "CoordinatorConfig",
@@ -70,3 +71,8 @@ def resolve_start(config: CoordinatorConfig, registry: Registry) -> tuple[int, i
         config.receive_port or info.receive_port,
         config.send_port or info.send_port,
     )
+
+
+def print_ready(line: str) -> None:
+    """How a coordinator says it is ready, by default: the line on stdout, flushed."""
+    print(line, flush=True)

@@ -10,9 +10,8 @@ from .. import wire
 from ..wire import CHECKPOINT_SEQ, Checkpoint, UpgradeService
 from .binding_auth import open_gate
 from .binding_link import connect_binding
-from .ic_config import CoordinatorConfig, CoordinatorError, resolve_start
+from .ic_config import CoordinatorConfig, CoordinatorError, print_ready, resolve_start
 from .ic_core import IcState
-from .ic_server import _print_ready
 from .log_replay import replay_log
 from .registry_files import prepare_start
 from .storage import CorruptLogError, InstanceFiles
@@ -25,7 +24,7 @@ async def run_debug(
     checkpoint: int,
     *,
     test_upgrade: bool = False,
-    ready: Callable[[str], None] = _print_ready,
+    ready: Callable[[str], None] = print_ready,
 ) -> int:
     """Serve a binding checkpoint ``checkpoint`` and the records after it, writing nothing."""
     registry = prepare_start(config.data_dir, config.instance)

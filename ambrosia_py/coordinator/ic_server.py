@@ -36,14 +36,12 @@ import functools
 import logging
 import os
 import secrets
-import signal
 import time
 from collections.abc import Callable
 
 import attrs
 
 from .. import crashpoints, wire
-from ..allocator import prime_allocator
 from ..wire import (
     CHECKPOINT_SEQ,
     Checkpoint,
@@ -57,19 +55,20 @@ from .commit import CommitPipeline
 from .forwarding import Forwarded, Forwarder, LogPlace, OutboxGate
 from .ic_config import CoordinatorConfig, CoordinatorError, resolve_start
 from .ic_core import CheckpointArrived, CheckpointRequested, IcState, InitialArrived, Intake
-from .link_config import load_secret, tls_contexts
 from .links import Inbox
 from .log_replay import replay_log
 from .peer_links import PeerLinks
 from .registry import Registry
-from .registry_files import clear_interrupted_first_start, prepare_start
-from .storage import CorruptLogError, InstanceFiles, LogWriter
+from .storage import InstanceFiles, LogWriter
 
-__all__ = ["CoordinatorConfig", "CoordinatorError", "run_coordinator"]
+__all__ = ["Coordinator"]
 
 log = logging.getLogger("ambrosia_py.coordinator")
 
 _EMPTY_TAIL = wire.encode_disk_tail()  # no watermarks, no trim watermarks
+# Link input of at most this many bytes, alone, is logged from the read that brought it
+# (_commit_alone): its record stays within the commit pipeline's latency path.
+_ALONE_MAX_BYTES = 64 * 1024
 
 
 @attrs.frozen
@@ -81,7 +80,7 @@ class _LogStart:
     inbox: dict[str, int]
 
 
-class _Coordinator:
+class Coordinator:
     def __init__(self, config: CoordinatorConfig, registry: Registry, files: InstanceFiles):
         self.config = config
         self.registry = registry
@@ -108,6 +107,8 @@ class _Coordinator:
         self._committing = False
         self._room = asyncio.Event()
         self._max_pending = 4 * config.max_record_bytes
+        self._pipeline: CommitPipeline[Forwarded] | None = None  # while the loop runs
+        self._parked = False  # the commit loop waits for input
 
     # -- reading the binding -------------------------------------------------------------
 
@@ -406,6 +407,7 @@ class _Coordinator:
     async def commit_loop(self) -> None:
         """Group commit: one record per round, durable before it is forwarded."""
         pipeline = CommitPipeline(self.forwarder, max_unsynced=2 * self.config.max_record_bytes)
+        self._pipeline = pipeline
         self._committing = True
         try:
             await self._commit_rounds(pipeline)
@@ -413,11 +415,57 @@ class _Coordinator:
             await self.forwarder.flush()
         finally:
             self._committing = False
+            self._pipeline = None
             self._room.set()
             await pipeline.close()
 
+    def _input_read(self) -> None:
+        """A read of link input was queued: logged and forwarded at once if it is a
+        request alone (:meth:`_commit_alone`), else by the commit loop, woken for it."""
+        if not self._commit_alone():
+            self._wake.set()
+
+    def _commit_alone(self) -> bool:
+        """The commit loop's latency round, run from the read that brought the input (a
+        loop turn and a task switch less on every awaited call's path): only while the
+        loop waits with nothing else to do, nothing is in flight, and the input pending
+        is small and all there is (nothing unread from the binding either). False, having
+        done nothing, otherwise; a failure is left for the loop to raise."""
+        pipeline = self._pipeline
+        if (
+            pipeline is None
+            or not self._parked
+            or self._wake.is_set()
+            or not pipeline.idle
+            or not self.intake.pending
+            or self.intake.pending_bytes > _ALONE_MAX_BYTES
+        ):
+            return False
+        assert self.writer is not None and self.binding is not None
+        if self.binding.has_unread():
+            return False
+        body, outputs, marks = self.intake.take(self.config.max_record_bytes)
+        self._room.set()
+        wire_header, disk_parts = self._next_record(body, outputs, marks)
+        try:
+            pipeline.append_now(
+                self.writer,
+                disk_parts,
+                ([wire_header, *body], LogPlace.next_in(self.writer, disk_parts)),
+                functools.partial(self._made_durable, marks) if marks else None,
+            )
+        except Exception:
+            self._wake.set()  # the loop raises it (pipeline.check)
+            return True
+        if self.writer.size >= self.trigger_bytes:
+            self._roll_requested = True
+        if self._roll_requested or self.intake.pending:
+            self._wake.set()  # the loop rolls the log, or takes what a record left
+        return True
+
     async def _commit_rounds(self, pipeline: CommitPipeline[Forwarded]) -> None:
         while True:
+            pipeline.check()  # what a latency round from a read (_commit_alone) met
             if self._arrived is not None and self._awaiting_checkpoint is not None:
                 arrived, self._arrived = self._arrived, None
                 await pipeline.flush()  # input before the checkpoint must be durable
@@ -450,7 +498,11 @@ class _Coordinator:
             if self._eof:
                 return
             self._wake.clear()
-            await self._wake.wait()
+            self._parked = True
+            try:
+                await self._wake.wait()
+            finally:
+                self._parked = False
 
     async def _open_links(self) -> None:
         """Accept links from other coordinators and dial those this instance sends to.
@@ -470,7 +522,7 @@ class _Coordinator:
             self.config.instance,
             self.intake,
             lookup,
-            self._wake.set,
+            self._input_read,
             self.room_for_input,
             self.has_room,
             self.committer_id,
@@ -525,56 +577,3 @@ class _Coordinator:
             return 1
         log.info("binding disconnected; log %d ends at seq %d", self.log_number, self.next_seq - 1)
         return 0
-
-
-def _print_ready(line: str) -> None:
-    print(line, flush=True)
-
-
-async def _with_signals(main: asyncio.Task[int], coordinator: _Coordinator | None = None) -> int:
-    """Stop on SIGINT/SIGTERM: once processing, by flushing pending input first."""
-    loop = asyncio.get_running_loop()
-
-    def on_signal() -> None:
-        if coordinator is not None and coordinator.stop():
-            log.info("stopping on a signal: making pending input durable first")
-        else:
-            main.cancel()
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, on_signal)
-    try:
-        return await main
-    except asyncio.CancelledError:
-        log.info("stopped by signal")
-        return 0
-
-
-async def run_coordinator(
-    config: CoordinatorConfig, ready: Callable[[str], None] = _print_ready
-) -> int:
-    """Run one coordinator until its binding disconnects; return the exit status."""
-    prime_allocator()  # every read asks for 256 KiB: from the heap, not a fresh mapping
-    # Refuses when the registry has lost track of the instance's files (never a first
-    # start over existing history), before anything is listened on or written.
-    registry = prepare_start(config.data_dir, config.instance)
-    try:
-        # Read now, so a bad secret or TLS file stops start-up, not links after recovery.
-        load_secret(config.link_settings, config.data_dir)
-        tls_contexts(config.link_settings)
-        version, _, _ = resolve_start(config, registry)
-        files = InstanceFiles(config.data_dir, config.instance, version)
-        files.create()
-        files.acquire_lock()
-        coordinator = _Coordinator(config, registry, files)
-        try:
-            info = registry.get(config.instance)
-            if info is not None and info.last_checkpoint is None:
-                clear_interrupted_first_start(files, info.committer_id)
-            return await _with_signals(asyncio.create_task(coordinator.run(ready)), coordinator)
-        except CorruptLogError as exc:
-            raise CoordinatorError(f"recovery stopped: {exc}") from None
-        finally:
-            coordinator.files.release_lock()
-    finally:
-        registry.close()

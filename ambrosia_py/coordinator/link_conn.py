@@ -149,6 +149,7 @@ class LinkConn:
         self._waiter: asyncio.Future[None] | None = None
         self._error: BaseException | None = None  # what ended the connection
         self._handler: FrameHandler | None = None  # frames go here once delivering
+        self._read_done: Callable[[], None] | None = None  # after each read's frames
         self._done: asyncio.Future[None] | None = None  # what deliver() waits for
         self._stopped = False  # stop_delivering() was called
         self._paused = False  # pause_reading() was called, resume_reading() not yet
@@ -192,11 +193,15 @@ class LinkConn:
                 self.last_event = self._last_bytes = self._loop.time()
                 try:
                     self._handler(payload)
+                    if self._read_done is not None and not self._stopped:
+                        self._read_done()
                 except Exception as exc:  # a handler refusing: the link ends
                     self._end(exc)
                 return
         try:
             self._deliver(self.flow.receive_data(data))
+            if self._read_done is not None and not self._stopped and self._error is None:
+                self._read_done()
         except Exception as exc:  # a bad frame or tag, a handler refusing: the link ends
             self._end(exc)
             return
@@ -299,18 +304,27 @@ class LinkConn:
             pass
         return payload
 
-    async def deliver(self, handler: FrameHandler) -> None:
+    async def deliver(
+        self, handler: FrameHandler, read_done: Callable[[], None] | None = None
+    ) -> None:
         """Hand every further link message's payload to ``handler`` as it is read, until
         the link ends: raises what ended it (``ConnectionError`` when the peer closed
         it), or returns once :meth:`stop_delivering` was called. Wrap it in
-        :meth:`idle_limit` so a quiet peer does not hold it for ever."""
+        :meth:`idle_limit` so a quiet peer does not hold it for ever.
+
+        ``read_done`` runs after the frames of each read were handed over (what one read
+        brought is then all there: a request alone, or the start of a batch).
+        """
         assert self.channel is not None, "frames are delivered only after the handshake"
         self._done = self._loop.create_future()
         if self._handler is None:  # the first call: what the handshake's reads left
             self._handler = handler
+            self._read_done = read_done
             events, self._events = self._events, []
             try:
                 self._deliver(events)
+                if events and read_done is not None and not self._stopped:
+                    read_done()
             except Exception as exc:
                 self._end(exc)
             while self._chunks and self._error is None and not self._stopped:

@@ -73,7 +73,7 @@ class PeerLinks:
         instance: str,
         intake: Intake,
         lookup: Lookup,
-        wake: Callable[[], None],
+        input_read: Callable[[], None],
         room: Callable[[], Awaitable[None]],
         has_room: Callable[[], bool],
         incarnation: int,
@@ -90,7 +90,7 @@ class PeerLinks:
         self._secret = load_secret(settings, data_dir or Path("."))
         self._tls = tls_contexts(settings)
         self._lookup = lookup
-        self._wake = wake
+        self._input_read = input_read  # after each read of link input was queued
         self._room = room  # waits while too much input is pending
         self._has_room = has_room  # whether it would return at once
         self._server: asyncio.Server | None = None
@@ -391,14 +391,13 @@ class PeerLinks:
                 conn.stop_delivering()  # replaced by a newer connection
                 return
             self.intake.link_input(sender, payload)
-            self._wake()
             if not self._has_room() and (resuming is None or resuming.done()):
                 conn.pause_reading()
                 resuming = asyncio.create_task(resume_when_room())
 
         try:
             async with conn.idle_limit(self.settings.idle_timeout_s):
-                await conn.deliver(take)
+                await conn.deliver(take, self._input_read)
         finally:
             if resuming is not None:
                 resuming.cancel()

@@ -1,0 +1,69 @@
+"""Running one coordinator as a process: start-up checks, the signals that stop it
+(SIGINT and SIGTERM flush pending input first), the exit status."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Callable
+
+from ..allocator import prime_allocator
+from .ic_config import CoordinatorConfig, CoordinatorError, print_ready, resolve_start
+from .ic_server import Coordinator
+from .link_config import load_secret, tls_contexts
+from .registry_files import clear_interrupted_first_start, prepare_start
+from .storage import CorruptLogError, InstanceFiles
+
+__all__ = ["run_coordinator"]
+
+log = logging.getLogger("ambrosia_py.coordinator")
+
+
+async def _with_signals(main: asyncio.Task[int], coordinator: Coordinator | None = None) -> int:
+    """Stop on SIGINT/SIGTERM: once processing, by flushing pending input first."""
+    loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:
+        if coordinator is not None and coordinator.stop():
+            log.info("stopping on a signal: making pending input durable first")
+        else:
+            main.cancel()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal)
+    try:
+        return await main
+    except asyncio.CancelledError:
+        log.info("stopped by signal")
+        return 0
+
+
+async def run_coordinator(
+    config: CoordinatorConfig, ready: Callable[[str], None] = print_ready
+) -> int:
+    """Run one coordinator until its binding disconnects; return the exit status."""
+    prime_allocator()  # every read asks for 256 KiB: from the heap, not a fresh mapping
+    # Refuses when the registry has lost track of the instance's files (never a first
+    # start over existing history), before anything is listened on or written.
+    registry = prepare_start(config.data_dir, config.instance)
+    try:
+        # Read now, so a bad secret or TLS file stops start-up, not links after recovery.
+        load_secret(config.link_settings, config.data_dir)
+        tls_contexts(config.link_settings)
+        version, _, _ = resolve_start(config, registry)
+        files = InstanceFiles(config.data_dir, config.instance, version)
+        files.create()
+        files.acquire_lock()
+        coordinator = Coordinator(config, registry, files)
+        try:
+            info = registry.get(config.instance)
+            if info is not None and info.last_checkpoint is None:
+                clear_interrupted_first_start(files, info.committer_id)
+            return await _with_signals(asyncio.create_task(coordinator.run(ready)), coordinator)
+        except CorruptLogError as exc:
+            raise CoordinatorError(f"recovery stopped: {exc}") from None
+        finally:
+            coordinator.files.release_lock()
+    finally:
+        registry.close()
