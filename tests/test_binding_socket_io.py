@@ -255,3 +255,53 @@ def test_byte_sized_counts_bytes_and_copies_nothing() -> None:
         sized = byte_sized(view)
         assert isinstance(sized, memoryview) and sized.obj is raw
         assert len(sized) == 24 and bytes(sized) == raw
+
+
+async def _wait_for(condition: object, what: str) -> None:
+    """Let the loop run until ``condition()`` holds, with a deadline."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + DEADLINE
+    while not condition():  # type: ignore[operator]
+        assert loop.time() < deadline, f"waited {DEADLINE} s for {what}"
+        await asyncio.sleep(0.001)
+
+
+def test_read_each_hands_over_every_read_in_order_pauses_and_ends_once() -> None:
+    async def main() -> None:
+        async with tcp_pair() as (stream, peer):
+            got: list[bytes] = []
+            errors: list[OSError] = []
+            stream.read_each(got.append, errors.append)
+            peer.sendall(b"one")
+            await _wait_for(lambda: got == [b"one"], "the first read")
+            stream.pause_reading()
+            peer.sendall(b"two")
+            await asyncio.sleep(0.05)  # paused: nothing is handed over meanwhile
+            assert got == [b"one"]
+            stream.resume_reading()
+            await _wait_for(lambda: b"".join(got) == b"onetwo", "the read after resuming")
+            peer.shutdown(socket.SHUT_WR)
+            await _wait_for(lambda: got[-1:] == [b""], "the end of the stream")
+            stream.close()  # the end was said already: not again
+            assert got.count(b"") == 1 and not errors
+
+    asyncio.run(main())
+
+
+def test_read_each_ends_with_b_empty_on_close_and_a_reset_goes_to_on_error() -> None:
+    async def main() -> None:
+        async with tcp_pair() as (stream, peer):
+            got: list[bytes] = []
+            stream.read_each(got.append, lambda exc: pytest.fail(f"unexpected {exc}"))
+            stream.close()
+            assert got == [b""]
+        async with tcp_pair() as (stream, peer):
+            got = []
+            errors: list[OSError] = []
+            stream.read_each(got.append, errors.append)
+            peer.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\1\0\0\0\0\0\0\0")
+            peer.close()  # linger 0: a reset
+            await _wait_for(lambda: errors, "the reset")
+            assert isinstance(errors[0], ConnectionResetError) and got == []
+
+    asyncio.run(main())

@@ -172,35 +172,89 @@ async def serve(
     d.live_send = impulse
     records = RecordReader()
     background = BackgroundTasks(lambda: d.immortal, background_failure, stop)
-    try:
-        while data := await reader.read():
+    loop = asyncio.get_running_loop()
+    ended: asyncio.Future[None] = loop.create_future()  # the stream's end, or what broke
+    draining: list[asyncio.Task[None]] = []  # while the coordinator is behind
+
+    def after_run() -> None:
+        nonlocal on_primary
+        crashpoints.reach("binding.before_effects")
+        for fn, args in d.take_effects():
+            _run_effect(fn, args)
+        if d.became_primary:
+            d.became_primary = False
+            background.start()
+            if on_primary is not None:
+                on_primary(d)
+                on_primary = None
+
+    def handle() -> None:
+        """Handle the records read so far, in order, until one's output leaves more
+        queued than the high-water mark: reading pauses then until the coordinator has
+        taken it (:func:`drained`), and goes on from there."""
+        while not records.drained:
+            # A run of records made only of calls is handled in one go (one write of what
+            # they produce); any other record is read and handled alone. Replay is mostly
+            # such runs.
+            run: Sequence[tuple[int, Sequence[wire.Message]]] = records.take_calls()
+            if not run:
+                record = records.next_record()
+                if record is None:
+                    return
+                run = [(record.seq, record.messages)]
+            try:
+                out = d.handle_run(run)
+            except Exception as exc:
+                raise record_failure(d, d.record_seq, exc) from exc
+            if out:  # most replayed records produce nothing: no write
+                send(out)
+                if writer.behind:
+                    reader.pause_reading()
+                    draining.append(asyncio.ensure_future(drained()))
+                    return
+            after_run()
+
+    async def drained() -> None:
+        try:
+            await writer.drain()
+            draining.clear()
+            after_run()
+            handle()
+            if not draining:
+                reader.resume_reading()
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            if not ended.done():
+                ended.set_exception(exc)
+
+    def on_data(data: bytes) -> None:
+        # Called by the loop for each read (a loop turn less than a task per read, on
+        # every awaited call's path); what goes wrong ends the serving, as it is.
+        if ended.done():
+            return
+        if not data:
+            ended.set_result(None)
+            return
+        try:
             records.feed(data)  # a fresh bytes: kept by reference, not copied
-            while not records.drained:
-                # A run of records made only of calls is handled in one go (one write of
-                # what they produce, one drain); any other record is read and handled
-                # alone. Replay is mostly such runs.
-                run: Sequence[tuple[int, Sequence[wire.Message]]] = records.take_calls()
-                if not run:
-                    record = records.next_record()
-                    if record is None:
-                        break
-                    run = [(record.seq, record.messages)]
-                try:
-                    out = d.handle_run(run)
-                except Exception as exc:
-                    raise record_failure(d, d.record_seq, exc) from exc
-                if out:  # most replayed records produce nothing: no write, no drain
-                    send(out)
-                    await writer.drain()
-                crashpoints.reach("binding.before_effects")
-                for fn, args in d.take_effects():
-                    _run_effect(fn, args)
-                if d.became_primary:
-                    d.became_primary = False
-                    background.start()
-                    if on_primary is not None:
-                        on_primary(d)
-                        on_primary = None
+            if not draining:
+                handle()
+        except BaseException as exc:
+            reader.pause_reading()
+            ended.set_exception(exc)
+
+    def on_error(exc: OSError) -> None:
+        if not ended.done():
+            ended.set_exception(exc)
+
+    try:
+        reader.read_each(on_data, on_error)
+        try:
+            await ended
+        finally:
+            for task in draining:
+                task.cancel()
         try:
             records.close()
         except wire.TruncatedInputError as exc:  # it died mid-send: it stopped, as below
