@@ -19,11 +19,10 @@ import logging
 import socket
 from collections import deque
 from collections.abc import Awaitable, Callable
-from itertools import islice
 from typing import Any
 
 from .. import crashpoints, wire
-from ..iov import IOV_MAX, advance, byte_sized, send_all
+from ..iov import IOV_MAX, advance, byte_sized, nbytes, send_all
 from ..wire import CONTROL_SEQ, Message
 from .binding_auth import PREAMBLE_SIZE, Socket, TokenGate
 
@@ -293,25 +292,41 @@ class BindingLink:
         """
         if self.gone:
             return
-        views: deque[wire.Payload] = deque(v for v in map(byte_sized, parts) if len(v))
-        if self._last is None or self._last.done():
+        if self._last is not None and not self._last.done():
+            views = deque(v for v in map(byte_sized, parts) if len(v))  # behind the rest
+        else:
             if self._last is not None and self._last.exception() is not None:
                 self.gone = True
                 return
-            crashpoints.reach_midway("ic.forward.mid_send", self._send, views)
-            try:
-                first = list(islice(views, IOV_MAX))
-                advance(views, self._send.sendmsg(first, [], socket.MSG_DONTWAIT))
-            except BlockingIOError:
-                pass
-            except OSError:
+            crashpoints.reach_midway("ic.forward.mid_send", self._send, parts)
+            left = self._send_now(parts)
+            if left is None:
                 self.gone = True
                 return
-            if not views:
+            if not left:
                 self._last = None
                 return
+            views = left
         loop = asyncio.get_running_loop()
         self._last = loop.run_in_executor(self._sender, send_all, self._send, views)
+
+    def _send_now(self, parts: list[wire.Payload]) -> deque[wire.Payload] | None:
+        """Send what the socket takes of ``parts`` at once (non-blocking); return what is
+        left (empty: all of it went), or None once the socket has failed."""
+        sent = 0
+        try:
+            if len(parts) <= IOV_MAX:  # the usual case: one sendmsg takes it all
+                size = nbytes(parts)
+                sent = self._send.sendmsg(parts, [], socket.MSG_DONTWAIT)
+                if sent == size:
+                    return deque()
+        except BlockingIOError:
+            pass
+        except OSError:
+            return None
+        views: deque[wire.Payload] = deque(v for v in map(byte_sized, parts) if len(v))
+        advance(views, sent)
+        return views
 
     @property
     def flushed(self) -> bool:

@@ -80,7 +80,7 @@ class CommitPipeline(Generic[R]):
         synced right away, on the calling thread, and forwarded at once — the latency
         path, with no hop through worker threads.
         """
-        size = sum(len(p) for p in disk_parts)
+        size = sum(map(len, disk_parts))
         if alone and size <= INLINE_MAX_BYTES and self.idle:
             self.append_now(writer, disk_parts, wire_record, on_durable)
             return

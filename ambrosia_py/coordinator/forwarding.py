@@ -75,7 +75,7 @@ class LogPlace:
     @classmethod
     def next_in(cls, writer: LogWriter, disk_parts: list[wire.Payload]) -> LogPlace:
         """Where the next record ``writer`` writes will lie (one writer, one at a time)."""
-        return cls(writer.path, writer.size, sum(len(p) for p in disk_parts))
+        return cls(writer.path, writer.size, sum(map(len, disk_parts)))
 
 
 # A record in wire form and where it lies in its log (None: a control record, not logged).

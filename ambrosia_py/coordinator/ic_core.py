@@ -451,7 +451,7 @@ class Intake:
         outputs = 0
         marks: dict[str, int] = {}
         for parts, replayable, sender, seq in self.pending:
-            size = sum(len(p) for p in parts)
+            size = sum(map(len, parts))
             if n and (taken + size > max_bytes or n == max_messages):
                 break
             taken += size
@@ -471,7 +471,7 @@ class Intake:
     ) -> None:
         self.pending.append((parts, replayable, sender, seq))
         self.enqueued += 1
-        self.pending_bytes += sum(len(p) for p in parts)
+        self.pending_bytes += sum(map(len, parts))
 
     def _input(self, parts: list[wire.Payload], replayable: bool) -> None:
         if replayable:

@@ -478,12 +478,13 @@ class LinkConn:
         if self._fd is None or sum(map(len, parts)) < len(parts) * _JOIN_BELOW:
             frame = self.channel.seal_frame(token, parts, self.flow.send_limit(token))
             if frame is not None:  # built in one C call: the same bytes as below
-                out: list[bytes | memoryview] = [frame]
+                crashpoints.reach_midway("ic.link.mid_send", self.transport, (frame,))
+                self.transport.write(frame)
             else:
                 tag = self.channel.seal(token, parts)
                 out = self.flow.send(token, b"".join([*parts, tag]))
-            crashpoints.reach_midway("ic.link.mid_send", self.transport, out)
-            self.transport.writelines(out)
+                crashpoints.reach_midway("ic.link.mid_send", self.transport, out)
+                self.transport.writelines(out)
         else:
             tag = self.channel.seal(token, parts)
             out = self.flow.send_parts(token, [*parts, tag])

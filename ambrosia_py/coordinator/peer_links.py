@@ -150,12 +150,14 @@ class PeerLinks:
         every message of a request and its reply). Anything the socket does not take
         at once wakes the loop, which waits for it to drain and sends the rest."""
         box = self.intake.outboxes[dest]
+        writable = True  # as output_ready found it
         try:
-            while conn.writable_now and (frames := box.take(budget)):
+            while writable and (frames := box.take(budget)):
                 conn.write(*frames)
+                writable = conn.writable_now
         except (OSError, ConnectionError, FlowError):
-            pass  # the loop's connection is failing: it finds out and reconnects
-        if not conn.writable_now:
+            writable = False  # the loop's connection is failing: it finds out and reconnects
+        if not writable:
             self._output_ready[dest].set()
 
     async def _send_loop(self, dest: str) -> None:

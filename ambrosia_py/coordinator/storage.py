@@ -30,7 +30,7 @@ from itertools import islice
 from pathlib import Path
 
 from .. import crashpoints
-from ..iov import IOV_MAX, advance, byte_sized
+from ..iov import IOV_MAX, advance, byte_sized, nbytes
 from ..wire import Payload
 from .errors import CorruptLogError, InstanceLockedError, StorageError
 from .logindex import EVERY_BYTES, INDEX_PREFIX, IndexWriter, index_path_for
@@ -61,8 +61,14 @@ _CHECKPOINT_NAME = re.compile(rf"{CHECKPOINT_PREFIX}([1-9][0-9]*)")
 
 def _write_all(fd: int, parts: Sequence[bytes | bytearray | memoryview]) -> int:
     """Write every part with ``writev``, resuming after short writes; return the count."""
-    queue: deque[Payload] = deque(v for v in map(byte_sized, parts) if len(v))
     total = 0
+    if len(parts) <= IOV_MAX:  # the usual case, one writev that takes it all
+        size = nbytes(parts)
+        total = os.writev(fd, parts)
+        if total == size:
+            return total
+    queue: deque[Payload] = deque(v for v in map(byte_sized, parts) if len(v))
+    advance(queue, total)
     while queue:
         written = os.writev(fd, list(islice(queue, IOV_MAX)))
         total += written

@@ -174,7 +174,7 @@ def record_headers(committer_id: int, seq: int, body: Sequence[Buffer]) -> tuple
     The check bytes are computed over the buffers in turn, so a coordinator can write and
     forward a record without joining its messages.
     """
-    length = HEADER_SIZE + sum(len(c) for c in body)
+    length = HEADER_SIZE + sum(map(len, body))
     if seq == CHECKPOINT_SEQ:
         check = 0
     elif len(body) == 1:
