@@ -253,24 +253,20 @@ class Dispatcher(DispatcherState):
     def _incoming(self, msg: IncomingRpc | IncomingReturnValue, seq: int | None) -> None:
         """Handle a call or a reply (from record ``seq``; None: a checkpoint's tail)."""
         if isinstance(msg, IncomingRpc):
-            if self._base is None and self._may_suspend(msg):
+            spec = type(self.immortal).rpc_methods().get(msg.method_id)
+            # A handler that may await (an async one, or an ingress call to one) could be
+            # in flight at a checkpoint: the tail starts here.
+            if self._base is None and (spec is None or spec.is_async):
                 self._base, self._tail = self._snapshot_now(), []
             self._tail.append(msg)
-            self._dispatch(msg)
+            self._dispatch(msg, spec)
             return
         task = self._awaiting(msg, seq)
         if task is not None:  # a dropped reply changed nothing: it is not part of the tail
             self._tail.append(msg)
             self._step(task, *self._reply_outcome(task.waiting_on, msg))
 
-    def _may_suspend(self, msg: IncomingRpc) -> bool:
-        """Whether ``msg`` may start a handler that awaits (an async one, or an ingress call
-        to one), so that a checkpoint could find it in flight."""
-        spec = type(self.immortal).rpc_methods().get(msg.method_id)
-        return spec is None or spec.is_async
-
-    def _dispatch(self, msg: IncomingRpc) -> None:
-        spec = type(self.immortal).rpc_methods().get(msg.method_id)
+    def _dispatch(self, msg: IncomingRpc, spec: MethodSpec | None) -> None:
         if spec is None and msg.method_id == INGRESS_METHOD_ID and msg.rpc_type == RpcType.IMPULSE:
             self._ingress(msg)  # only this binding sends impulses: links refuse them
             return

@@ -372,9 +372,21 @@ Message: TypeAlias = (
 _TYPE_BYTES = [bytes([t]) for t in range(256)]
 
 
+# Names as framed on the wire, by name: a binding names the same few instances over and
+# over (each reply names its caller twice).
+_NAMES: dict[str, bytes] = {}
+_NAMES_MAX = 4096
+
+
 def _name(value: str) -> bytes:
-    raw = value.encode("utf-8")
-    return encode_zigzag_int(len(raw)) + raw
+    framed = _NAMES.get(value)
+    if framed is None:
+        raw = value.encode("utf-8")
+        framed = encode_zigzag_int(len(raw)) + raw
+        if len(_NAMES) >= _NAMES_MAX:
+            _NAMES.clear()
+        _NAMES[value] = framed
+    return framed
 
 
 def _call_head(method_id: int, rpc_type: RpcType, sender: str, call_seq: int) -> bytes:

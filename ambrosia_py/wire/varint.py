@@ -53,6 +53,8 @@ def _encode(value: int, bits: int) -> bytes:
 
 def encode_zigzag_int(value: int) -> bytes:
     """Encode a signed 32-bit integer as a ZigZagInt."""
+    if -64 <= value < 64:
+        return _SMALL[value + 64]
     if not INT_MIN <= value <= INT_MAX:
         raise OverflowError(f"ZigZagInt out of range: {value}")
     return _encode(value, 32)
@@ -60,6 +62,8 @@ def encode_zigzag_int(value: int) -> bytes:
 
 def encode_zigzag_long(value: int) -> bytes:
     """Encode a signed 64-bit integer as a ZigZagLong."""
+    if -64 <= value < 64:
+        return _SMALL[value + 64]
     if not LONG_MIN <= value <= LONG_MAX:
         raise OverflowError(f"ZigZagLong out of range: {value}")
     return _encode(value, 64)
