@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from ambrosia_py.binding.socket_io import SocketStream, open_socket
 from ambrosia_py.iov import IOV_MAX, byte_sized
+from tests.test_binding_link_reader import _until
 
 DEADLINE = 30.0  # seconds a wait may take before the test fails (never a time assertion)
 
@@ -257,15 +258,6 @@ def test_byte_sized_counts_bytes_and_copies_nothing() -> None:
         assert len(sized) == 24 and bytes(sized) == raw
 
 
-async def _wait_for(condition: object, what: str) -> None:
-    """Let the loop run until ``condition()`` holds, with a deadline."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + DEADLINE
-    while not condition():  # type: ignore[operator]
-        assert loop.time() < deadline, f"waited {DEADLINE} s for {what}"
-        await asyncio.sleep(0.001)
-
-
 def test_read_each_hands_over_every_read_in_order_pauses_and_ends_once() -> None:
     async def main() -> None:
         async with tcp_pair() as (stream, peer):
@@ -273,15 +265,15 @@ def test_read_each_hands_over_every_read_in_order_pauses_and_ends_once() -> None
             errors: list[OSError] = []
             stream.read_each(got.append, errors.append)
             peer.sendall(b"one")
-            await _wait_for(lambda: got == [b"one"], "the first read")
+            await _until(lambda: got == [b"one"], "the first read")
             stream.pause_reading()
             peer.sendall(b"two")
             await asyncio.sleep(0.05)  # paused: nothing is handed over meanwhile
             assert got == [b"one"]
             stream.resume_reading()
-            await _wait_for(lambda: b"".join(got) == b"onetwo", "the read after resuming")
+            await _until(lambda: b"".join(got) == b"onetwo", "the read after resuming")
             peer.shutdown(socket.SHUT_WR)
-            await _wait_for(lambda: got[-1:] == [b""], "the end of the stream")
+            await _until(lambda: got[-1:] == [b""], "the end of the stream")
             stream.close()  # the end was said already: not again
             assert got.count(b"") == 1 and not errors
 
@@ -301,7 +293,7 @@ def test_read_each_ends_with_b_empty_on_close_and_a_reset_goes_to_on_error() -> 
             stream.read_each(got.append, errors.append)
             peer.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\1\0\0\0\0\0\0\0")
             peer.close()  # linger 0: a reset
-            await _wait_for(lambda: errors, "the reset")
+            await _until(lambda: errors, "the reset")
             assert isinstance(errors[0], ConnectionResetError) and got == []
 
     asyncio.run(main())

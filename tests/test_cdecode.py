@@ -9,7 +9,6 @@ return equal results or raise the same error (type, message, offset).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -28,30 +27,20 @@ from ambrosia_py.wire import (
     decoding,
 )
 
+from .accel_state import PURE, built, skip_unless_built
 from .strategies import messages
 
 _NAME = "ambrosia_py.wire._cdecode"
-_PURE = os.environ.get(accel.PURE_ENV, "") not in ("", "0")
-_REQUIRED = os.environ.get(accel.REQUIRE_ENV, "") not in ("", "0")
-
-
-def _built() -> bool:
-    try:
-        __import__(_NAME)
-    except ImportError:
-        return False
-    return True
 
 
 def test_the_accelerator_is_used_when_built() -> None:
     """Without this, the comparisons below could compare the pure code with itself."""
-    if _PURE:
+    if PURE:
         assert accel.load(_NAME) is None
         assert decoding._decode_calls is None
         assert routing._c_count_replayable is None
         return
-    if not _built() and not _REQUIRED:
-        pytest.skip(f"{_NAME} is not built (and {accel.REQUIRE_ENV} is unset)")
+    skip_unless_built(_NAME)
     module = accel.load(_NAME)
     assert module is not None
     assert decoding._decode_calls is module.decode_calls
@@ -77,7 +66,7 @@ def test_the_accelerator_is_used_when_built() -> None:
 
 
 _needs_c = pytest.mark.skipif(
-    _PURE or not _built(), reason="the C accelerator is not built or turned off"
+    PURE or not built(_NAME), reason="the C accelerator is not built or turned off"
 )
 
 

@@ -20,38 +20,27 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ambrosia_py import accel
 from ambrosia_py.coordinator import link_auth
 from ambrosia_py.coordinator.link_auth import LinkAuthError, LinkChannel
 from ambrosia_py.coordinator.links import LINK_TOKEN as LINK
 from ambrosia_py.flow import FlowError, FrameReader, Token
 from ambrosia_py.flow.errors import ChecksumError
+from tests.accel_state import PURE, skip_unless_built
 from tests.link_peer import LINK_TOKEN, PING_TOKEN, Keys, connect_packet, flow_frame
 from tests.test_link_conn import _open, _pair, _tagged
 
 _NAME = "ambrosia_py.coordinator._clink"
-_PURE = os.environ.get(accel.PURE_ENV, "") not in ("", "0")
-_REQUIRED = os.environ.get(accel.REQUIRE_ENV, "") not in ("", "0")
 KEY = bytes(range(32))
 LIMIT = 1 << 20
 
 
-def _built() -> bool:
-    try:
-        __import__(_NAME)
-    except ImportError:
-        return False
-    return True
-
-
 def test_the_accelerator_is_used_when_built() -> None:
     """Without this, the link tests could run the Python path alone and say nothing."""
-    if _PURE:
+    if PURE:
         assert link_auth._clink is None
         assert LinkChannel(send_key=KEY, receive_key=KEY).seal_frame(LINK, (b"x",), LIMIT) is None
         return
-    if not _built() and not _REQUIRED:
-        pytest.skip(f"{_NAME} is not built (and {accel.REQUIRE_ENV} is unset)")
+    skip_unless_built(_NAME)
     assert link_auth._clink is not None
     assert LinkChannel(send_key=KEY, receive_key=KEY).seal_frame(LINK, (b"x",), LIMIT)
 

@@ -30,7 +30,7 @@
 
 #define TAG_SIZE 16
 #define HEADER_SIZE 28 /* u32 length, u64 checksum, u64 token first, u64 token second */
-#define TOKEN_AT 12 /* also what a frame has before its length starts counting */
+#define TOKEN_AT 12 /* the token; also the bytes before what the length counts */
 #define MIN_FRAME_LENGTH 16
 
 static PyObject *xxh3 = NULL; /* strong reference, set by init */
@@ -312,6 +312,23 @@ frame_args(const char *fn, PyObject *const *args, Py_ssize_t nargs, Py_ssize_t *
     return 0;
 }
 
+/* The tag of the frame at ``frame`` (its token at TOKEN_AT, its payload of ``payload_len``
+ * bytes at HEADER_SIZE) as the ``counter``-th of its direction: HMAC-SHA256 over the
+ * counter (u64, little-endian), the token's 16 bytes and the payload. */
+static void
+frame_tag(const mac_states *m, uint64_t counter, const unsigned char *frame, size_t payload_len,
+          unsigned char tag[32])
+{
+    unsigned char counter_bytes[8];
+    put_le64(counter_bytes, counter);
+    sha256 s;
+    hmac_start(&s, m->inner);
+    sha256_update(&s, counter_bytes, 8);
+    sha256_update(&s, frame + TOKEN_AT, 16);
+    sha256_update(&s, frame + HEADER_SIZE, payload_len);
+    hmac_finish(m, &s, tag);
+}
+
 /* Constant-time comparison of n bytes: 1 if equal. */
 static int
 same_bytes(const unsigned char *a, const unsigned char *b, size_t n)
@@ -344,7 +361,8 @@ clink_open_frame(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     uint64_t length = (uint64_t)b[0] | (uint64_t)b[1] << 8 | (uint64_t)b[2] << 16 |
                       (uint64_t)b[3] << 24;
-    if (length + 12 != (uint64_t)n || length < MIN_FRAME_LENGTH || length > (uint64_t)max_length) {
+    if (length + TOKEN_AT != (uint64_t)n || length < MIN_FRAME_LENGTH ||
+        length > (uint64_t)max_length) {
         Py_RETURN_NONE;
     }
     if (le64(b + TOKEN_AT) != first || le64(b + TOKEN_AT + 8) != second) {
@@ -360,15 +378,8 @@ clink_open_frame(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     const unsigned char *payload = b + HEADER_SIZE;
     size_t payload_len = (size_t)(n - HEADER_SIZE - TAG_SIZE);
-    unsigned char counter_bytes[8];
-    put_le64(counter_bytes, counter);
-    sha256 s;
-    hmac_start(&s, m.inner);
-    sha256_update(&s, counter_bytes, 8);
-    sha256_update(&s, b + TOKEN_AT, 16);
-    sha256_update(&s, payload, payload_len);
     unsigned char tag[32];
-    hmac_finish(&m, &s, tag);
+    frame_tag(&m, counter, b, payload_len, tag);
     if (!same_bytes(tag, payload + payload_len, TAG_SIZE)) {
         Py_RETURN_NONE;
     }
@@ -420,15 +431,8 @@ clink_seal_frame(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         memcpy(p, PyBytes_AS_STRING(part), (size_t)PyBytes_GET_SIZE(part));
         p += PyBytes_GET_SIZE(part);
     }
-    unsigned char counter_bytes[8];
-    put_le64(counter_bytes, counter);
-    sha256 s;
-    hmac_start(&s, m.inner);
-    sha256_update(&s, counter_bytes, 8);
-    sha256_update(&s, out + TOKEN_AT, 16);
-    sha256_update(&s, out + HEADER_SIZE, (size_t)size);
     unsigned char tag[32];
-    hmac_finish(&m, &s, tag);
+    frame_tag(&m, counter, out, (size_t)size, tag);
     memcpy(p, tag, TAG_SIZE);
     int ok;
     uint64_t sum = checksum(out + TOKEN_AT, HEADER_SIZE - TOKEN_AT + size + TAG_SIZE, &ok);
@@ -465,8 +469,15 @@ static PyMethodDef clink_methods[] = {
 };
 
 static struct PyModuleDef clink_module = {
-    PyModuleDef_HEAD_INIT, "_clink", "C twin of a link's per-frame work for small frames.", -1,
+    PyModuleDef_HEAD_INIT,
+    "ambrosia_py.coordinator._clink",
+    "C twin of a link's per-frame work for small frames.",
+    -1,
     clink_methods,
+    NULL,
+    NULL,
+    NULL,
+    NULL,
 };
 
 PyMODINIT_FUNC
