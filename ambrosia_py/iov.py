@@ -15,7 +15,7 @@ from typing import Final
 
 from .wire import Payload
 
-__all__ = ["IOV_MAX", "advance", "byte_sized", "nbytes", "send_all"]
+__all__ = ["IOV_MAX", "advance", "byte_sized", "nbytes", "send_all", "unsent"]
 
 IOV_MAX: Final = 1024  # buffers per sendmsg or writev call (Linux's UIO_MAXIOV)
 _NBYTES = operator.attrgetter("nbytes")
@@ -47,6 +47,15 @@ def advance(queue: deque[Payload], sent: int) -> None:
             return
         queue.popleft()
         sent -= size
+
+
+def unsent(parts: Sequence[Payload], sent: int) -> deque[Payload]:
+    """What a write that took the first ``sent`` bytes of ``parts`` left, as a queue for
+    :func:`advance` and :func:`send_all`: byte-sized, empty parts dropped, a part cut in
+    two a view of its rest (no copy)."""
+    queue: deque[Payload] = deque(v for v in map(byte_sized, parts) if len(v))
+    advance(queue, sent)
+    return queue
 
 
 def send_all(sock: socket.socket, queue: deque[Payload]) -> None:

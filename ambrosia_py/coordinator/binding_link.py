@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .. import crashpoints, wire
-from ..iov import IOV_MAX, advance, byte_sized, nbytes, send_all
+from ..iov import IOV_MAX, nbytes, send_all, unsent
 from ..wire import CONTROL_SEQ, Message
 from .binding_auth import PREAMBLE_SIZE, Socket, TokenGate
 
@@ -293,7 +293,7 @@ class BindingLink:
         if self.gone:
             return
         if self._last is not None and not self._last.done():
-            views = deque(v for v in map(byte_sized, parts) if len(v))  # behind the rest
+            views = unsent(parts, 0)  # behind the rest
         else:
             if self._last is not None and self._last.exception() is not None:
                 self.gone = True
@@ -324,9 +324,7 @@ class BindingLink:
             pass
         except OSError:
             return None
-        views: deque[wire.Payload] = deque(v for v in map(byte_sized, parts) if len(v))
-        advance(views, sent)
-        return views
+        return unsent(parts, sent)
 
     @property
     def flushed(self) -> bool:

@@ -88,7 +88,7 @@ class CommitPipeline(Generic[R]):
             await self._changed.wait_for(
                 lambda: self._error is not None or self._unsynced_bytes < self._max_unsynced
             )
-            self._raise()
+            self.check()
         # Only this coroutine writes, so the file sees records in order.
         await asyncio.to_thread(writer.write, disk_parts)
         async with self._changed:
@@ -132,23 +132,20 @@ class CommitPipeline(Generic[R]):
         finally:
             self._done += 1
 
-    def check(self) -> None:
-        """Raise what failed, if a record's write, sync or forwarding did."""
-        self._raise()
-
     async def flush(self) -> None:
         """Wait until every record appended so far is durable and forwarded."""
         target = self._appended
         async with self._changed:
             await self._changed.wait_for(lambda: self._error is not None or self._done >= target)
-            self._raise()
+            self.check()
 
     async def close(self) -> None:
         """Stop the sync stage (after :meth:`flush` when nothing went wrong)."""
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
 
-    def _raise(self) -> None:
+    def check(self) -> None:
+        """Raise what failed, if a record's write, sync or forwarding did."""
         if self._error is not None:
             raise self._error
 

@@ -57,7 +57,6 @@ __all__ = [
 # path of an awaited call and its reply), not through a message reader.
 _ONE_SMALL = 8 * 1024
 
-
 # --- the coordinator's checkpoint file -----------------------------------------------------
 
 _STATE_MAGIC = b"AMBRIC"

@@ -193,15 +193,13 @@ class LinkConn:
                 self.last_event = self._last_bytes = self._loop.time()
                 try:
                     self._handler(payload)
-                    if self._read_done is not None and not self._stopped:
-                        self._read_done()
+                    self._said_read()
                 except Exception as exc:  # a handler refusing: the link ends
                     self._end(exc)
                 return
         try:
             self._deliver(self.flow.receive_data(data))
-            if self._read_done is not None and not self._stopped and self._error is None:
-                self._read_done()
+            self._said_read()
         except Exception as exc:  # a bad frame or tag, a handler refusing: the link ends
             self._end(exc)
             return
@@ -218,6 +216,12 @@ class LinkConn:
                 self._handler(payload)
                 if self._stopped or self._error is not None:
                     return  # the handler ended the link
+
+    def _said_read(self) -> None:
+        """A read's frames are all handed over: ``read_done``, unless the handler ended
+        delivery or the link."""
+        if self._read_done is not None and not self._stopped and self._error is None:
+            self._read_done()
 
     def _link_payload(self, event: object) -> memoryview | None:
         """A link message's payload, its tag checked; None for a keep-alive."""
@@ -323,8 +327,8 @@ class LinkConn:
             events, self._events = self._events, []
             try:
                 self._deliver(events)
-                if events and read_done is not None and not self._stopped:
-                    read_done()
+                if events:
+                    self._said_read()
             except Exception as exc:
                 self._end(exc)
             while self._chunks and self._error is None and not self._stopped:

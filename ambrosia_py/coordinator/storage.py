@@ -24,14 +24,12 @@ import os
 import re
 import tempfile
 import threading
-from collections import deque
 from collections.abc import Sequence
 from itertools import islice
 from pathlib import Path
 
 from .. import crashpoints
-from ..iov import IOV_MAX, advance, byte_sized, nbytes
-from ..wire import Payload
+from ..iov import IOV_MAX, advance, nbytes, unsent
 from .errors import CorruptLogError, InstanceLockedError, StorageError
 from .logindex import EVERY_BYTES, INDEX_PREFIX, IndexWriter, index_path_for
 from .logscan import LogScan, TailDamage
@@ -67,8 +65,7 @@ def _write_all(fd: int, parts: Sequence[bytes | bytearray | memoryview]) -> int:
         total = os.writev(fd, parts)
         if total == size:
             return total
-    queue: deque[Payload] = deque(v for v in map(byte_sized, parts) if len(v))
-    advance(queue, total)
+    queue = unsent(parts, total)
     while queue:
         written = os.writev(fd, list(islice(queue, IOV_MAX)))
         total += written
