@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from ambrosia_py import eventloop
 from examples.bank.soak import Audit, Report, Settings, SoakResult, audit, run_soak
 
 
@@ -37,12 +38,18 @@ def test_three_accounts_complete_their_transfers(tmp_path: Path) -> None:
     assert result.kills == [] and result.final_restarts == 0
 
 
+@pytest.mark.parametrize("loop", eventloop.LOOPS)
 @pytest.mark.parametrize("seed", [7])
-def test_transfers_are_exactly_once_across_sigkills(tmp_path: Path, seed: int) -> None:
+def test_transfers_are_exactly_once_across_sigkills(
+    tmp_path: Path, seed: int, loop: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """3,000 transfers; six SIGKILLs at random points while they run (every account and
     every kind -- service, coordinator, both -- twice), each account restarted at once;
     then each account killed and restarted once more, and its recovered state compared
-    with what it reported before."""
+    with what it reported before. Once on each event loop (every process of the run)."""
+    if loop == "uvloop":
+        pytest.importorskip("uvloop")
+    monkeypatch.setenv(eventloop.LOOP_ENV, loop)
     settings = Settings(transfers=3000, kills=6, seed=seed)
     result = run_soak(tmp_path, settings, progress=print)
     _assert_exactly_once(result, 3000)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from ambrosia_py import eventloop
 from ambrosia_py.coordinator.link_auth import LinkAuthError, LinkChannel
 from ambrosia_py.coordinator.link_config import LinkSettings, tls_contexts
 from ambrosia_py.coordinator.link_conn import LinkConn, LinkProtocol
@@ -229,3 +230,47 @@ async def _read_done() -> None:
 
 def test_the_end_of_each_reads_frames_is_said_after_them() -> None:
     asyncio.run(_read_done())
+
+
+async def _skip_turn() -> None:
+    conn, _, writer = await _pair()
+    keys, _ = await _open(conn, writer)
+    got: list[bytes] = []
+
+    async def deliver() -> None:
+        async with conn.idle_limit(30):
+            await conn.deliver(lambda payload: got.append(bytes(payload)))
+
+    task = asyncio.ensure_future(deliver())
+    await asyncio.sleep(0)  # delivering now
+    conn.skip_turn()
+    assert not conn.transport.is_reading()
+    await asyncio.sleep(0)  # the next turn
+    assert conn.transport.is_reading()
+    conn.skip_turn()
+    conn.pause_reading()  # back-pressure in the same turn: it outlasts the skipped turn
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert not conn.transport.is_reading()
+    writer.write(_tagged(keys, b"x"))
+    await writer.drain()
+    await asyncio.sleep(0.05)
+    assert got == []
+    conn.resume_reading()
+    async with asyncio.timeout(30):
+        while not got:
+            await asyncio.sleep(0.001)
+    assert got == [b"x"]
+    writer.close()
+    with pytest.raises(ConnectionError):
+        await asyncio.wait_for(task, 30)
+
+
+@pytest.mark.parametrize("loop", eventloop.LOOPS)
+def test_a_skipped_turn_reads_nothing_until_the_next_and_a_pause_outlasts_it(
+    loop: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if loop == "uvloop":
+        pytest.importorskip("uvloop")
+    monkeypatch.setenv(eventloop.LOOP_ENV, loop)
+    eventloop.run(_skip_turn())

@@ -22,7 +22,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ambrosia_py import Immortal, rpc, wire
+from ambrosia_py import Immortal, eventloop, rpc, wire
 from ambrosia_py.coordinator.binding_link import BindingLink
 from ambrosia_py.coordinator.forwarding import Forwarder, LogPlace
 from ambrosia_py.coordinator.ic_cli import link_argv, link_settings, pop_link_security
@@ -347,14 +347,19 @@ def test_a_sender_whose_destination_is_down_waits_in_bounded_memory_then_deliver
         runner.close()
 
 
+@pytest.mark.parametrize("loop", eventloop.LOOPS)
 def test_a_coordinator_commits_what_peers_send_while_its_binding_reads_nothing(
-    tmp_path: Path,
+    tmp_path: Path, loop: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """What rules the deadlock out, deterministically: a peer sends 64 MiB of calls to a
     coordinator whose binding reads nothing (as a binding blocked by its outbox limit
     does), far more than the sockets to the binding hold. The coordinator still logs them
     all and Commits them to the peer, so the peer's outbox drains; in bounded memory.
-    (With forwarding awaited in the commit loop, the Commits stop after a few MiB.)"""
+    (With forwarding awaited in the commit loop, the Commits stop after a few MiB; on
+    uvloop, with a busy link read without turns for the commit loop, past 100 MiB.)"""
+    if loop == "uvloop":
+        pytest.importorskip("uvloop")
+    monkeypatch.setenv(eventloop.LOOP_ENV, loop)
     count, per_frame = 4096, 64
     calls = [incoming_fork(5, i.to_bytes(4, "little") * 4096) for i in range(count)]
     with coordinator(tmp_path, "server") as (ic, binding):

@@ -36,8 +36,9 @@ import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Literal
+from typing import Literal, cast
 
+from .. import eventloop
 from ..allocator import prime_allocator
 
 __all__ = ["MODES", "Mode", "hop", "measure_await_floor"]
@@ -143,7 +144,7 @@ def _call_asyncio(sock: socket.socket, size: int, n: int) -> list[float]:
             writer.close()
         return times
 
-    return asyncio.run(calls())
+    return eventloop.run(calls())
 
 
 def _read_frame(sock: socket.socket) -> bytes:
@@ -174,7 +175,7 @@ def hop() -> None:
     if mode == "blocking":
         _hop_blocking(role, args, log)
     else:
-        asyncio.run(_hop_asyncio(role, args, log))
+        eventloop.run(_hop_asyncio(role, args, log))
 
 
 def _accept(fd: str) -> socket.socket:
@@ -227,8 +228,7 @@ class _Frames(asyncio.Protocol):
         self.closed = asyncio.get_running_loop().create_future()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = transport = cast(asyncio.Transport, transport)  # uvloop's too
         transport.writelines(self.early)
 
     def data_received(self, data: bytes) -> None:

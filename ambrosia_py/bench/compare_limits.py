@@ -24,7 +24,9 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 
+from .. import eventloop
 from .coordinator import measure_bandwidth, measure_fsync_rate
 
 __all__ = [
@@ -65,8 +67,7 @@ class _Counter(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's: no isinstance
 
     def data_received(self, data: bytes) -> None:
         buf = self.buf
@@ -89,7 +90,7 @@ class _Counter(asyncio.Protocol):
 
 def serve(port_file: str) -> None:
     """The server process: listen on a free port, write it to ``port_file``, count."""
-    asyncio.run(_serve(Path(port_file)))
+    eventloop.run(_serve(Path(port_file)))
 
 
 async def _serve(port_file: Path) -> None:
@@ -165,4 +166,4 @@ async def _send(port: int, size: int, count: int) -> float:
 
 def measure_loopback(port: int, size: int, count: int) -> float:
     """Messages per second of ``size`` bytes from this process to the server's."""
-    return asyncio.run(_send(port, size, count))
+    return eventloop.run(_send(port, size, count))

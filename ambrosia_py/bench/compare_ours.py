@@ -27,7 +27,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import os
 import re
@@ -36,6 +35,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from .. import eventloop
 from ..binding.immortal import rpc
 from ..client import AsyncClient, Client
 from ..testing import ImmortalRunner, ServiceProcess, free_port
@@ -217,7 +217,7 @@ def measure_failover_and_memory(directory: Path, load_calls: int) -> dict[str, f
             async with AsyncClient(address, data_dir=directory) as client:
                 await measure_calls(client, load_calls, 64)
 
-        asyncio.run(load())
+        eventloop.run(load())
         _, figures["rss_load_service_mib"] = _memory_mib(svc.proc.pid if svc.proc else None)
         _, figures["rss_load_coordinator_mib"] = _memory_mib(svc.coordinator_pid())
 

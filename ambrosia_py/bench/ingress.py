@@ -33,7 +33,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from .. import Immortal, rpc
+from .. import Immortal, eventloop, rpc
 from ..client import AsyncClient
 from .coordinator import measure_fsync_rate
 
@@ -160,7 +160,7 @@ def ingress_bench(sequential: int, parallel: int, quick: bool) -> None:
         syncs = measure_fsync_rate(data_dir, 0.2 if quick else 1.0)
         service = IngressProcess(data_dir / "data")
         with service.running():
-            rows = asyncio.run(_run(service.address, service.data_dir, sequential, parallel))
+            rows = eventloop.run(_run(service.address, service.data_dir, sequential, parallel))
     table = Table(
         title="calls through the ingress: 16 B arguments, each logged durably before it runs"
     )

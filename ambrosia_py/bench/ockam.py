@@ -20,7 +20,6 @@ The disk's fdatasync rate is taken in the same run, since it bounds every durabl
 
 from __future__ import annotations
 
-import asyncio
 import socket
 import statistics
 import tempfile
@@ -32,6 +31,7 @@ import cloudpickle
 from rich.console import Console
 from rich.table import Table
 
+from .. import eventloop
 from ..binding.files import StateFiles, sync_written, use_state_files
 from ..testing.processes import ServiceProcess, free_port, wait_for
 from .coordinator import measure_fsync_rate
@@ -224,7 +224,7 @@ def ockam_bench(
         syncs = measure_fsync_rate(Path(tmp), 0.2 if quick else 1.0)
         hub = HubProcess(Path(tmp) / "hub")
         with hub.running():
-            figures = asyncio.run(
+            figures = eventloop.run(
                 _throughput(hub.port, runs, single, pipelined, pulled, warm_up=not quick)
             )
         table = Table(title="ockam hub over TCP: 100 B payloads, every frame durably logged")

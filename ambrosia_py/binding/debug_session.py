@@ -23,6 +23,7 @@ from typing import Any
 import attrs
 import click
 
+from .. import eventloop
 from ..coordinator.binding_auth import BindingAuth, token_for_ready_line
 from ..coordinator.errors import StorageError
 from ..coordinator.ic_config import CoordinatorConfig, CoordinatorError
@@ -227,7 +228,7 @@ def debug_command(
         format=f"%(asctime)s debug[{instance}] %(levelname)s %(message)s",
     )
     try:
-        asyncio.run(
+        eventloop.run(
             debug_service(
                 service,
                 data_dir,

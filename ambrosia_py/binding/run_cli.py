@@ -24,6 +24,7 @@ from typing import Any
 import attrs
 import click
 
+from .. import eventloop
 from ..coordinator.binding_auth import (
     BindingTokenError,
     read_token,
@@ -446,7 +447,7 @@ def run(
     )
     try:
         with use_state_files(files):
-            status = asyncio.run(_run_with_ingress(ingress, partial(_run, launch)))
+            status = eventloop.run(_run_with_ingress(ingress, partial(_run, launch)))
     except (ConnectionRefusedError, BindingTokenError) as exc:
         raise click.ClickException(str(exc)) from None
     except BackgroundTaskError as exc:  # its traceback is logged already

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .. import eventloop
 from ..ingress.errors import ClientClosedError
 from ..ingress.frames import DEFAULT_MAX_REPLY_FRAME, ServiceInfo
 from .asyncio_client import DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_TIMEOUT, AsyncClient
@@ -50,7 +51,7 @@ class Client:
             max_reply_frame=max_reply_frame,
             tls=tls,
         )
-        self._loop = asyncio.new_event_loop()
+        self._loop = eventloop.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name=f"ambrosia client {self.address}", daemon=True
         )

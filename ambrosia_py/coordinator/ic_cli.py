@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import sys
 from collections.abc import Coroutine
@@ -11,6 +10,7 @@ from typing import Any
 
 import click
 
+from .. import eventloop
 from ..binding.exits import verbose_option
 from .binding_auth import BindingAuth
 from .data_dir import DataDirError, data_dir_option, debuggable_instance
@@ -68,7 +68,7 @@ def _setup_logging(instance: str) -> None:
 
 def _run(main: Coroutine[Any, Any, int]) -> None:
     try:
-        status = asyncio.run(main)
+        status = eventloop.run(main)
     except (CoordinatorError, StorageError, RegistryError, LinkSetupError, StateFormatError) as exc:
         click.echo(f"ambrosia-py: {exc}", err=True)
         sys.exit(2)

@@ -42,6 +42,7 @@ from collections.abc import Callable
 import attrs
 
 from .. import crashpoints, wire
+from ..eventloop import running_loop_name
 from ..wire import (
     CHECKPOINT_SEQ,
     Checkpoint,
@@ -553,6 +554,7 @@ class Coordinator:
             ),
             open_gate(self.config.data_dir, self.config.instance, self.config.binding_auth),
         )
+        log.info("binding connected; on the %s event loop", running_loop_name())
         # Every record after start-up's direct sends (checkpoint, replay) goes through it.
         self.forwarder = Forwarder(self.binding, self.stop)
         try:

@@ -19,6 +19,7 @@ import collections
 import contextlib
 import os
 from collections.abc import AsyncIterator, Callable, Sequence
+from typing import cast
 
 from .. import crashpoints
 from ..flow import (
@@ -62,8 +63,8 @@ class LinkProtocol(asyncio.Protocol):
         self._drainers: list[asyncio.Future[None]] = []
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # A stream transport (uvloop's are not asyncio.Transport subclasses: no isinstance).
+        self.transport = cast(asyncio.Transport, transport)
         if self._on_made is not None:
             self._on_made(self)
 
@@ -352,6 +353,16 @@ class LinkConn:
         self._paused = True
         if not self._protocol.lost:
             self.transport.pause_reading()
+
+    def skip_turn(self) -> None:
+        """Read nothing more until the event loop's next turn (unless paused by then)."""
+        if not self._protocol.lost:
+            self.transport.pause_reading()
+            self._loop.call_soon(self._next_turn)
+
+    def _next_turn(self) -> None:
+        if not self._paused:
+            self._resume_transport()
 
     def resume_reading(self) -> None:
         if self._paused:  # the idle time counts from now, as if a frame had come

@@ -25,6 +25,7 @@ import logging
 import secrets
 import socket
 from collections.abc import Awaitable, Callable
+from functools import partial
 from pathlib import Path
 
 from .. import wire
@@ -40,6 +41,8 @@ __all__ = ["PeerLinks"]
 log = logging.getLogger("ambrosia_py.coordinator")
 
 MAX_FRAME_MESSAGES_BYTES = 4 * 1024 * 1024  # output per link frame
+# Input pending past this, a link is read once a loop turn (PeerLinks._read_done).
+_TURN_BYTES = 1024 * 1024
 BACKOFF_MIN_S = 0.05
 BACKOFF_MAX_S = 0.5
 # A receiver's Commits not taken by its socket beyond which more are not queued: a sender
@@ -376,6 +379,15 @@ class PeerLinks:
                 del self._inbound[sender]
             conn.close()
 
+    def _read_done(self, conn: LinkConn) -> None:
+        """A read of ``conn`` was queued. While input waits for the commit loop, the
+        connection is read once a loop turn, as asyncio's loop does anyway: uvloop reads
+        a busy socket until told to stop, and input would pile up to the pending limit
+        ahead of a commit loop that never got a turn."""
+        self._input_read()
+        if self.intake.pending_bytes >= _TURN_BYTES:
+            conn.skip_turn()
+
     async def _take_input(self, conn: LinkConn, sender: str) -> None:
         """Queue the calls of every frame from ``sender`` as it is read, until the link
         ends or a newer connection from the sender replaces this one. While too much
@@ -399,7 +411,7 @@ class PeerLinks:
 
         try:
             async with conn.idle_limit(self.settings.idle_timeout_s):
-                await conn.deliver(take, self._input_read)
+                await conn.deliver(take, partial(self._read_done, conn))
         finally:
             if resuming is not None:
                 resuming.cancel()

@@ -10,10 +10,11 @@ Publisher's de-duplication after each hub crash promises.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import attrs
+
+from .. import eventloop
 
 __all__ = ["StreamContents", "Verdict", "compare", "read_stream"]
 
@@ -52,7 +53,7 @@ async def _read(host: str, port: int, stream_name: str, timeout: float) -> Strea
 
 def read_stream(host: str, port: int, stream_name: str, timeout: float = 30.0) -> StreamContents:
     """Read the whole stream from the hub (a pull at a time)."""
-    return asyncio.run(_read(host, port, stream_name, timeout))
+    return eventloop.run(_read(host, port, stream_name, timeout))
 
 
 @attrs.frozen

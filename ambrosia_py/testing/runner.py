@@ -22,6 +22,7 @@ from typing import Any
 
 import cloudpickle
 
+from .. import eventloop
 from ..binding.client import serve
 from ..binding.dispatcher import Dispatcher, Mode
 from ..binding.files import StateFiles, state_files_dir, use_state_files
@@ -87,7 +88,7 @@ class RunningImmortal:
         fields = dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
         self._token = token_for_ready_line(fields, data_dir, instance)
         self.dispatcher = Dispatcher(service, instance, options=service.make_options(**options))
-        self.loop = asyncio.new_event_loop()
+        self.loop = eventloop.new_event_loop()
         self.error: BaseException | None = None
         self._thread = threading.Thread(
             target=self._run,
