@@ -9,7 +9,8 @@ relay length-prefixed frames over 127.0.0.1, and the two coordinators append eac
 that comes from the link to a file in the data dir and ``fdatasync`` it before passing
 it on. Two ways:
 
-- **asyncio**: each process an asyncio ``Protocol`` on its event loop, as ours are;
+- **asyncio**: each process an asyncio ``Protocol`` on the event loop ours run on
+  (:mod:`ambrosia_py.eventloop`: uvloop where it is installed);
 - **blocking**: blocking reads and writes in a fixed order, no event loop: what the
   kernel, the disk and the scheduler cost on this machine with no runtime at all.
 

@@ -17,6 +17,8 @@ import attrs
 from rich.console import Console
 from rich.table import Table
 
+from .. import eventloop
+
 __all__ = [
     "Figures",
     "Goal",
@@ -199,7 +201,7 @@ def tables(results: Results, runs: int) -> list[tuple[str, list[str], list[list[
                 "ours MB/s",
                 "gRPC stream (not durable)",
                 "ours/gRPC",
-                "asyncio loopback (limit)",
+                f"{eventloop.loop_name()} loopback (limit)",
                 "ours/limit",
                 "DBOS steps",
                 "ours/DBOS",
@@ -244,7 +246,7 @@ def tables(results: Results, runs: int) -> list[tuple[str, list[str], list[list[
             "(6 crossings, 2 fdatasyncs)",
             [
                 "ours",
-                "no work, asyncio (floor)",
+                f"no work, {eventloop.loop_name()} (floor)",
                 "ours/floor",
                 "no work, no event loop",
                 "one fdatasync (4 KiB)",
@@ -348,7 +350,7 @@ def write_charts(results: Results, directory: Path) -> list[Path]:
         ("ours: durable forks", "ours", "remote_fork_msgs_per_s"),
         ("ours: awaited calls", "ours", "remote_await_calls_per_s"),
         ("gRPC stream (not durable)", "grpc", "msgs_per_s"),
-        ("asyncio loopback (limit)", "limits", "loopback_msgs_per_s"),
+        (f"{eventloop.loop_name()} loopback (limit)", "limits", "loopback_msgs_per_s"),
         ("DBOS steps", "dbos", "steps_per_s"),
         ("DBOS workflows", "dbos", "workflows_per_s"),
     ]
