@@ -41,6 +41,7 @@ def test_reads_in_order_pausing_holds_them_and_the_end_comes_once() -> None:
         link.read_each(got.append, lost.append)
         binding.sendall(b"first")
         await _until(lambda: got == [b"first"], "the first read")
+        assert not link.has_unread()  # all read
         link.pause_reading()
         binding.sendall(b"second")
         for _ in range(20):

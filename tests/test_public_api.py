@@ -71,6 +71,7 @@ WIRE_API = [
     "disk_to_wire",
     "encode_disk_record",
     "encode_disk_tail",
+    "encode_marks_tail",
     "encode_message",
     "encode_message_parts",
     "encode_messages_parts",

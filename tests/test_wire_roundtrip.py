@@ -32,6 +32,7 @@ from ambrosia_py.wire import (
     disk_to_wire,
     encode_disk_record,
     encode_disk_tail,
+    encode_marks_tail,
     encode_message,
     encode_message_parts,
     encode_record,
@@ -235,6 +236,17 @@ def test_disk_tail_round_trip(wms: list[Watermark], trims: list[TrimWatermark]) 
         DiskRecordTail(tuple(wms), tuple(trims)),
         1 + len(raw),
     )
+
+
+@FAST
+@given(st.dictionaries(s.names, st.integers(-(2**63) + 1, 2**63 - 1), max_size=6))
+def test_the_marks_tail_is_the_disk_tail_of_one_watermark_per_sender(marks: dict[str, int]) -> None:
+    """The coordinator's fast form: what encode_disk_tail writes for (name, seq - 1, seq - 1)
+    per sender and no trims, and it reads back as that."""
+    raw = encode_marks_tail(marks)
+    wms = tuple(Watermark(name, seq - 1, seq - 1) for name, seq in marks.items())
+    assert raw == encode_disk_tail(wms)
+    assert decode_disk_tail(raw) == (DiskRecordTail(wms, ()), len(raw))
 
 
 @FAST

@@ -16,6 +16,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
+import select
 import socket
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -152,9 +153,6 @@ class Listener:
             sock.close()
 
 
-_PEEK_NOW = int(socket.MSG_PEEK | socket.MSG_DONTWAIT)  # an int: enum arithmetic costs per call
-
-
 class BindingLink:
     """The binding's two connections.
 
@@ -169,6 +167,8 @@ class BindingLink:
 
     def __init__(self, receive: socket.socket, send: socket.socket) -> None:
         self._receive = receive  # what the binding sends us (non-blocking, event loop)
+        self._unread = select.poll()  # has_unread: a poll that raises nothing when empty
+        self._unread.register(receive.fileno(), select.POLLIN)
         self._send = send  # where we send records (blocking, sender thread)
         self._send.setblocking(True)
         self._sender = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="send")
@@ -271,13 +271,9 @@ class BindingLink:
         return await asyncio.get_running_loop().sock_recv(self._receive, READ_SIZE)
 
     def has_unread(self) -> bool:
-        """Whether the binding has sent bytes not read yet (a peek, never blocks)."""
-        if not self._ahead.empty():
-            return True
-        try:
-            return bool(self._receive.recv(1, _PEEK_NOW))
-        except OSError:  # BlockingIOError: nothing there; others: the reader will see
-            return False
+        """Whether the binding has sent bytes not read yet (a poll, never blocks; an end
+        of stream or an error counts: the reader has something to see)."""
+        return not self._ahead.empty() or bool(self._unread.poll(0))
 
     async def send(self, parts: list[wire.Payload]) -> None:
         self.write(parts)

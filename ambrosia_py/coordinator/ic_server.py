@@ -242,11 +242,7 @@ class Coordinator:
         wire_header, disk_header = wire.record_headers(self.committer_id, self.next_seq, body)
         self.next_seq += 1
         self.logged_outputs += outputs
-        tail = (
-            wire.encode_disk_tail(wire.Watermark(n, s - 1, s - 1) for n, s in marks.items())
-            if marks
-            else _EMPTY_TAIL
-        )
+        tail = wire.encode_marks_tail(marks) if marks else _EMPTY_TAIL
         return wire_header, [disk_header, *body, tail]
 
     async def _write(

@@ -18,7 +18,7 @@ binding by rewriting the length and dropping the watermarks.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
 import xxhash
@@ -31,6 +31,7 @@ from .errors import (
     TruncatedInputError,
 )
 from .messages import Buffer, Message, Payload, frame_parts
+from .messages import _name as _framed_name
 from .varint import decode_zigzag_int, encode_zigzag_int
 
 __all__ = [
@@ -50,6 +51,7 @@ __all__ = [
     "disk_to_wire",
     "encode_disk_record",
     "encode_disk_tail",
+    "encode_marks_tail",
     "encode_record",
     "encode_record_parts",
     "frame_record",
@@ -239,6 +241,22 @@ def encode_disk_tail(
         raw = t.name.encode("utf-8")
         out += encode_zigzag_int(len(raw)) + raw + _I64.pack(t.seq)
     return bytes(out)
+
+
+_QQ = struct.Struct("<qq")
+_NO_TRIMS = encode_zigzag_int(0)
+
+
+def encode_marks_tail(marks: Mapping[str, int]) -> bytes:
+    """:func:`encode_disk_tail` of one watermark per sender, ``(name, seq - 1, seq - 1)``
+    for each ``name: seq`` (the next sequence number expected), and no trim watermarks:
+    what a coordinator writes after each record, built without the objects (names framed
+    once, both numbers packed in one call)."""
+    parts = [encode_zigzag_int(len(marks))]
+    for name, seq in marks.items():
+        parts += (_framed_name(name), _QQ.pack(seq - 1, seq - 1))
+    parts.append(_NO_TRIMS)
+    return b"".join(parts)
 
 
 def encode_disk_record(
