@@ -1,7 +1,8 @@
 """ambrosia_py.eventloop: which loop our processes start, and the switch that picks it.
 
-The process tests run on the default (uvloop where it is installed); the bank soak runs
-once more on asyncio's loop (tests/test_bank_soak.py), so both carry crash tests.
+The process tests run on the default (uvloop where it is installed); the bank soak
+(tests/test_bank_soak.py) and the coordinator's memory bound under a streaming peer
+(tests/test_outbox_limit.py) run on each loop, so both carry crash and load tests.
 """
 
 from __future__ import annotations

@@ -382,8 +382,8 @@ class PeerLinks:
     def _read_done(self, conn: LinkConn) -> None:
         """A read of ``conn`` was queued. While input waits for the commit loop, the
         connection is read once a loop turn, as asyncio's loop does anyway: uvloop reads
-        a busy socket until told to stop, and input would pile up to the pending limit
-        ahead of a commit loop that never got a turn."""
+        a busy socket up to 32 times before other callbacks run, and input piled up to
+        the pending limit ahead of a commit loop that got no turn."""
         self._input_read()
         if self.intake.pending_bytes >= _TURN_BYTES:
             conn.skip_turn()
