@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import ssl
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ import pytest
 from ambrosia_py import eventloop
 from ambrosia_py.coordinator.link_auth import LinkAuthError, LinkChannel
 from ambrosia_py.coordinator.link_config import LinkSettings, tls_contexts
-from ambrosia_py.coordinator.link_conn import LinkConn, LinkProtocol
+from ambrosia_py.coordinator.link_conn import FrameHandler, LinkConn, LinkProtocol
 from ambrosia_py.flow import ConnectPacket, FlowConnection, PeerConnected
 from tests.certs import mutual_tls, needs_openssl
 from tests.link_peer import LINK_TOKEN, PING_TOKEN, Keys, connect_packet, flow_frame
@@ -201,20 +202,29 @@ def test_a_paused_connection_is_not_idle_and_a_resumed_quiet_one_is() -> None:
     asyncio.run(_idle_and_paused())
 
 
+async def _delivering(
+    conn: LinkConn,
+    take: FrameHandler,
+    read_done: Callable[[], None] | None = None,
+) -> asyncio.Task[None]:
+    """``conn`` delivering to ``take`` (and ``read_done``) in a task, started."""
+
+    async def deliver() -> None:
+        async with conn.idle_limit(30):
+            await conn.deliver(take, read_done)
+
+    task = asyncio.ensure_future(deliver())
+    await asyncio.sleep(0)  # delivering now
+    return task
+
+
 async def _read_done() -> None:
     conn, _, writer = await _pair()
     keys, _ = await _open(conn, writer)
     events: list[str] = []
-
-    async def deliver() -> None:
-        async with conn.idle_limit(30):
-            await conn.deliver(
-                lambda payload: events.append(bytes(payload).decode()),
-                lambda: events.append("done"),
-            )
-
-    task = asyncio.ensure_future(deliver())
-    await asyncio.sleep(0)  # delivering now
+    task = await _delivering(
+        conn, lambda payload: events.append(bytes(payload).decode()), lambda: events.append("done")
+    )
     protocol = conn.transport.get_protocol()
     assert isinstance(protocol, asyncio.Protocol)
     # Reads as the transport hands them over: three frames, one (the C path's shape),
@@ -236,13 +246,7 @@ async def _skip_turn() -> None:
     conn, _, writer = await _pair()
     keys, _ = await _open(conn, writer)
     got: list[bytes] = []
-
-    async def deliver() -> None:
-        async with conn.idle_limit(30):
-            await conn.deliver(lambda payload: got.append(bytes(payload)))
-
-    task = asyncio.ensure_future(deliver())
-    await asyncio.sleep(0)  # delivering now
+    task = await _delivering(conn, lambda payload: got.append(bytes(payload)))
     conn.skip_turn()
     assert not conn.transport.is_reading()
     await asyncio.sleep(0)  # the next turn

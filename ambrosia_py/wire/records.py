@@ -66,6 +66,7 @@ CONTROL_SEQ = -1
 CHECKPOINT_SEQ = -2
 DEFAULT_MAX_RECORD_SIZE = 256 * 1024 * 1024
 _I64 = struct.Struct("<q")
+_QQ = struct.Struct("<qq")  # a watermark's two sequence numbers
 
 
 def check_bytes(body: Buffer) -> int:
@@ -233,17 +234,13 @@ def encode_disk_tail(
     trs = list(trims)
     out = bytearray(encode_zigzag_int(len(wms)))
     for w in wms:
-        raw = w.name.encode("utf-8")
-        out += encode_zigzag_int(len(raw)) + raw
-        out += _I64.pack(w.last_seq) + _I64.pack(w.last_replayable_seq)
+        out += _framed_name(w.name) + _QQ.pack(w.last_seq, w.last_replayable_seq)
     out += encode_zigzag_int(len(trs))
     for t in trs:
-        raw = t.name.encode("utf-8")
-        out += encode_zigzag_int(len(raw)) + raw + _I64.pack(t.seq)
+        out += _framed_name(t.name) + _I64.pack(t.seq)
     return bytes(out)
 
 
-_QQ = struct.Struct("<qq")
 _NO_TRIMS = encode_zigzag_int(0)
 
 
