@@ -127,7 +127,8 @@ def reach(name: str) -> None:
         _arrive(_armed)
 
 
-Target = int | socket.socket | asyncio.WriteTransport  # a file descriptor, a socket, a transport
+# A file at an offset (a file descriptor and where the write goes), a socket, a transport.
+Target = tuple[int, int] | socket.socket | asyncio.WriteTransport
 
 
 def reach_midway(
@@ -140,8 +141,8 @@ def reach_midway(
 
 
 def _write(target: Target, data: bytes) -> None:
-    if isinstance(target, int):
-        os.write(target, data)
+    if isinstance(target, tuple):
+        os.pwrite(target[0], data, target[1])
     elif isinstance(target, socket.socket):
         target.sendall(data)
     else:  # a transport sends at once what the socket takes when nothing is queued before it

@@ -71,6 +71,7 @@ import attrs
 import xxhash
 
 from .. import wire
+from ..wire import logfile
 from ..wire.records import HEADER
 from .errors import CorruptLogError, StorageError
 from .modes import create_private, fsync_dir
@@ -151,7 +152,10 @@ class LogScan:
         except FileNotFoundError:
             raise StorageError(f"no log file {self.path}") from None
         try:
-            size = os.fstat(fd).st_size
+            on_disk = os.fstat(fd).st_size
+            # Where the records end: a log still written, or left by a crash, has a live
+            # tail after them (wire.logfile); it is read up to there, like a log at rest.
+            size = logfile.data_end(lambda n, at: os.pread(fd, n, at), on_disk)
             reader = wire.RecordReader(
                 on_disk=True,
                 committer_id=self.committer_id,
@@ -188,6 +192,8 @@ class LogScan:
                     continue
                 read_to += len(chunk)
                 reader.feed(chunk)
+            if self.repair and self.damage is None and on_disk > size:
+                _truncate(self.path, size)  # the live tail goes; the records are whole
         finally:
             os.close(fd)
         self.done = True
@@ -200,7 +206,7 @@ class LogScan:
         """
         if buffered < wire.HEADER_SIZE:
             return False
-        header = os.pread(fd, wire.HEADER_SIZE, offset)
+        header = _pread(fd, wire.HEADER_SIZE, offset, size)
         if len(header) < wire.HEADER_SIZE:
             return True
         stored = int(_I32.unpack_from(header, 4)[0])
@@ -209,7 +215,7 @@ class LogScan:
     def _damaged(self, fd: int, size: int, exc: wire.ProtocolError | None) -> None:
         """Classify the failure at ``end_offset``: raise, or record (and cut) a torn tail."""
         start = self.end_offset
-        header = os.pread(fd, wire.HEADER_SIZE, start)
+        header = _pread(fd, wire.HEADER_SIZE, start, size)
         stated_seq: int | None = None
         if len(header) == wire.HEADER_SIZE:
             stated_seq = int(HEADER.unpack(header)[3])
@@ -256,6 +262,12 @@ class LogScan:
         self.damage = TailDamage(self.path, start, size - start, f"torn tail: {reason}", kept)
         if self.repair:
             _truncate(self.path, start)
+
+
+def _pread(fd: int, n: int, at: int, size: int) -> bytes:
+    """``os.pread`` that stops at ``size``, where the records end: a live tail after them
+    (``wire.logfile``) is not read."""
+    return os.pread(fd, max(0, min(n, size - at)), at)
 
 
 def _all_zero(fd: int, start: int, size: int) -> bool:
@@ -308,7 +320,10 @@ def _not_torn(
     """
     if _all_zero(fd, start, size):
         return None
-    header = os.pread(fd, wire.HEADER_SIZE, start)
+    header = _pread(fd, wire.HEADER_SIZE, start, size)
+    over = logfile.cut_over_marker(header) if size - start == len(header) else None
+    if over is not None and _header_problem(header[:over], committer, seq, max_record) is None:
+        return None  # a write cut in its first bytes, over the end marker before it
     problem = _header_problem(header, committer, seq, max_record)
     if problem is not None:
         return f"not a record cut short: {problem}"
@@ -354,7 +369,7 @@ def _tail_state(fd: int, at: int, size: int) -> str:
     file cuts it, otherwise why it is malformed."""
     want = 256
     while True:
-        tail = os.pread(fd, want, at)
+        tail = _pread(fd, want, at, size)
         try:
             wire.decode_disk_tail(tail)
         except wire.TruncatedInputError:
@@ -445,7 +460,7 @@ def _record_at(
 ) -> bool:
     """Whether a complete, verifiable on-disk record (of one of ``committers``, if given)
     starts at ``pos``."""
-    header = os.pread(fd, wire.HEADER_SIZE, pos)
+    header = _pread(fd, wire.HEADER_SIZE, pos, size)
     if len(header) < wire.HEADER_SIZE:
         return False
     try:
@@ -484,7 +499,7 @@ def _find_record(
     pos = start
     overlap = wire.HEADER_SIZE - 1
     while pos < size - overlap:
-        chunk = os.pread(fd, _CHUNK + overlap, pos)
+        chunk = _pread(fd, _CHUNK + overlap, pos, size)
         for match in pattern.finditer(chunk):
             if match.start() >= len(chunk) - overlap and pos + len(chunk) < size:
                 break  # seen again, whole, in the next chunk

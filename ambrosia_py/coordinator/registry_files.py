@@ -36,7 +36,7 @@ from .errors import StorageError
 from .ic_core import IcState, StateFormatError
 from .modes import tighten
 from .registry import REGISTRY_FILE, Registry, RegistryError, registry_paths
-from .storage import InstanceFiles, log_numbers_in
+from .storage import InstanceFiles, log_data_size, log_numbers_in
 
 __all__ = [
     "RebuiltInstance",
@@ -229,7 +229,10 @@ def _log_committer(files: InstanceFiles) -> int | None:
     numbers = log_numbers_in(files.path)
     if not numbers:
         return None
-    with files.log_path(numbers[0]).open("rb") as f:
+    path = files.log_path(numbers[0])
+    if log_data_size(path) < 4:  # no record yet, perhaps only a live tail
+        return None
+    with path.open("rb") as f:
         head = f.read(4)
     return int(struct.unpack("<i", head)[0]) if len(head) == 4 else None
 

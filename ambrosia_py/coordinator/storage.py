@@ -4,10 +4,12 @@ One instance version lives in ``<data dir>/<instance>_<version>/`` (reference am
 Files on disk): log files ``serverlog<N>``, checkpoints ``serverchkpt<N>`` (N from 1;
 checkpoint N is the state at the start of log N, so recovering from it needs logs N, N+1,
 ...) and the lock file ``serverkillFile``, which a running coordinator holds with
-``flock`` and which names its pid. Logs are appended with ``writev`` + ``fdatasync``;
-checkpoints are written to a temporary file and renamed into place, so a reader only ever
-sees a whole checkpoint. Beside each log the writer keeps a sidecar index
-``serverindex<N>`` (:mod:`.logindex`): a hint for readers, never read by recovery.
+``flock`` and which names its pid. Logs are written with ``pwritev`` + ``fdatasync``
+into space preallocated ahead of the records, and truncated to their last record when
+closed (the live tail, :mod:`ambrosia_py.wire.logfile`); checkpoints are written to a
+temporary file and renamed into place, so a reader only ever sees a whole checkpoint.
+Beside each log the writer keeps a sidecar index ``serverindex<N>`` (:mod:`.logindex`):
+a hint for readers, never read by recovery.
 Every file is created 0600 and the directory 0700 (:mod:`.modes`):
 logs hold call arguments, checkpoints whole states.
 
@@ -18,6 +20,7 @@ module re-exports them and the scan's names, so importers need only this one.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
@@ -30,6 +33,7 @@ from pathlib import Path
 
 from .. import crashpoints
 from ..iov import IOV_MAX, advance, nbytes, unsent
+from ..wire import logfile
 from .errors import CorruptLogError, InstanceLockedError, StorageError
 from .logindex import EVERY_BYTES, INDEX_PREFIX, IndexWriter, index_path_for
 from .logscan import LogScan, TailDamage
@@ -44,8 +48,10 @@ __all__ = [
     "InstanceLockedError",
     "LogScan",
     "LogWriter",
+    "PREALLOCATE_BYTES",
     "StorageError",
     "TailDamage",
+    "log_data_size",
     "log_number",
     "log_numbers_in",
 ]
@@ -57,17 +63,27 @@ _LOG_NAME = re.compile(rf"{LOG_PREFIX}([1-9][0-9]*)")
 _CHECKPOINT_NAME = re.compile(rf"{CHECKPOINT_PREFIX}([1-9][0-9]*)")
 
 
-def _write_all(fd: int, parts: Sequence[bytes | bytearray | memoryview]) -> int:
-    """Write every part with ``writev``, resuming after short writes; return the count."""
+# How far ahead of its records a log is allocated, at the least. Writing into space the
+# file already has, ``fdatasync`` need not commit a new file size to the journal: on this
+# machine's ext4, 105-148 us instead of 176-211 for 200-byte records, and the awaited
+# round trip (two syncs) 0.1-0.2 ms faster in five of six alternating pairs.
+PREALLOCATE_BYTES = 1 << 20
+_CAN_PREALLOCATE = hasattr(os, "posix_fallocate")
+_ZEROS = bytes(len(logfile.TRAILER))
+
+
+def _write_all(fd: int, parts: Sequence[bytes | bytearray | memoryview], at: int) -> int:
+    """Write every part at offset ``at`` with ``pwritev``, resuming after short writes;
+    return the count."""
     total = 0
-    if len(parts) <= IOV_MAX:  # the usual case, one writev that takes it all
+    if len(parts) <= IOV_MAX:  # the usual case, one pwritev that takes it all
         size = nbytes(parts)
-        total = os.writev(fd, parts)
+        total = os.pwritev(fd, parts, at)
         if total == size:
             return total
     queue = unsent(parts, total)
     while queue:
-        written = os.writev(fd, list(islice(queue, IOV_MAX)))
+        written = os.pwritev(fd, list(islice(queue, IOV_MAX)), at + total)
         total += written
         advance(queue, written)  # a short write leaves a part half done
     return total
@@ -80,16 +96,33 @@ class LogWriter:
     concurrent calls safe, though the coordinator makes one at a time. After a failed
     write the file may end in a partial record, so the writer refuses further appends
     (recovery will cut the partial record as a torn tail).
+
+    The file is preallocated ahead of the records (``preallocate``: at least that many
+    bytes at a time; 0, or a platform without ``posix_fallocate``, appends as the released
+    coordinator does): every write ends with the end marker, and the file with the
+    trailer (:mod:`ambrosia_py.wire.logfile`). :meth:`close` truncates it to its last
+    record. ``size`` is where the records end, and where the next write goes.
     """
 
-    def __init__(self, path: Path, *, index_every_bytes: int = EVERY_BYTES) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        index_every_bytes: int = EVERY_BYTES,
+        preallocate: int = PREALLOCATE_BYTES,
+    ) -> None:
         self.path = path
         existed = path.exists()
         try:
-            self._fd: int | None = create_private(path, os.O_WRONLY | os.O_APPEND)
+            self._fd: int | None = create_private(path, os.O_RDWR)
         except OSError as exc:
             raise StorageError(f"cannot open log {path}: {exc.strerror}") from exc
-        self.size = os.fstat(self._fd).st_size
+        fd = self._fd
+        on_disk = os.fstat(fd).st_size
+        self.size = logfile.data_end(lambda n, at: os.pread(fd, n, at), on_disk)
+        self._step = preallocate if _CAN_PREALLOCATE else 0
+        # Where the trailer lies (writes end before it); None: the file has none yet.
+        self._trailer_at = on_disk - len(_ZEROS) if on_disk > self.size else None
         self._lock = threading.Lock()
         self._broken: str | None = None
         if not existed:
@@ -115,13 +148,39 @@ class LogWriter:
             crashpoints.reach("ic.log.before_write")
             if self._index is not None:
                 self._index.note(self.size, parts)
+            size = nbytes(parts)
             try:
-                crashpoints.reach_midway("ic.log.mid_write", fd, parts)
-                written = _write_all(fd, parts)
+                if self._step:
+                    self._make_room(fd, self.size + size + len(logfile.END_MARKER))
+                    parts = [*parts, logfile.END_MARKER]
+                crashpoints.reach_midway("ic.log.mid_write", (fd, self.size), parts)
+                _write_all(fd, parts, self.size)
             except OSError as exc:
                 self._broken = exc.strerror or str(exc)
                 raise StorageError(f"cannot append to log {self.path}: {self._broken}") from exc
-            self.size += written
+            self.size += size
+
+    def _make_room(self, fd: int, end: int) -> None:
+        """Grow the file, if it must, so a write can end at ``end`` before the trailer.
+
+        The new trailer goes first and the old one is zeroed after: a crash in between
+        leaves a trailer at the end of the file, which is what says it has a live tail
+        (and readers skip an old trailer between zeros). Then the space is allocated; where
+        the file system cannot, it stays a hole, which reads as zeros too.
+        """
+        if self._trailer_at is not None and end <= self._trailer_at:
+            return
+        trailer = len(logfile.TRAILER)
+        grown = -(-(end + trailer) // self._step) * self._step
+        os.pwrite(fd, logfile.TRAILER, grown - trailer)
+        if self._trailer_at is not None:
+            os.pwrite(fd, _ZEROS, self._trailer_at)
+        self._trailer_at = grown - trailer
+        try:
+            os.posix_fallocate(fd, self.size, self._trailer_at - self.size)
+        except OSError as exc:
+            if exc.errno == errno.ENOSPC:
+                raise
 
     def sync(self) -> None:
         """``fdatasync``: everything written before this call is durable when it returns.
@@ -148,11 +207,18 @@ class LogWriter:
         return self._fd
 
     def close(self) -> None:
-        """Close the file (idempotent)."""
+        """Truncate the file to its last record and close it (idempotent).
+
+        The truncation is not synced: until it is durable, the live tail it removes still
+        reads the same (:mod:`ambrosia_py.wire.logfile`).
+        """
         with self._lock:
             if self._index is not None:
                 self._index.close()
             if self._fd is not None:
+                if self._trailer_at is not None:
+                    with contextlib.suppress(OSError):  # the live tail reads the same
+                        os.ftruncate(self._fd, self.size)
                 os.close(self._fd)
                 self._fd = None
 
@@ -280,8 +346,8 @@ class InstanceFiles:
         try:
             try:
                 os.fchmod(fd, PRIVATE_FILE)  # mkstemp's mode already; stated, as for every file
-                crashpoints.reach_midway("ic.checkpoint.mid_write", fd, parts)
-                _write_all(fd, parts)
+                crashpoints.reach_midway("ic.checkpoint.mid_write", (fd, 0), parts)
+                _write_all(fd, parts, 0)
                 os.fsync(fd)
             finally:
                 os.close(fd)
@@ -363,6 +429,16 @@ def _numbers_in(directory: Path, pattern: re.Pattern[str]) -> list[int]:
     except FileNotFoundError:
         return []
     return sorted(int(m.group(1)) for name in names if (m := pattern.fullmatch(name)))
+
+
+def log_data_size(path: Path) -> int:
+    """Where the records of the log file at ``path`` end: its size, less a live tail
+    (:mod:`ambrosia_py.wire.logfile`)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return logfile.data_end(lambda n, at: os.pread(fd, n, at), os.fstat(fd).st_size)
+    finally:
+        os.close(fd)
 
 
 def log_numbers_in(directory: Path) -> list[int]:

@@ -28,6 +28,8 @@ from typing import Any
 
 import attrs
 
+from ..wire import logfile
+
 __all__ = ["Location", "LogInput", "resolve"]
 
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
@@ -78,6 +80,12 @@ class Location:
         """The file's size now (a live log grows)."""
         return int(self.filesystem.get_file_info(self.path).size)
 
+    def data_size(self) -> int:
+        """Where the records of the log file here end now (its size, less a live tail:
+        :mod:`ambrosia_py.wire.logfile`)."""
+        with self.open() as src:
+            return src.data_size()
+
     def entries(self) -> list[tuple[str, str]]:
         """``(name, kind)`` of what the directory holds, by name; none if it is missing."""
         pafs = _pafs()
@@ -122,6 +130,10 @@ class LogInput:
 
     def size(self) -> int:
         return int(self._file.size())
+
+    def data_size(self) -> int:
+        """Where the records end (:meth:`Location.data_size`)."""
+        return logfile.data_end(self.pread, self.size())
 
     def close(self) -> None:
         self._file.close()

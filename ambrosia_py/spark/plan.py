@@ -97,7 +97,7 @@ def plan(logs: Sequence[LogFile], split_bytes: int = DEFAULT_SPLIT_BYTES) -> lis
     """Every log of ``logs`` from its start to its present end, split."""
     out: list[Piece] = []
     for log in logs:
-        size = log.location.size()
+        size = log.location.data_size()
         out += pieces_of(log, 0, size, final=True, split_bytes=split_bytes)
     return out
 

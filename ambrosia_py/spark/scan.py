@@ -228,7 +228,7 @@ class _SpanScan:
         """The time of the last verified index entry before the span, if one of the last
         few before it verifies (the span's records come after it)."""
         before = [e for e in entries if e.offset < self.span.start][-3:]
-        size = self.src.size()
+        size = self.src.data_size()
         for e in reversed(before):
             header = verify_record_at(self.src, e.offset, size, self.max_record)
             if header is not None and header.seq == e.seq:

@@ -185,7 +185,7 @@ class AmbrosiaStreamReader(DataSourceStreamReader):
         files = dict(before)
         for key, log in self._logs().items():
             at = before.get(key, 0)
-            size = log.location.size()
+            size = log.location.data_size()
             if size <= at:
                 continue
             files[key] = whole_end(log.location, at, size) if log.last else size
