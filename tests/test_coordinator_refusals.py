@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
+from ambrosia_py.coordinator.storage import log_data_size
 from ambrosia_py.testing import readline_within
+from ambrosia_py.wire import logfile
 from tests.fake_binding import (
     FakeBinding,
     checkpoint,
@@ -111,8 +112,11 @@ def test_a_torn_tail_is_cut_and_reported(tmp_path: Path) -> None:
         one_by_one(binding, 5)
         ic.kill()
     log1 = tmp_path / "svc_0" / "serverlog1"
-    size = log1.stat().st_size
-    os.truncate(log1, size - 3)  # the last write did not finish
+    size = log_data_size(log1)  # where its records end: a live tail follows them
+    assert log1.stat().st_size > size
+    with log1.open("r+b") as f:  # the last write did not finish: its last 3 bytes and
+        f.seek(size - 3)  # its end marker never reached the file
+        f.write(bytes(3 + len(logfile.END_MARKER)))
     with coordinator(tmp_path, "svc") as (ic, binding):
         assert binding.record().seq == -2
         seqs = []

@@ -7,7 +7,8 @@ durable before its binding sees it, and the caller's makes the reply durable bef
 its binding sees that. This measures that path with nothing else on it: four processes
 relay length-prefixed frames over 127.0.0.1, and the two coordinators append each frame
 that comes from the link to a file in the data dir and ``fdatasync`` it before passing
-it on. Two ways:
+it on. The files are preallocated, as our logs are (:mod:`ambrosia_py.wire.logfile`):
+each sync overwrites space the file has. Two ways:
 
 - **asyncio**: each process an asyncio ``Protocol`` on the event loop ours run on
   (:mod:`ambrosia_py.eventloop`: uvloop where it is installed);
@@ -65,6 +66,9 @@ def measure_await_floor(directory: Path, mode: Mode, size: int, count: int) -> f
         raise ValueError(f"size {size}: the payload carries an 8-byte counter")
     directory.mkdir(parents=True, exist_ok=True)
     warm = count // 10 + 1
+    frame = _HEADER.size + size
+    for name in _LOGS:
+        _preallocate(directory / name, (warm + count) * frame)
     to_a, to_b, link = _listen(), _listen(), _listen()
     procs: list[subprocess.Popen[bytes]] = []
 
@@ -102,12 +106,22 @@ def measure_await_floor(directory: Path, mode: Mode, size: int, count: int) -> f
         stop()
         for proc in procs:
             proc.wait()
-    frame = _HEADER.size + size
+    relayed = b"".join(_call(i, size) for i in range(warm + count))
     for name in _LOGS:
-        logged = (directory / name).stat().st_size
-        if logged != (warm + count) * frame:
-            raise RuntimeError(f"{name}: {logged} bytes, not {warm + count} frames of {frame}")
+        if (directory / name).read_bytes() != relayed:
+            raise RuntimeError(f"{name} does not hold the {warm + count} frames relayed")
     return statistics.median(times)
+
+
+def _preallocate(path: Path, size: int) -> None:
+    """Create ``path`` with ``size`` bytes allocated (and durable), where the platform can."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        if hasattr(os, "posix_fallocate"):
+            os.posix_fallocate(fd, 0, size)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _call(i: int, size: int) -> bytes:
@@ -172,7 +186,8 @@ def hop() -> None:
     """A skeleton process: ``MODE ROLE ARGS`` on the command line (see the module)."""
     mode, role, *args = sys.argv[1:]
     prime_allocator()  # as ours: asyncio's reads ask for 256 KiB
-    log = os.open(args[-1], os.O_WRONLY | os.O_CREAT | os.O_APPEND) if len(args) == 3 else -1
+    # Written from its start, over the space allocated ahead (_preallocate).
+    log = os.open(args[-1], os.O_WRONLY) if len(args) == 3 else -1
     if mode == "blocking":
         _hop_blocking(role, args, log)
     else:

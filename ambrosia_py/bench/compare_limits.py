@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import cast
 
 from .. import eventloop
-from .coordinator import measure_bandwidth, measure_fsync_rate
+from .coordinator import measure_bandwidth, measure_fsync_rate, measure_prealloc_fsync_rate
 
 __all__ = [
     "ServerProcess",
@@ -48,12 +48,14 @@ DRAIN_EACH_FROM = 4096
 
 
 def measure_disk_limits(directory: Path, seconds: float) -> dict[str, float]:
-    """``fdatasync``ed 4 KiB writes per second and MB/s of 4 MiB writes each
-    ``fdatasync``ed, in ``directory``'s filesystem (the existing probes of ``bench
-    coordinator``)."""
+    """``fdatasync``ed 4 KiB appends per second, ``fdatasync``ed 256 B writes per second
+    into preallocated space (what a coordinator's log does for a small record) and MB/s
+    of 4 MiB writes each ``fdatasync``ed, in ``directory``'s filesystem (the probes of
+    ``bench coordinator``)."""
     directory.mkdir(parents=True, exist_ok=True)
     return {
         "fdatasync_writes_per_s": measure_fsync_rate(directory, seconds),
+        "fdatasync_small_prealloc_writes_per_s": measure_prealloc_fsync_rate(directory, seconds),
         "fdatasync_seq_write_mb_per_s": measure_bandwidth(directory, seconds),
     }
 

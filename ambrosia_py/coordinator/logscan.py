@@ -6,7 +6,10 @@ bytes, committer id, consecutive sequence ids (across files: the caller passes t
 expected id). When a record fails, this module decides whether it is a *torn tail* (the
 unfinished last write of a crashed coordinator, which recovery cuts off) or *corruption*
 of input that was once durable (which must stop recovery:
-:class:`~.errors.CorruptLogError`). The rule:
+:class:`~.errors.CorruptLogError`). A file with a live tail (a log being written, or left
+by a crash: :mod:`ambrosia_py.wire.logfile`) is read up to where its records end, and
+"the end of the file" below means there; a repairing scan truncates a live tail whose
+last write finished. The rule:
 
 * Damage starts at the offset of the first record that fails (records are contiguous, so
   that is the end of the last good record).
@@ -36,9 +39,10 @@ of input that was once durable (which must stop recovery:
   (the caller's, else the good records') and sequence id (when known), a length field,
   if present, is in on-disk form and in range, and the record is **cut short by the end
   of the file** (its stated length runs past it), or is complete and verified with only
-  its watermark section cut. A record whose stated length fits in the file is complete:
-  if its check bytes fail, it was damaged after it was written (perhaps acknowledged),
-  and recovery stops, naming file, offset and seq.
+  its watermark section cut; or, in a live tail, the first bytes of a write over the rest
+  of the end marker before it (``logfile.cut_over_marker``). A record whose stated
+  length fits in the file is complete: if its check bytes fail, it was damaged after it
+  was written (perhaps acknowledged), and recovery stops, naming file, offset and seq.
 * A damaged length field can make a complete last record look cut short. So a record
   that runs past the end is torn only if no shorter length makes it verify with its
   watermark section ending exactly at the end of the file (ends within the last 64 KiB

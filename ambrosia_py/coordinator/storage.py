@@ -65,8 +65,8 @@ _CHECKPOINT_NAME = re.compile(rf"{CHECKPOINT_PREFIX}([1-9][0-9]*)")
 
 # How far ahead of its records a log is allocated, at the least. Writing into space the
 # file already has, ``fdatasync`` need not commit a new file size to the journal: on this
-# machine's ext4, 105-148 us instead of 176-211 for 200-byte records, and the awaited
-# round trip (two syncs) 0.1-0.2 ms faster in five of six alternating pairs.
+# machine's ext4, p50 115-175 us instead of 183-212 for 200-byte records, and the awaited
+# round trip (two syncs) 0.07-0.2 ms faster in five alternating pairs (docs/performance.md).
 PREALLOCATE_BYTES = 1 << 20
 _CAN_PREALLOCATE = hasattr(os, "posix_fallocate")
 _ZEROS = bytes(len(logfile.TRAILER))
@@ -120,9 +120,10 @@ class LogWriter:
         fd = self._fd
         on_disk = os.fstat(fd).st_size
         self.size = logfile.data_end(lambda n, at: os.pread(fd, n, at), on_disk)
+        if on_disk > self.size:  # a live tail a crash left: cut, as close() would have
+            os.ftruncate(fd, self.size)
         self._step = preallocate if _CAN_PREALLOCATE else 0
-        # Where the trailer lies (writes end before it); None: the file has none yet.
-        self._trailer_at = on_disk - len(_ZEROS) if on_disk > self.size else None
+        self._trailer_at: int | None = None  # where the trailer lies; writes end before it
         self._lock = threading.Lock()
         self._broken: str | None = None
         if not existed:
@@ -163,16 +164,20 @@ class LogWriter:
     def _make_room(self, fd: int, end: int) -> None:
         """Grow the file, if it must, so a write can end at ``end`` before the trailer.
 
-        The new trailer goes first and the old one is zeroed after: a crash in between
-        leaves a trailer at the end of the file, which is what says it has a live tail
-        (and readers skip an old trailer between zeros). Then the space is allocated; where
-        the file system cannot, it stays a hole, which reads as zeros too.
+        The new trailer goes first, made durable with the file's new size (a file that
+        grew without it would read as a log at rest, its zeros as damage), and the old
+        one is zeroed after: a crash in between leaves a trailer at the end of the file,
+        which is what says it has a live tail (readers skip an old trailer between
+        zeros). Then the space is allocated; where the file system cannot, it stays a
+        hole, which reads as zeros too. One sync more per step: per 1,024 records of
+        1 KiB, per 16 of 64 KiB.
         """
         if self._trailer_at is not None and end <= self._trailer_at:
             return
         trailer = len(logfile.TRAILER)
         grown = -(-(end + trailer) // self._step) * self._step
         os.pwrite(fd, logfile.TRAILER, grown - trailer)
+        os.fdatasync(fd)
         if self._trailer_at is not None:
             os.pwrite(fd, _ZEROS, self._trailer_at)
         self._trailer_at = grown - trailer

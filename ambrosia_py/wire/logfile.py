@@ -11,8 +11,9 @@ see ``docs/performance.md``). Its *live tail* (written by
   then the marker, and the next write starts over it;
 * zeros (space allocated and never written) up to
 * :data:`TRAILER`, the file's last 24 bytes, which says the file has a live tail. When
-  the writer grows the file it writes the new trailer first, then zeros the old one, so
-  a crash leaves a trailer at the end (and at most one old trailer, after the data).
+  the writer grows the file it writes the new trailer first and syncs it with the new
+  size, then zeros the old one, so a crash leaves a trailer at the end (and at most one
+  old trailer, after the data).
 
 The writer truncates the file to its last record when it closes it; recovery does the
 same when it cuts a torn tail or finds a live one. Neither constant can be taken for
@@ -34,9 +35,10 @@ trailer between zeros) are dropped; then:
   (:func:`cut_over_marker`) and cuts those 24 bytes as a torn tail;
 * otherwise the last write was cut in its records: they end at the last non-zero byte,
   and the record there reads as cut short. A record's last byte on disk is zero (its
-  trim watermarks end in a zero count or in the high byte of a sequence id), so even a
-  record written whole whose marker is missing reads as cut: its write never finished,
-  so it was never synced, acknowledged or forwarded.
+  trim watermarks end in a zero count or in the high byte of a sequence id; only a
+  Checkpoint's blob, which coordinators do not log, may follow them), so even a record
+  written whole whose marker is missing reads as cut: its write never finished, so it
+  was never synced, acknowledged or forwarded.
 
 Sans-IO: the caller passes how to read the file (``pread(size, offset)``).
 """
