@@ -1,5 +1,5 @@
 """The one-call write paths: a log append and a record to the binding go out in one
-``writev`` / ``sendmsg`` when it takes everything, and anything cut short (a short write,
+``pwritev`` / ``sendmsg`` when it takes everything, and anything cut short (a short write,
 a full socket) goes on from the exact byte where it stopped, whatever the parts are."""
 
 from __future__ import annotations
@@ -40,20 +40,21 @@ def test_nbytes_counts_bytes_not_items() -> None:
 
 @given(st.lists(st.integers(1, 3000), min_size=1, max_size=5))
 def test_a_log_append_cut_short_goes_on_where_it_stopped(cuts: list[int]) -> None:
-    """``writev`` made to take a few bytes at a time: the file still gets every byte of
-    every part once, in order."""
+    """``pwritev`` made to take a few bytes at a time: the file still gets every byte of
+    every part once, in order, from the offset asked for."""
     takes = iter(cuts)
-    real = os.writev
+    real = os.pwritev
 
-    def short_writev(fd: int, buffers: list[bytes | memoryview]) -> int:
+    def short_pwritev(fd: int, buffers: list[bytes | memoryview], at: int) -> int:
         limit = next(takes, None)
         data = b"".join(bytes(b) for b in buffers)
-        return real(fd, [data if limit is None else data[:limit]])
+        return real(fd, [data if limit is None else data[:limit]], at)
 
     with pytest.MonkeyPatch.context() as mp, _tempfile() as (fd, path):
-        mp.setattr(storage.os, "writev", short_writev)
-        assert storage._write_all(fd, _parts()) == len(RAW)
-        assert path.read_bytes() == RAW
+        os.write(fd, b"before")
+        mp.setattr(storage.os, "pwritev", short_pwritev)
+        assert storage._write_all(fd, _parts(), 6) == len(RAW)
+        assert path.read_bytes() == b"before" + RAW
 
 
 class _tempfile:
@@ -62,7 +63,7 @@ class _tempfile:
 
         self._dir = tempfile.TemporaryDirectory()
         path = Path(self._dir.name) / "log"
-        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
         return self.fd, path
 
     def __exit__(self, *exc: object) -> None:

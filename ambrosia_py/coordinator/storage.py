@@ -67,7 +67,10 @@ _CHECKPOINT_NAME = re.compile(rf"{CHECKPOINT_PREFIX}([1-9][0-9]*)")
 # file already has, ``fdatasync`` need not commit a new file size to the journal: on this
 # machine's ext4, p50 115-175 us instead of 183-212 for 200-byte records, and the awaited
 # round trip (two syncs) 0.07-0.2 ms faster in five alternating pairs (docs/performance.md).
-PREALLOCATE_BYTES = 1 << 20
+# Each step costs a sync of its own (LogWriter._make_room): at 1 MiB, a coordinator fed
+# 64 MiB by a peer while its binding read nothing peaked at 66-88 MiB RSS instead of
+# 52-58 (its writes fell behind); at 8 MiB, 52-58 as without preallocation.
+PREALLOCATE_BYTES = 8 << 20
 _CAN_PREALLOCATE = hasattr(os, "posix_fallocate")
 _ZEROS = bytes(len(logfile.TRAILER))
 
@@ -169,8 +172,8 @@ class LogWriter:
         one is zeroed after: a crash in between leaves a trailer at the end of the file,
         which is what says it has a live tail (readers skip an old trailer between
         zeros). Then the space is allocated; where the file system cannot, it stays a
-        hole, which reads as zeros too. One sync more per step: per 1,024 records of
-        1 KiB, per 16 of 64 KiB.
+        hole, which reads as zeros too. One sync more per step: per 8,192 records of
+        1 KiB, per 128 of 64 KiB.
         """
         if self._trailer_at is not None and end <= self._trailer_at:
             return
