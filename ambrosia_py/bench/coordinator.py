@@ -42,66 +42,55 @@ __all__ = [
     "measure_coordinator",
     "measure_disk",
     "measure_fsync_rate",
+    "measure_prealloc_fsync_rate",
 ]
+
+
+def _synced_writes(
+    directory: Path, size: int, seconds: float, preallocate: int = 0
+) -> tuple[int, float]:
+    """Write ``size`` random bytes and ``fdatasync``, again and again for ``seconds``: at
+    the end of the file, or over ``preallocate`` bytes allocated ahead (where the platform
+    can; at most that many bytes then). Returns (writes, seconds taken)."""
+    path = directory / "disk-probe"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        if preallocate and hasattr(os, "posix_fallocate"):
+            os.posix_fallocate(fd, 0, preallocate)
+            os.fsync(fd)
+        block = os.urandom(size)
+        most = preallocate // size if preallocate else None
+        n = 0
+        start = time.perf_counter()
+        while time.perf_counter() - start < seconds and n != most:
+            os.write(fd, block)
+            os.fdatasync(fd)
+            n += 1
+        return n, time.perf_counter() - start
+    finally:
+        os.close(fd)
+        path.unlink()
 
 
 def measure_fsync_rate(directory: Path, seconds: float = 1.0) -> float:
     """``fdatasync``ed 4 KiB appends per second: the ceiling on records per second."""
-    path = directory / "disk-probe"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        block = os.urandom(4096)
-        n = 0
-        start = time.perf_counter()
-        while time.perf_counter() - start < seconds:
-            os.write(fd, block)
-            os.fdatasync(fd)
-            n += 1
-        return n / (time.perf_counter() - start)
-    finally:
-        os.close(fd)
-        path.unlink()
+    n, took = _synced_writes(directory, 4096, seconds)
+    return n / took
 
 
 def measure_prealloc_fsync_rate(directory: Path, seconds: float = 1.0, size: int = 256) -> float:
     """``fdatasync``ed ``size``-byte writes per second into space the file already has
     (``posix_fallocate``d ahead, as a coordinator's log is): no new file size to commit
     with each sync. Appends where the platform cannot preallocate."""
-    path = directory / "disk-probe"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        if hasattr(os, "posix_fallocate"):
-            os.posix_fallocate(fd, 0, 64 * 1024 * 1024)
-            os.fsync(fd)
-        block = os.urandom(size)
-        n = 0
-        start = time.perf_counter()
-        while time.perf_counter() - start < seconds and (n + 1) * size <= 64 * 1024 * 1024:
-            os.write(fd, block)
-            os.fdatasync(fd)
-            n += 1
-        return n / (time.perf_counter() - start)
-    finally:
-        os.close(fd)
-        path.unlink()
+    n, took = _synced_writes(directory, size, seconds, preallocate=64 * 1024 * 1024)
+    return n / took
 
 
 def measure_bandwidth(directory: Path, seconds: float = 1.0) -> float:
     """Raw sequential write bandwidth in MB/s: 4 MiB appends, each ``fdatasync``ed."""
-    path = directory / "disk-probe"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        chunk = os.urandom(4 * 1024 * 1024)
-        written = 0
-        start = time.perf_counter()
-        while time.perf_counter() - start < seconds:
-            os.write(fd, chunk)
-            os.fdatasync(fd)
-            written += len(chunk)
-        return written / (time.perf_counter() - start) / 1e6
-    finally:
-        os.close(fd)
-        path.unlink()
+    chunk = 4 * 1024 * 1024
+    n, took = _synced_writes(directory, chunk, seconds)
+    return n * chunk / took / 1e6
 
 
 def measure_disk(directory: Path, seconds: float = 1.0) -> tuple[float, float]:
