@@ -66,10 +66,11 @@ _CHECKPOINT_NAME = re.compile(rf"{CHECKPOINT_PREFIX}([1-9][0-9]*)")
 # How far ahead of its records a log is allocated, at the least. Writing into space the
 # file already has, ``fdatasync`` need not commit a new file size to the journal: on this
 # machine's ext4, p50 115-175 us instead of 183-212 for 200-byte records, and the awaited
-# round trip (two syncs) 0.07-0.2 ms faster in five alternating pairs (docs/performance.md).
-# Each step costs a sync of its own (LogWriter._make_room): at 1 MiB, a coordinator fed
-# 64 MiB by a peer while its binding read nothing peaked at 66-88 MiB RSS instead of
-# 52-58 (its writes fell behind); at 8 MiB, 52-58 as without preallocation.
+# round trip (two syncs) 0.07-0.21 ms faster in five alternating pairs, -0.01 to 0.16 in
+# three more (docs/performance.md). Each step costs a sync of its own
+# (LogWriter._make_room): at 1 MiB, a coordinator fed 64 MiB by a peer while its binding
+# read nothing peaked at 66-88 MiB RSS (its writes fell behind); at 8 MiB, 52-68;
+# without preallocation, 50-57.
 PREALLOCATE_BYTES = 8 << 20
 _CAN_PREALLOCATE = hasattr(os, "posix_fallocate")
 _ZEROS = bytes(len(logfile.TRAILER))
