@@ -30,7 +30,7 @@ from ambrosia_py.coordinator.ic_core import IcState, Intake
 from ambrosia_py.coordinator.link_config import MAX_OUTBOX_ENV, LinkSettings
 from ambrosia_py.coordinator.links import Outbox, OutboxBudget
 from ambrosia_py.coordinator.logscan import LogScan
-from ambrosia_py.coordinator.storage import CorruptLogError, LogWriter, log_data_size, log_number
+from ambrosia_py.coordinator.storage import CorruptLogError, LogWriter, log_bytes_in
 from ambrosia_py.testing import ImmortalRunner
 from ambrosia_py.wire import OutgoingRpc, RpcType, encode_message
 from tests.fake_binding import DEADLINE, checkpoint, coordinator, frame, incoming_fork, self_fork
@@ -404,11 +404,6 @@ def test_two_instances_over_their_limits_towards_each_other_do_not_deadlock(
         runner.close()
 
 
-def _logged_bytes(logs: Path) -> int:
-    """The bytes of records in the log files (not their preallocated space)."""
-    return sum(log_data_size(p) for p in logs.iterdir() if log_number(p) is not None)
-
-
 def test_a_binding_that_reads_slowly_gets_every_record_in_order_from_a_bounded_coordinator(
     tmp_path: Path,
 ) -> None:
@@ -429,7 +424,7 @@ def test_a_binding_that_reads_slowly_gets_every_record_in_order_from_a_bounded_c
         deadline = time.monotonic() + 4 * DEADLINE
         for i in range(0, count, per_send):
             binding.send(b"".join(calls[i : i + per_send]))
-            while _logged_bytes(logs) < (i + per_send) * 4 * size:
+            while log_bytes_in(logs) < (i + per_send) * 4 * size:
                 assert time.monotonic() < deadline, f"calls up to {i + per_send} never logged"
                 time.sleep(0.005)  # polling the log files, with a deadline
         peak = _status_kib(ic.proc.pid, "VmHWM")

@@ -43,7 +43,7 @@ from typing import Literal, cast
 from .. import eventloop
 from ..allocator import prime_allocator
 
-__all__ = ["MODES", "Mode", "hop", "measure_await_floor"]
+__all__ = ["MODES", "Mode", "allocate_ahead", "hop", "measure_await_floor"]
 
 Mode = Literal["asyncio", "blocking"]
 MODES: tuple[Mode, ...] = ("asyncio", "blocking")
@@ -113,13 +113,20 @@ def measure_await_floor(directory: Path, mode: Mode, size: int, count: int) -> f
     return statistics.median(times)
 
 
+def allocate_ahead(fd: int, size: int) -> None:
+    """Allocate the first ``size`` bytes of ``fd``'s file where the platform can
+    (``posix_fallocate``: writes there then change no file size, as in a coordinator's
+    log), and make that durable."""
+    if hasattr(os, "posix_fallocate"):
+        os.posix_fallocate(fd, 0, size)
+    os.fsync(fd)
+
+
 def _preallocate(path: Path, size: int) -> None:
-    """Create ``path`` with ``size`` bytes allocated (and durable), where the platform can."""
+    """Create ``path`` with ``size`` bytes allocated ahead (:func:`allocate_ahead`)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
-        if hasattr(os, "posix_fallocate"):
-            os.posix_fallocate(fd, 0, size)
-        os.fsync(fd)
+        allocate_ahead(fd, size)
     finally:
         os.close(fd)
 

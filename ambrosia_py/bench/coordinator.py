@@ -34,6 +34,7 @@ from ..wire import (
     RpcType,
     encode_message,
 )
+from .compare_floor import allocate_ahead
 
 __all__ = [
     "compare_with_raw",
@@ -55,9 +56,8 @@ def _synced_writes(
     path = directory / "disk-probe"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
-        if preallocate and hasattr(os, "posix_fallocate"):
-            os.posix_fallocate(fd, 0, preallocate)
-            os.fsync(fd)
+        if preallocate:
+            allocate_ahead(fd, preallocate)
         block = os.urandom(size)
         most = preallocate // size if preallocate else None
         n = 0

@@ -80,7 +80,7 @@ from ..wire.records import HEADER
 from .errors import CorruptLogError, StorageError
 from .modes import create_private, fsync_dir
 
-__all__ = ["LogScan", "TailDamage"]
+__all__ = ["LogScan", "TailDamage", "records_end"]
 
 _CHUNK = 1 << 20  # bytes read per step while scanning
 _I32 = struct.Struct("<i")
@@ -159,7 +159,7 @@ class LogScan:
             on_disk = os.fstat(fd).st_size
             # Where the records end: a log still written, or left by a crash, has a live
             # tail after them (wire.logfile); it is read up to there, like a log at rest.
-            size = logfile.data_end(lambda n, at: os.pread(fd, n, at), on_disk)
+            size = records_end(fd, on_disk)
             reader = wire.RecordReader(
                 on_disk=True,
                 committer_id=self.committer_id,
@@ -266,6 +266,12 @@ class LogScan:
         self.damage = TailDamage(self.path, start, size - start, f"torn tail: {reason}", kept)
         if self.repair:
             _truncate(self.path, start)
+
+
+def records_end(fd: int, size: int) -> int:
+    """Where the records of the open log file ``fd`` (``size`` bytes) end: its size, less
+    a live tail (``wire.logfile``)."""
+    return logfile.data_end(lambda n, at: os.pread(fd, n, at), size)
 
 
 def _pread(fd: int, n: int, at: int, size: int) -> bytes:

@@ -36,7 +36,7 @@ from ..iov import IOV_MAX, advance, nbytes, unsent
 from ..wire import logfile
 from .errors import CorruptLogError, InstanceLockedError, StorageError
 from .logindex import EVERY_BYTES, INDEX_PREFIX, IndexWriter, index_path_for
-from .logscan import LogScan, TailDamage
+from .logscan import LogScan, TailDamage, records_end
 from .modes import PRIVATE_FILE, create_private, fsync_dir, make_private_dir
 
 __all__ = [
@@ -51,6 +51,7 @@ __all__ = [
     "PREALLOCATE_BYTES",
     "StorageError",
     "TailDamage",
+    "log_bytes_in",
     "log_data_size",
     "log_number",
     "log_numbers_in",
@@ -123,7 +124,7 @@ class LogWriter:
             raise StorageError(f"cannot open log {path}: {exc.strerror}") from exc
         fd = self._fd
         on_disk = os.fstat(fd).st_size
-        self.size = logfile.data_end(lambda n, at: os.pread(fd, n, at), on_disk)
+        self.size = records_end(fd, on_disk)
         if on_disk > self.size:  # a live tail a crash left: cut, as close() would have
             os.ftruncate(fd, self.size)
         self._step = preallocate if _CAN_PREALLOCATE else 0
@@ -445,9 +446,22 @@ def log_data_size(path: Path) -> int:
     (:mod:`ambrosia_py.wire.logfile`)."""
     fd = os.open(path, os.O_RDONLY)
     try:
-        return logfile.data_end(lambda n, at: os.pread(fd, n, at), os.fstat(fd).st_size)
+        return records_end(fd, os.fstat(fd).st_size)
     finally:
         os.close(fd)
+
+
+def log_bytes_in(directory: Path) -> int:
+    """The bytes of records in the ``serverlog<N>`` files in ``directory`` (not their
+    preallocated space; 0 if it does not exist yet)."""
+    if not directory.is_dir():
+        return 0
+    total = 0
+    for path in directory.iterdir():
+        if log_number(path) is not None:
+            with contextlib.suppress(FileNotFoundError):  # pruned meanwhile
+                total += log_data_size(path)
+    return total
 
 
 def log_numbers_in(directory: Path) -> list[int]:

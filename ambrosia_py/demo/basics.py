@@ -12,7 +12,6 @@ again, every call run exactly once. (The main demo, the pipeline, is :mod:`.comm
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -28,7 +27,7 @@ from rich.console import Console
 
 from ..binding.run_cli import load_service
 from ..client import Client
-from ..coordinator.storage import log_data_size, log_number
+from ..coordinator.storage import log_bytes_in
 from ..testing.processes import free_port
 
 __all__ = ["run_basics"]
@@ -169,7 +168,7 @@ def _hello(console: Console, folder: Path, data_dir: Path, count: int = 1001) ->
     # Kill in mid-stream: once the server's log holds a good share of the calls.
     log_dir = data_dir / "server_0"
     deadline = time.monotonic() + _DEADLINE
-    while _log_bytes(log_dir) < 20 * count and not client.finished.is_set():
+    while log_bytes_in(log_dir) < 20 * count and not client.finished.is_set():
         if time.monotonic() > deadline:
             raise click.ClickException("no calls reached the server:\n" + "".join(server.log))
         time.sleep(0.02)  # polling a condition, bounded by the deadline
@@ -187,15 +186,3 @@ def _hello(console: Console, folder: Path, data_dir: Path, count: int = 1001) ->
     console.print(f"client: {done[0] if done else 'did not finish'}", markup=False)
     console.print(f"{count} awaited calls, each run once by the server (#{count} last): {verdict}")
     return good
-
-
-def _log_bytes(directory: Path) -> int:
-    """The bytes of records in the log files there (not their preallocated space)."""
-    if not directory.is_dir():
-        return 0
-    total = 0
-    for path in directory.iterdir():
-        if log_number(path) is not None:
-            with contextlib.suppress(FileNotFoundError):  # pruned meanwhile
-                total += log_data_size(path)
-    return total

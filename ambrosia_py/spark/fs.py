@@ -76,10 +76,6 @@ class Location:
         t = self.filesystem.get_file_info(self.path).type
         return "file" if t == ft.File else "dir" if t == ft.Directory else "missing"
 
-    def size(self) -> int:
-        """The file's size now (a live log grows)."""
-        return int(self.filesystem.get_file_info(self.path).size)
-
     def data_size(self) -> int:
         """Where the records of the log file here end now (its size, less a live tail:
         :mod:`ambrosia_py.wire.logfile`)."""
