@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from hypothesis import settings
+
+# Tests stop `ambrosia-py run` with SIGINT, as Ctrl-C would. A shell that starts the suite
+# in the background without job control (a script's `pytest &`) ignores SIGINT for it, and
+# an ignored signal stays ignored across exec: every `run` the tests start would then sit
+# through its SIGINT until the test's deadline. Catching it here gives the children the
+# default back (a caught signal is reset on exec), and this process Python's own handling.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # No timing in tests: Hypothesis's per-example deadline (200 ms) fails a property test
 # when the machine is busy (it did, at 859 ms for a 1 ms example, with other work running),
