@@ -35,6 +35,7 @@ from rich.table import Table
 
 from .. import Immortal, eventloop, rpc
 from ..client import AsyncClient
+from ..testing.processes import interruptible
 from .coordinator import measure_fsync_rate
 
 __all__ = ["IngressBench", "IngressProcess", "ingress_bench", "measure_calls", "percentile"]
@@ -75,7 +76,8 @@ class IngressProcess:
         argv += [f"{__name__}:IngressBench", "--instance", "bench", "--data-dir"]
         argv += [str(self.data_dir), "--ingress", "127.0.0.1:0"]
         with self.log.open("ab") as log:
-            self.proc = subprocess.Popen(argv, stdout=log, stderr=log)
+            # stop() sends SIGINT, however the bench was started
+            self.proc = subprocess.Popen(argv, stdout=log, stderr=log, preexec_fn=interruptible)
         deadline = time.monotonic() + timeout
         while not self.address:
             for line in self.log.read_text(errors="replace").splitlines():

@@ -28,7 +28,7 @@ from rich.console import Console
 from ..binding.run_cli import load_service
 from ..client import Client
 from ..coordinator.storage import log_bytes_in
-from ..testing.processes import free_port
+from ..testing.processes import free_port, interruptible
 
 __all__ = ["run_basics"]
 
@@ -57,6 +57,7 @@ class _Service:
             stderr=subprocess.STDOUT,
             stdout=subprocess.PIPE,
             text=True,
+            preexec_fn=interruptible,  # stop() sends SIGINT, however the demo was started
         )
         self.port = 0
         self.log: list[str] = []

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Literal
 
-__all__ = ["Victim", "ServiceProcess", "free_port", "readline_within", "wait_for"]
+__all__ = ["Victim", "ServiceProcess", "free_port", "interruptible", "readline_within", "wait_for"]
 
 Victim = Literal["service", "coordinator", "both"]
 DEADLINE = 30.0
@@ -82,7 +82,7 @@ def _gone(pid: int) -> bool:
     return state in ("Z", "X")
 
 
-def _interruptible() -> None:
+def interruptible() -> None:
     """In the child before exec: SIGINT stops it (the binding's KeyboardInterrupt), even
     when the parent runs in the background, where the shell ignores SIGINT for it."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
@@ -142,7 +142,7 @@ class ServiceProcess:
                 stdin=subprocess.DEVNULL,
                 cwd=self.cwd,
                 env=self.env,
-                preexec_fn=_interruptible,
+                preexec_fn=interruptible,
                 close_fds=True,
             )
         self.starts += 1
