@@ -2,13 +2,20 @@
 
 ``ambrosia-py replay`` restores a checkpoint of an instance and runs its logged records
 through the service's code, exactly as recovery would, writing nothing. With
-``verify=True`` it runs *two* replays in lockstep from every checkpoint and compares
-them after each message: the state (attribute by attribute) and the outputs (calls,
-forks, return values). A handler that reads the clock, draws a random number or depends
-on anything but its logged input makes the two runs differ at that very message, and
-the report names the record, its method and what differed. At the end of each interval
-the recomputed state is also compared with the next recorded checkpoint, which catches
-a divergence between the live run and the replay.
+``verify=True`` it runs *two* replays in lockstep and compares them after each message:
+the state, by value (``state_compare.py``), and the outputs (calls, forks, return
+values). A handler that reads the clock, draws a random number or depends on anything
+but its logged input makes the two runs differ at that very message, and the report
+names the record, its method and what differed.
+
+The two runs differ in one way on purpose: at every recorded checkpoint the second is
+restored from it, as a recovery there would be, while the first runs on. So each
+recorded checkpoint is compared by value with the state the first run recomputed (a
+divergence between the live run and the replay), and a handler whose behaviour depends
+on how its state was built (the iteration order of a set rebuilt by unpickling) makes
+the runs differ after that checkpoint, reported with the set or dict to blame. Sets and
+dicts whose order differs after a recovery while nothing depended on it are reported as
+notes, not divergences.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from .dispatcher import Dispatcher
 from .errors import BindingError
 from .files import StateFiles, state_files_dir, use_state_files
 from .immortal import Immortal
+from .state_compare import OrderHazard, compare_states
 
 __all__ = ["Divergence", "ReplayResult", "replay_instance"]
 
@@ -46,9 +54,18 @@ class Divergence:
     method: str
     what: str  # "state" or "outputs" or "checkpoint"
     details: str
+    checkpoint: int | None = None  # "checkpoint": the recorded one that differs
+    hint: str = ""  # what the state's order had to do with it, where it did
 
     def __str__(self) -> str:
-        return f"record {self.seq}, method {self.method}: {self.what} differs: {self.details}"
+        if self.what == "checkpoint":
+            text = (
+                f"checkpoint {self.checkpoint} (taken after record {self.seq}): the replayed "
+                f"state differs from the recorded one: {self.details}"
+            )
+        else:
+            text = f"record {self.seq}, method {self.method}: {self.what} differs: {self.details}"
+        return f"{text}. {self.hint}" if self.hint else text
 
 
 @attrs.frozen
@@ -59,6 +76,9 @@ class ReplayResult:
     last_seq: int | None
     state: dict[str, Any]
     divergence: Divergence | None = None
+    # Sets and dicts that iterate in another order after a recovery, while nothing in
+    # this history depended on it (the first checkpoint each was seen at).
+    hazards: tuple[tuple[int, OrderHazard], ...] = ()
 
 
 def _instance_files(data_dir: Path, instance: str) -> InstanceFiles:
@@ -118,16 +138,6 @@ def _method(service: type[Immortal], record: LogRecord) -> str:
     return type(msg).__name__
 
 
-def _diff_states(a: dict[str, Any], b: dict[str, Any]) -> str | None:
-    diffs = []
-    for key in sorted(set(a) | set(b)):
-        if key not in a or key not in b:
-            diffs.append(f"attribute {key!r} only in one run")
-        elif cloudpickle.dumps(a[key]) != cloudpickle.dumps(b[key]):
-            diffs.append(f"attribute {key!r}: {_short(a[key])} vs {_short(b[key])}")
-    return "; ".join(diffs) or None
-
-
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
@@ -170,14 +180,29 @@ def _replay(
     for n in checkpoints[1:]:
         later = IcState.decode(files.read_checkpoint(n), str(files.checkpoint_path(n)))
         starts[later.next_seq] = (n, later)
+    hazards: dict[str, tuple[int, OrderHazard]] = {}
+    recovered: tuple[int, list[OrderHazard]] | None = None  # the twin's latest restore
     records = messages = 0
     last_seq: int | None = None
+
+    def result(divergence: Divergence | None = None) -> ReplayResult:
+        return ReplayResult(
+            first, records, messages, last_seq, run.state(), divergence, tuple(hazards.values())
+        )
+
     for record in _records(files, first, state, to_seq):
-        if verify and record.seq != last_seq and record.seq in starts:
+        if twin is not None and record.seq != last_seq and record.seq in starts:
             n, later = starts[record.seq]
             divergence = _check_against(later, run, record.seq, n)
             if divergence is not None:
-                return ReplayResult(first, records, messages, last_seq, run.state(), divergence)
+                return result(divergence)
+            twin = _restored(service, instance, later.blob)  # as a recovery there would
+            after = compare_states(run.state(), twin.state())
+            if not after.equal:  # a checkpoint taken with handlers in flight, replayed
+                return result(Divergence(record.seq - 1, "", "checkpoint", after.describe(), n))
+            recovered = (n, list(after.hazards))
+            for hazard in after.hazards:
+                hazards.setdefault(hazard.path, (n, hazard))
         if record.seq != last_seq:
             records += 1
             last_seq = record.seq
@@ -185,19 +210,33 @@ def _replay(
         out = run.handle(record)
         if twin is not None:
             twin_out = twin.handle(record)
-            what, details = None, None
-            state_diff = _diff_states(run.state(), twin.state())
-            if state_diff is not None:
-                what, details = "state", state_diff
+            what, details = None, ""
+            compared = _compare(run.state(), twin.state())
+            if compared is not None:
+                what, details = "state", compared
             elif [wire.encode_message(m) for m in out] != [
                 wire.encode_message(m) for m in twin_out
             ]:
                 what, details = "outputs", f"{_short(out)} vs {_short(twin_out)}"
             if what is not None:
-                divergence = Divergence(record.seq, _method(service, record), what, details or "")
-                return ReplayResult(first, records, messages, last_seq, run.state(), divergence)
+                hint = ""
+                if recovered is not None and recovered[1]:
+                    blamed = "; ".join(f"{h} ({h.fix})" for h in recovered[1])
+                    hint = f"After a recovery at checkpoint {recovered[0]}, {blamed}"
+                method = _method(service, record)
+                return result(Divergence(record.seq, method, what, details, hint=hint))
+            twin.take_effects()
         run.take_effects()
-    return ReplayResult(first, records, messages, last_seq, run.state())
+    return result()
+
+
+def _compare(a: dict[str, Any], b: dict[str, Any]) -> str | None:
+    """What differs between two states by value, or None. Equal pickles are equal values,
+    and pickling runs in C: only states whose bytes differ are walked."""
+    if cloudpickle.dumps(a) == cloudpickle.dumps(b):
+        return None
+    compared = compare_states(a, b)
+    return None if compared.equal else compared.describe()
 
 
 def _check_against(later: IcState, run: Dispatcher, seq: int, n: int) -> Divergence | None:
@@ -205,7 +244,7 @@ def _check_against(later: IcState, run: Dispatcher, seq: int, n: int) -> Diverge
     snap = decode_snapshot(later.blob)
     if snap.tail:
         return None  # taken with handlers in flight: its state is an older one
-    diff = _diff_states(run.state(), snap.state)
-    if diff is None:
+    compared = compare_states(run.state(), snap.state)
+    if compared.equal:
         return None
-    return Divergence(seq - 1, f"(the records before checkpoint {n})", "checkpoint", diff)
+    return Divergence(seq - 1, "", "checkpoint", compared.describe(), n)

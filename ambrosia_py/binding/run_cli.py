@@ -471,9 +471,10 @@ def replay(
 ) -> None:
     """Re-run an instance's recorded history offline with SERVICE's code, writing nothing.
 
-    With --verify, two replays run in lockstep from every checkpoint and are compared
-    after each message (state and outgoing calls), and each recomputed checkpoint with
-    the recorded one: the first difference is reported with its record and method.
+    With --verify, two replays run in lockstep and are compared by value after each
+    message (state and outgoing calls), the second restored from every recorded
+    checkpoint as a recovery would be; each recorded checkpoint is compared with the
+    recomputed state. The first difference is reported with its record and method.
     """
     from .replay import replay_instance  # the coordinator's modules only when asked
 
@@ -494,7 +495,15 @@ def replay(
         click.echo(f"NOT DETERMINISTIC at {result.divergence}", err=True)
         sys.exit(1)
     if verify:
-        click.echo("deterministic: both replays and every recorded checkpoint agree")
+        click.echo(
+            "deterministic: both replays (one recovered at each checkpoint) and every "
+            "recorded checkpoint agree"
+        )
+    for n, hazard in result.hazards:  # order that nothing depended on, in this history
+        click.echo(
+            f"note: after a recovery at checkpoint {n}, {hazard}; nothing in this history "
+            f"depended on that, but a handler that iterates it would: {hazard.fix}"
+        )
     for key, value in sorted(result.state.items()):
         text = repr(value)
         click.echo(f"  {key} = {text if len(text) <= 100 else text[:97] + '...'}")
