@@ -20,6 +20,7 @@ CLIENT_API = [
     "IngressProtocolError",
     "KeyReusedError",
     "ServiceInfo",
+    "ServiceUnreachableError",
     "tls_context",
 ]
 

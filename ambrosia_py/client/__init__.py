@@ -20,6 +20,7 @@ from ..ingress.errors import (
     IngressError,
     IngressProtocolError,
     KeyReusedError,
+    ServiceUnreachableError,
 )
 from ..ingress.frames import ServiceInfo
 from .asyncio_client import DEFAULT_TIMEOUT, AsyncClient
@@ -38,5 +39,6 @@ __all__ = [
     "IngressProtocolError",
     "KeyReusedError",
     "ServiceInfo",
+    "ServiceUnreachableError",
     "tls_context",
 ]

@@ -10,6 +10,7 @@ retry gets the first run's answer (``docs/ingress.md``).
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import ssl
 from collections.abc import Callable
@@ -24,6 +25,7 @@ from ..ingress.errors import (
     ClientClosedError,
     IngressError,
     IngressProtocolError,
+    ServiceUnreachableError,
 )
 from ..ingress.frames import (
     DEFAULT_MAX_REPLY_FRAME,
@@ -44,10 +46,16 @@ from .calls import (
     tls_refused,
 )
 
-__all__ = ["DEFAULT_TIMEOUT", "AsyncClient"]
+__all__ = ["DEFAULT_FIRST_CONTACT_TIMEOUT", "DEFAULT_TIMEOUT", "AsyncClient"]
+
+log = logging.getLogger("ambrosia_py.client")
 
 DEFAULT_TIMEOUT = 60.0  # seconds a call keeps trying, across restarts of the service
 DEFAULT_HANDSHAKE_TIMEOUT = 10.0
+# Seconds a client that has never reached the service keeps trying before it says what it
+# found there: nothing listening, or something that is not an ingress. A service that
+# was reached once and then went away (a crash, a restart) is retried for ``timeout``.
+DEFAULT_FIRST_CONTACT_TIMEOUT = 3.0
 _FIRST_BACKOFF = 0.05
 _READ_SIZE = 256 * 1024
 _HIGH_WATER = 1024 * 1024  # bytes waiting to be sent before a call waits for the socket
@@ -67,6 +75,14 @@ class _ClosedAfterProof(ConnectionError):
 class _ClosedAfterTls(ConnectionError):
     """Closed after the TLS handshake, before the HELLO: how a service refuses a client
     certificate under TLS 1.3 (asyncio closes without sending the alert)."""
+
+
+class _NotConnected(ConnectionError):
+    """The connection could not be made at all (refused, unreachable): nothing was sent."""
+
+
+class _NoHello(ConnectionError):
+    """The connection was accepted, but no byte of a HELLO came in time."""
 
 
 class _Link:
@@ -98,15 +114,35 @@ class _Link:
         max_reply_frame: int,
         handshake_timeout: float,
         tls: ssl.SSLContext | None,
+        hello_timeout: float,
     ) -> _Link:
-        reader, writer = await asyncio.open_connection(
-            host, port, ssl=tls, ssl_handshake_timeout=handshake_timeout if tls else None
-        )
+        try:
+            reader, writer = await asyncio.open_connection(
+                host, port, ssl=tls, ssl_handshake_timeout=handshake_timeout if tls else None
+            )
+        except ConnectionRefusedError as exc:
+            raise _NotConnected(f"nothing listens on {host}:{port} ({exc.strerror})") from exc
+        except OSError as exc:
+            if tls_refused(exc):
+                raise
+            raise _NotConnected(f"cannot connect to {host}:{port}: {exc}") from exc
         conn = ClientConnection(secret, max_reply_frame=max_reply_frame)
+        heard = False  # any byte from the service yet
         try:
             async with asyncio.timeout(handshake_timeout):
                 while conn.state is not ConnectionState.OPEN:
-                    data = await reader.read(_READ_SIZE)
+                    if not heard:
+                        try:  # the service writes its HELLO as it accepts
+                            async with asyncio.timeout(hello_timeout):
+                                data = await reader.read(_READ_SIZE)
+                        except TimeoutError:
+                            raise _NoHello(
+                                f"it accepted the connection but sent no HELLO within "
+                                f"{hello_timeout:g} s"
+                            ) from None
+                    else:
+                        data = await reader.read(_READ_SIZE)
+                    heard = True
                     if not data:
                         if conn.state is ConnectionState.AWAIT_WELCOME:
                             raise _ClosedAfterProof(f"{host}:{port} closed after our proof")
@@ -177,6 +213,13 @@ class AsyncClient:
     or the service's ``data_dir``. ``timeout`` bounds each call, retries included;
     ``max_backoff`` the wait between attempts. ``tls``: for a service run with
     ``--tls-cert`` (:func:`~ambrosia_py.client.tls_context`). Use it from one event loop.
+
+    Until it has reached the service once, a client tries for ``first_contact_timeout``
+    seconds, then says what it found: nothing listening
+    (:class:`~ambrosia_py.client.ServiceUnreachableError`), or something that is not an
+    ingress (:class:`~ambrosia_py.client.IngressProtocolError`). Once it has, a lost
+    connection is a crash or a restart: calls are sent again, with their keys, until
+    ``timeout``, and the first retry of each outage is logged (``ambrosia_py.client``).
     """
 
     def __init__(
@@ -190,9 +233,10 @@ class AsyncClient:
         handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
         max_reply_frame: int = DEFAULT_MAX_REPLY_FRAME,
         tls: ssl.SSLContext | None = None,
+        first_contact_timeout: float = DEFAULT_FIRST_CONTACT_TIMEOUT,
     ) -> None:
-        if timeout <= 0 or max_backoff <= 0:
-            raise ValueError("timeout and max_backoff must be positive")
+        if timeout <= 0 or max_backoff <= 0 or first_contact_timeout <= 0:
+            raise ValueError("timeout, max_backoff and first_contact_timeout must be positive")
         self._host, self._port = client_address(address)
         self._secret, self.secret_path = client_secret(secret_file, data_dir)
         self.timeout = timeout
@@ -200,6 +244,9 @@ class AsyncClient:
         self._handshake_timeout = handshake_timeout
         self._max_reply_frame = max_reply_frame
         self._tls = tls
+        self.first_contact_timeout = first_contact_timeout
+        self._reached = False  # a handshake with the service has completed, ever
+        self._retrying = False  # an outage's first retry was logged
         self._link: _Link | None = None
         self._lock = asyncio.Lock()
         self._closes_after_proof = 0
@@ -232,7 +279,8 @@ class AsyncClient:
         data = encode_call(spec, label, args, kwargs)
         raw_key = call_key(key)
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.timeout
+        started = loop.time()
+        deadline = started + self.timeout
         attempts = 0
         failures = 0
         last: BaseException | None = None
@@ -266,8 +314,24 @@ class AsyncClient:
                     raise IngressError(f"{label}: TLS with {self.address} refused: {exc}") from None
                 last = exc
                 failures += 1
+                if not self._reached and attempts == 0:
+                    if loop.time() - started >= self.first_contact_timeout:
+                        raise self._never_reached(label, exc, failures) from None
+                elif not self._retrying:
+                    self._retrying = True
+                    log.warning(
+                        "%s: the connection to %s failed (%s); sending calls again with their "
+                        "keys for up to %g s",
+                        label,
+                        self.address,
+                        exc,
+                        self.timeout,
+                    )
                 delay = min(self.max_backoff, _FIRST_BACKOFF * 2 ** min(failures - 1, 16))
-                await asyncio.sleep(min(delay * random.uniform(0.5, 1.0), max(0.0, remaining)))
+                delay = min(delay * random.uniform(0.5, 1.0), max(0.0, remaining))
+                if not self._reached:  # the last try of first contact comes on time
+                    delay = min(delay, max(0.0, started + self.first_contact_timeout - loop.time()))
+                await asyncio.sleep(delay)
                 continue
             return result_of(spec, label, raw_key, answer, self.address)
 
@@ -287,6 +351,9 @@ class AsyncClient:
                     self._max_reply_frame,
                     self._handshake_timeout,
                     self._tls,
+                    self._handshake_timeout
+                    if self._reached
+                    else min(self._handshake_timeout, self.first_contact_timeout),
                 )
             except _ClosedAfterProof:
                 self._closes_after_proof += 1
@@ -322,13 +389,43 @@ class AsyncClient:
                     offset=exc.offset,
                 ) from None
             self._closes_after_proof = self._closes_after_tls = 0
+            self._reached = True
+            if self._retrying:
+                self._retrying = False
+                log.warning("the connection to %s is back", self.address)
             self._link = link
             return link
+
+    def _never_reached(self, label: str, exc: BaseException, tries: int) -> IngressError:
+        """What a client that has never reached the service found at its address."""
+        waited = f"{tries} {'try' if tries == 1 else 'tries'} in {self.first_contact_timeout:g} s"
+        if isinstance(exc, _NoHello):
+            return IngressProtocolError(
+                f"{label}: {self.address} is not an ambrosia-py ingress: {exc} ({waited}); "
+                "give the port the service's --ingress names. The call was not sent"
+            )
+        if isinstance(exc, _NotConnected):
+            return ServiceUnreachableError(
+                f"{label}: {exc} ({waited}); start the service with --ingress "
+                f"{self._port}, or give its address. The call was not sent: it did not run"
+            )
+        return IngressProtocolError(
+            f"{label}: {self.address} closed every connection before the handshake ended "
+            f"({exc}; {waited}): it is not an ambrosia-py ingress, or one that refuses this "
+            "client (its log says why). The call was not sent"
+        )
 
     def _timed_out(
         self, label: str, key: bytes, attempts: int, last: BaseException | None
     ) -> CallTimeoutError:
         why = f"; last error: {last}" if last is not None else ""
+        if not attempts:
+            return CallTimeoutError(
+                f"{label} was never sent to {self.address} within {self.timeout:g} s"
+                f"{why}. It did not run",
+                key=key,
+                attempts=attempts,
+            )
         return CallTimeoutError(
             f"{label} got no answer from {self.address} within {self.timeout:g} s "
             f"({attempts} attempts{why}). It may have run: call again with the same key "

@@ -16,7 +16,12 @@ from typing import Any
 from .. import eventloop
 from ..ingress.errors import ClientClosedError
 from ..ingress.frames import DEFAULT_MAX_REPLY_FRAME, ServiceInfo
-from .asyncio_client import DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_TIMEOUT, AsyncClient
+from .asyncio_client import (
+    DEFAULT_FIRST_CONTACT_TIMEOUT,
+    DEFAULT_HANDSHAKE_TIMEOUT,
+    DEFAULT_TIMEOUT,
+    AsyncClient,
+)
 
 __all__ = ["Client"]
 
@@ -40,6 +45,7 @@ class Client:
         handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
         max_reply_frame: int = DEFAULT_MAX_REPLY_FRAME,
         tls: ssl.SSLContext | None = None,
+        first_contact_timeout: float = DEFAULT_FIRST_CONTACT_TIMEOUT,
     ) -> None:
         self._client = AsyncClient(
             address,
@@ -50,6 +56,7 @@ class Client:
             handshake_timeout=handshake_timeout,
             max_reply_frame=max_reply_frame,
             tls=tls,
+            first_contact_timeout=first_contact_timeout,
         )
         self._loop = eventloop.new_event_loop()
         self._thread = threading.Thread(

@@ -10,6 +10,7 @@ __all__ = [
     "IngressError",
     "IngressProtocolError",
     "KeyReusedError",
+    "ServiceUnreachableError",
 ]
 
 
@@ -60,6 +61,11 @@ class CallTimeoutError(IngressError, TimeoutError):
         super().__init__(message)
         self.key = key
         self.attempts = attempts
+
+
+class ServiceUnreachableError(IngressError, ConnectionError):
+    """A client that has never reached the service found nothing listening at its
+    address. The call was not sent, so it did not run."""
 
 
 class ClientClosedError(IngressError):
