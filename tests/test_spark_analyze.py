@@ -395,7 +395,8 @@ def test_without_the_spark_extra_it_says_what_to_install(tmp_path: Path) -> None
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 1
     assert out.stderr.splitlines() == [
-        "Error: analyze needs matplotlib: pip install 'ambrosia-py[spark]'"
+        "Error: ambrosia-py analyze needs the spark extra (no matplotlib here): "
+        "pip install 'ambrosia-py[spark]'"
     ]
     assert not (tmp_path / "out").exists()
 

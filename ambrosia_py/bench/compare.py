@@ -14,8 +14,10 @@ so a slow minute hits every party alike, and reports each figure's median:
   two coordinators, replay after SIGKILL, failover, memory.
 
 The peers are optional (the ``bench`` extra); one that is not installed is named, with
-what to install, and the rest is still measured. ``--json`` ends the output with the
-medians as one JSON object (``compare_report`` has its shape).
+what to install, and the rest is still measured; a run left with nothing to measure, or
+asked for ``--charts`` without matplotlib, stops first (:mod:`ambrosia_py.extras`).
+``--json`` ends the output with the medians as one JSON object (``compare_report`` has
+its shape).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import attrs
 import click
 from rich.console import Console
 
+from ..extras import install_command, missing, require
 from ..testing import ImmortalRunner
 from . import compare_dbos, compare_grpc
 from .compare_floor import MODES, measure_await_floor
@@ -55,7 +58,6 @@ from .compare_report import (
 
 __all__ = ["FULL", "Plan", "QUICK", "compare_bench"]
 
-INSTALL = "pip install -e '.[bench]' (or: make bench)"
 REPLAY_DEADLINE = 180.0
 ORDER = ("limits", "grpc", "dbos", "ours")  # each run; the medians keep SECTIONS' order
 
@@ -197,10 +199,15 @@ def compare_bench(
     console = Console(width=160)
     note = Console(stderr=True, width=160)
     wanted = set(only or SECTIONS)
-    for name, module in (("grpc", compare_grpc), ("dbos", compare_dbos)):
-        if name in wanted and not module.available():
-            note.print(f"{name}: not installed, not measured; to measure it: {INSTALL}")
-            wanted.discard(name)
+    if charts is not None:
+        require("matplotlib")  # now, not after the measures
+    absent = [peer for peer in ("grpc", "dbos") if peer in wanted and missing(peer)]
+    if absent and wanted <= set(absent):
+        require(*absent)  # nothing else asked for: nothing to measure
+    for peer in absent:
+        hint = install_command("bench")
+        note.print(f"{peer}: not installed, not measured; to measure it: {hint}")
+        wanted.discard(peer)
     if base is not None:
         base.mkdir(parents=True, exist_ok=True)
     measures: dict[str, Callable[[Path, int], Figures]] = {

@@ -19,13 +19,14 @@ as one JSON line; nothing of it leaks into the bench process.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from ..extras import missing
 
 __all__ = ["available", "child", "measure_dbos"]
 
@@ -34,7 +35,7 @@ WARM_UP = 5  # the first workflows pay for table creation and cold caches
 
 def available() -> bool:
     """dbos is installed (``pip install -e '.[bench]'``)."""
-    return importlib.util.find_spec("dbos") is not None
+    return not missing("dbos")
 
 
 def measure_dbos(directory: Path, sizes: list[int], count: int) -> dict[str, dict[str, float]]:

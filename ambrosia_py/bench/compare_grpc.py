@@ -12,12 +12,12 @@ grpcio is optional (the ``bench`` extra); :func:`available` says whether it is i
 
 from __future__ import annotations
 
-import importlib.util
 import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from ..extras import missing
 from .compare_limits import ServerProcess
 
 __all__ = ["available", "grpc_server", "measure_grpc", "serve"]
@@ -33,7 +33,7 @@ _OPTIONS = [
 
 def available() -> bool:
     """grpcio is installed (``pip install -e '.[bench]'``)."""
-    return importlib.util.find_spec("grpc") is not None
+    return not missing("grpc")
 
 
 def _count(requests: Iterable[bytes], context: Any) -> bytes:

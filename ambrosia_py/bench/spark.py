@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..coordinator.storage import LogWriter
+from ..extras import require
 from ..wire import IncomingRpc, RpcType, encode_disk_record, encode_message
 
 __all__ = ["generate_logs", "spark_bench"]
@@ -112,12 +113,9 @@ def _best(fn: Callable[[], Any], rounds: int) -> float:
 @click.option("--vary", is_flag=True, help="Arguments of --payload bytes give or take a quarter.")
 def spark_bench(mb: int, payload: int, cores: int, rounds: int, vary: bool) -> None:
     """Scan throughput of the ambrosia data source against a binaryFile baseline."""
-    try:
-        from pyspark.sql import functions as F
-    except ImportError:
-        raise click.ClickException(
-            "bench spark needs PySpark: pip install 'ambrosia-py[spark]'"
-        ) from None
+    require("pyspark", "pyarrow", "numpy")  # Spark, and the reader's Arrow batches
+    from pyspark.sql import functions as F
+
     from ..spark import java_problem, local_session
 
     problem = java_problem()

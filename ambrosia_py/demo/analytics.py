@@ -8,13 +8,14 @@ on: the pipeline's check stands on its own.
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import attrs
 from rich.console import Console
+
+from ..extras import EXTRAS, install_command, missing
 
 __all__ = ["Analytics", "run_analytics"]
 
@@ -33,14 +34,12 @@ class Analytics:
 
 def why_not() -> str | None:
     """Why the analytics cannot run here, with what to install; None if they can."""
-    if importlib.util.find_spec("ambrosia_py.spark.analyze") is None:
-        return "ambrosia-py analyze is not in this installation"
-    from ..spark.analyze import missing_dependencies
-    from ..spark.session import JAVA_HINT, SPARK_HINT, java_problem
+    from ..spark.session import JAVA_HINT, java_problem
 
-    missing = missing_dependencies()
-    if missing:
-        return f"no {', '.join(missing)}; to run them: {SPARK_HINT}"
+    absent = missing(*EXTRAS["spark"])
+    if absent:
+        shown = ", ".join(EXTRAS["spark"][m] for m in absent)
+        return f"no {shown}; to run them: {install_command('spark')}"
     if java_problem() is not None:
         return f"no Java runtime; to run them: {JAVA_HINT}"
     return None

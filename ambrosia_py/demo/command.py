@@ -214,5 +214,5 @@ def _analytics(console: Console, analytics: Analytics, workdir: Path) -> None:
         console.rule("the end of ambrosia-py analyze's output")
         console.print(log.read_text(errors="replace")[-3000:], markup=False, highlight=False)
         console.print(analytics.message, style="bold red")
-    else:
-        console.print(analytics.message, style="yellow")
+    else:  # not markup: the install line's "[spark]" is text
+        console.print(analytics.message, style="yellow", markup=False)

@@ -8,13 +8,12 @@ and the page is written with its tables as Parquet (:mod:`.report_page`). See
 docs/spark.md, *Analytics report*.
 
 PySpark, PyArrow, pandas and matplotlib are the ``spark`` extra: the command checks for
-them (and for Java) before anything else and says in one line what to install. Nothing
-here is imported by the CLI until the command runs.
+them (and for Java) before anything else and says in one line what to install
+(:mod:`ambrosia_py.extras`). They are imported only once it runs: ``--help`` needs none.
 """
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,18 +21,11 @@ from typing import Any
 import attrs
 import click
 
+from ..extras import EXTRAS, require
 from .errors import NoLogsError
 from .layout import find_logs
 
-__all__ = ["Report", "analyze", "build_report", "method_names", "missing_dependencies"]
-
-_NEEDED = (
-    ("pyspark", "PySpark"),
-    ("pyarrow", "PyArrow"),
-    ("pandas", "pandas"),
-    ("matplotlib", "matplotlib"),
-)
-INSTALL = "pip install 'ambrosia-py[spark]'"
+__all__ = ["Report", "analyze", "build_report", "method_names"]
 
 # The steps, in order, for the progress bar.
 STEPS = (
@@ -48,19 +40,6 @@ STEPS = (
     "charts",
     "page and tables",
 )
-
-
-def missing_dependencies() -> list[str]:
-    """The names of the ``spark`` extra's packages that cannot be imported here."""
-    missing = []
-    for module, name in _NEEDED:
-        try:
-            found = importlib.util.find_spec(module) is not None
-        except (ImportError, ValueError):  # a module set to None in sys.modules, ...
-            found = False
-        if not found:
-            missing.append(name)
-    return missing
 
 
 def method_names(services: Sequence[str]) -> dict[int, str]:
@@ -338,9 +317,7 @@ def analyze(
     data_dir: Path, out: Path, services: tuple[str, ...], decode_services: bool | None, cores: int
 ) -> None:
     """Write a report (HTML, PNG charts, Parquet tables) over the logs in DATA_DIR."""
-    missing = missing_dependencies()
-    if missing:
-        raise click.ClickException(f"analyze needs {', '.join(missing)}: {INSTALL}")
+    require(*EXTRAS["spark"])
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 

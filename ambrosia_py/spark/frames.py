@@ -19,8 +19,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from ..wire import MessageType, ProtocolError
 from ..wire import decode_zigzag_int as zigzag_int
 
@@ -43,6 +41,10 @@ def frame_ends(raw: bytes, pos: int, end: int) -> list[int] | Any | None:
     length = stop - pos
     count, rest = divmod(end - pos, length)
     if rest == 0 and count >= _STRIDE_MIN:
+        # Here, not at the top: importing ambrosia_py.spark needs no extra (NumPy comes
+        # with the spark extra, which reading logs needs anyway: ``fs.py``).
+        import numpy as np
+
         rows = np.frombuffer(raw, np.uint8, count * length, pos).reshape(count, length)
         head = type_at - pos + 1  # the size varint and the type byte
         if (rows[:, :head] == rows[0, :head]).all():

@@ -28,6 +28,7 @@ from typing import Any
 
 import attrs
 
+from ..extras import optional_import
 from ..wire import logfile
 
 __all__ = ["Location", "LogInput", "resolve"]
@@ -36,9 +37,7 @@ _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 
 
 def _pafs() -> Any:
-    import pyarrow.fs as pafs  # type: ignore[import-untyped]
-
-    return pafs
+    return optional_import("pyarrow.fs", what="reading logs")
 
 
 @attrs.frozen

@@ -13,16 +13,16 @@ import shutil
 import sys
 from typing import Any
 
+from ..extras import optional_import, require
+
 __all__ = [
     "JAVA_HINT",
-    "SPARK_HINT",
     "cluster_session",
     "java_problem",
     "local_session",
     "register",
 ]
 
-SPARK_HINT = "pip install 'ambrosia-py[spark]'"
 JAVA_HINT = "apt-get install openjdk-17-jre-headless"
 
 
@@ -38,11 +38,8 @@ def java_problem() -> str | None:
 
 
 def _pyspark() -> Any:
-    try:
-        import pyspark.sql
-    except ImportError:
-        raise ImportError(f"the Spark reader needs PySpark and PyArrow: {SPARK_HINT}") from None
-    return pyspark.sql
+    require("pyspark", "pyarrow", what="the Spark reader")  # its data source reads Arrow
+    return optional_import("pyspark.sql", what="the Spark reader")
 
 
 def register(spark: Any) -> None:
