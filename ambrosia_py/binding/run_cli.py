@@ -59,6 +59,7 @@ from .exits import ExitStatus, OneLineError, coordinator_ended, verbose_option
 from .files import StateFiles, state_files_dir, use_state_files
 from .immortal import Immortal
 from .loading import load_service
+from .option_help import option_help
 
 __all__ = ["load_service", "replay", "run"]
 
@@ -86,6 +87,8 @@ class _ServiceCommand(click.Command):
                 service = None  # reported properly when the command runs
             if service is not None:
                 known = {p.name for p in self.params}
+                options = getattr(service, "Options", None)
+                helps = option_help(options) if options is not None else {}
                 for name, kind, default in service.option_fields():
                     if name in known:
                         raise click.UsageError(f"service option {name!r} clashes with run's own")
@@ -95,7 +98,7 @@ class _ServiceCommand(click.Command):
                             type=kind,
                             default=default,
                             show_default=True,
-                            help=f"{service.__name__} option.",
+                            help=helps.get(name, f"{service.__name__} option."),
                         )
                     )
         return super().parse_args(ctx, args)
