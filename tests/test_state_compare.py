@@ -127,3 +127,22 @@ def test_cycles_end() -> None:
     b: list[Any] = [1]
     b.append(b)
     assert compare_states({"loop": a}, {"loop": b}).equal
+
+
+class WithCache:
+    """Pickles without its cache, as a checkpoint holds it."""
+
+    def __init__(self, total: int, cache: dict[str, int]) -> None:
+        self.total = total
+        self._cache = cache
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        del state["_cache"]
+        return state
+
+
+def test_what_a_class_pickles_is_its_state() -> None:
+    assert compare_states({"w": WithCache(1, {"a": 1})}, {"w": WithCache(1, {})}).equal
+    result = compare_states({"w": WithCache(1, {})}, {"w": WithCache(2, {})})
+    assert [str(d) for d in result.differences] == ["w.total: 1 vs 2"]

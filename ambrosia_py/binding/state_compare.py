@@ -9,8 +9,9 @@ another order is not a difference of state, but a handler that iterates it can a
 differently after a recovery than without one. Each is reported with the path to it
 (``orders['a'].lines[2]``).
 
-The walk knows the built-in containers, attrs and plain objects (their attributes);
-other values are compared with their own ``==`` when it gives a truth value, else by
+The walk knows the built-in containers, attrs and plain objects (their attributes, or
+what their own ``__getstate__`` says their state is, as a checkpoint holds it); other
+values are compared with their own ``==`` when it gives a truth value, else by
 their pickled bytes. Floats compare as the handler would see them: ``-0.0`` differs from
 ``0.0``, and a NaN equals a NaN.
 """
@@ -31,6 +32,8 @@ _MAX_DIFFERENCES = 8  # reported; the walk stops there
 _SHOWN = 3  # members named per difference
 _SCALARS = (type(None), bool, int, str, bytes, complex, range)
 _IDENTITY_EQ: Any = object.__eq__  # a class that keeps it compares by identity
+_DEFAULT_GETSTATE: Any = object.__getstate__  # a class that keeps it pickles its __dict__
+_UNSET: Any = object()  # an attribute one of two objects does not have
 
 
 @attrs.frozen
@@ -149,19 +152,21 @@ class _Walk:
             self.values(x, y, f"{path}[{i}]")
 
     def _object(self, a: Any, b: Any, path: str) -> None:
-        fields = _fields(a)
-        if fields is None:  # no attributes to walk: the value's own equality, or its bytes
-            if not _opaque_equal(a, b):
-                self.differ(path, f"{_short(a)} vs {_short(b)}")
-            return
+        pairs = _pickled_state(a, b)
+        if pairs is None:
+            fields = _fields(a)
+            if fields is None:  # no attributes to walk: the value's own equality, or bytes
+                if not _opaque_equal(a, b):
+                    self.differ(path, f"{_short(a)} vs {_short(b)}")
+                return
+            pairs = {name: (getattr(a, name, _UNSET), getattr(b, name, _UNSET)) for name in fields}
         before = len(self.differences)
-        for name in fields:
-            missing_a, missing_b = not hasattr(a, name), not hasattr(b, name)
-            if missing_a or missing_b:
-                if missing_a != missing_b:
+        for name, (x, y) in pairs.items():
+            if x is _UNSET or y is _UNSET:
+                if x is not y:
                     self.differ(f"{path}.{name}", "set in only one state")
                 continue
-            self.values(getattr(a, name), getattr(b, name), f"{path}.{name}")
+            self.values(x, y, f"{path}.{name}")
         if type(a).__eq__ is not _IDENTITY_EQ:
             # The class says what equal means (a cache it leaves out, say): trust it.
             equal = _opaque_equal(a, b)
@@ -169,6 +174,24 @@ class _Walk:
                 del self.differences[before:]
             elif not equal and len(self.differences) == before:
                 self.differ(path, f"{_short(a)} vs {_short(b)}")
+
+
+def _pickled_state(a: Any, b: Any) -> dict[str, tuple[Any, Any]] | None:
+    """What a class that says what its state is (its own ``__getstate__``) pickles, as
+    name -> (value in a, value in b); None for a class that leaves it to the default.
+    A cache it leaves out of its checkpoints is not compared either."""
+    if type(a).__getstate__ is _DEFAULT_GETSTATE:
+        return None
+    try:
+        sa, sb = a.__getstate__(), b.__getstate__()
+    except Exception:  # a __getstate__ that needs more than it has: walk the attributes
+        return None
+    if not (isinstance(sa, dict) and isinstance(sb, dict)):
+        return {"__getstate__()": (sa, sb)}
+    return {
+        str(k): (sa.get(k, _UNSET), sb.get(k, _UNSET))
+        for k in [*sa, *(k for k in sb if k not in sa)]
+    }
 
 
 def _fields(value: Any) -> list[str] | None:
