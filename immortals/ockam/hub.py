@@ -11,6 +11,13 @@ of the incarnation that handles them first. A PushConfirm is therefore sent only
 push it confirms is in the durable log. The options that change what handlers do (the
 two service names, retention) are sent in as a logged ``configure`` impulse at start, so
 replay sees the configuration each frame was handled with.
+
+Every ``frames`` impulse is answered with exactly one ``_send`` effect, even when there is
+nothing to send: the transport counts a connection's unanswered impulses and stops
+reading it past a few (:data:`~immortals.ockam.transport.MAX_UNANSWERED`). The connection
+limits are options (their defaults are :data:`~immortals.ockam.transport.HUB_LIMITS`);
+they change only what the transport admits, never what a handler does, so they are not
+logged.
 """
 
 from __future__ import annotations
@@ -20,10 +27,11 @@ import logging
 import sys
 
 from ambrosia_py import Immortal, background, rpc
+from ambrosia_py.serving import ConnectionLimits
 
 from .routing import Address, AddressType
 from .service import HubConfig, StreamHub
-from .transport import HubTransport, parse_host_port
+from .transport import HUB_LIMITS, HubTransport, parse_host_port
 
 __all__ = ["OckamHub"]
 
@@ -39,6 +47,9 @@ def _send(connection: bytes, wire: bytes) -> None:
 
 
 def _report(peer: str, problems: list[str]) -> None:
+    if _transport is not None:
+        _transport.report(peer, problems)  # rate-limited per source
+        return
     for problem in problems:
         log.warning("from %s: %s", peer, problem)
 
@@ -52,6 +63,22 @@ class OckamHub(Immortal):
         index_service: str = "stream_index_service"
         retention_messages: int = 0  # kept per stream partition; 0: no limit
         retention_seconds: float = 0.0  # maximum age of a message; 0: no limit
+        # What clients may make the hub hold (defaults: transport.HUB_LIMITS).
+        max_connections: int = HUB_LIMITS.max_connections
+        """Client connections open at once; a newcomer evicts the oldest that has not
+        yet sent a valid frame."""
+        max_pending_per_source: int = HUB_LIMITS.max_pending_per_source
+        """Connections from one address that have not yet sent a valid frame."""
+        handshake_timeout: float = HUB_LIMITS.handshake_timeout_s
+        """Seconds from accept to a connection's first valid frame."""
+        max_first_frame: int = HUB_LIMITS.max_pre_handshake_frame
+        """Bytes a connection's first frame may take."""
+        idle_timeout: float = HUB_LIMITS.idle_timeout_s
+        """Seconds a connection may send nothing before it is closed; 0: no limit."""
+        max_buffered_output: int = HUB_LIMITS.max_buffered_output
+        """Bytes of replies a client may leave unread before the hub stops reading it."""
+        output_stall_timeout: float = HUB_LIMITS.output_stall_s
+        """Seconds a client may stay over that bound before it is closed."""
 
     def __init__(self) -> None:
         self.hub = StreamHub()
@@ -66,12 +93,17 @@ class OckamHub(Immortal):
     def frames(self, peer: str, now_ms: int, frames: list[bytes]) -> None:
         """Handle the frames one read from ``peer`` brought, at (logged) time ``now_ms``."""
         via = Address(AddressType.TCP, peer.encode())
-        replies = self.hub.handle_frames(frames, via, now_ms)
-        self.frames_handled += len(frames)
-        if replies.wire:
-            self.effect(_send, via.value, replies.wire)
-        if replies.problems:
-            self.effect(_report, peer, list(replies.problems))
+        wire = b""
+        try:
+            replies = self.hub.handle_frames(frames, via, now_ms)
+            self.frames_handled += len(frames)
+            wire = replies.wire
+            if replies.problems:
+                self.effect(_report, peer, list(replies.problems))
+        finally:
+            # Answered even with nothing (or if handling failed): the transport reads
+            # the connection again only once its impulses are answered.
+            self.effect(_send, via.value, wire)
 
     @background
     async def serve(self) -> None:
@@ -86,7 +118,7 @@ class OckamHub(Immortal):
         if config != self.hub.config:
             self.impulse.configure(config)  # logged before any frame of this incarnation
         host, port = parse_host_port(opts.listen)
-        transport = HubTransport(self.impulse.frames)
+        transport = HubTransport(self.impulse.frames, _limits(opts))
         await transport.start(host, port)
         _transport = transport
         host, port = transport.address
@@ -96,3 +128,16 @@ class OckamHub(Immortal):
         finally:
             _transport = None
             transport.close()
+
+
+def _limits(opts: OckamHub.Options) -> ConnectionLimits:
+    """The connection limits the options ask for (ValueError naming a bad one)."""
+    return ConnectionLimits(
+        max_connections=int(opts.max_connections),
+        max_pending_per_source=int(opts.max_pending_per_source),
+        handshake_timeout_s=float(opts.handshake_timeout),
+        max_pre_handshake_frame=int(opts.max_first_frame),
+        idle_timeout_s=float(opts.idle_timeout),
+        max_buffered_output=int(opts.max_buffered_output),
+        output_stall_s=float(opts.output_stall_timeout),
+    )

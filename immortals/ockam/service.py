@@ -11,13 +11,21 @@ exactly. The semantics are the released service's (``shared/reference/ockam.md``
 - indexes are contiguous from 0 per stream and partition; every push is stored, even
   with a repeated request id (seed 003: the request id confirms, it does not de-duplicate);
 - pull(index, limit) returns ``[max(index, first), index + limit)``, cut to what fits in
-  one TCP frame (the seed allows 0..limit messages);
+  one TCP frame and in what is left of the read's reply budget (the seed allows
+  0..limit messages; the client asks again from its index);
 - the index service stores the *next* index to read per (client id, stream, partition),
   saves are monotonic and unanswered, an unknown pair is ``none``. A plain stream and a
   plain index are partition 0 of their name.
 
 Bad input never raises: a frame whose routing cannot be decoded is dropped (there is no
-return route to answer) and reported; anything else wrong is answered with ``error``.
+return route to answer) and reported; anything else wrong is answered with ``error``; a
+reply that would not fit in one TCP frame is dropped and reported, never truncated.
+
+What one read can make the hub build is bounded: the replies to the frames of one read
+share :data:`REPLY_BUDGET` bytes. Pulls take what is left of it (down to an empty
+PullResponse), and a partitioned create whose Inits would not fit is refused; every other
+reply is about as large as the frame it answers, so the read's own size bounds it. The
+budget depends only on the logged frames, so replay builds the same replies.
 """
 
 from __future__ import annotations
@@ -43,8 +51,9 @@ from .codec import (
     Status,
     StreamMessage,
 )
-from .errors import OckamError
+from .errors import FrameTooLargeError, OckamError
 from .routing import (
+    MAX_FRAME,
     VERSION,
     Address,
     AddressType,
@@ -59,12 +68,20 @@ from .routing import (
 )
 from .segments import StreamLog
 
-__all__ = ["MAX_PARTITIONS", "HubConfig", "Outcome", "Replies", "StreamHub"]
+__all__ = ["MAX_PARTITIONS", "REPLY_BUDGET", "HubConfig", "Outcome", "Replies", "StreamHub"]
 
 _ROUTES_PER_CONNECTION = 8  # routing headers remembered per connection (pipelined batches)
 _CONNECTIONS_CACHED = 256
 MAX_PARTITIONS = 1024  # a create asking for more is refused rather than run out of memory
 INVALID_REQUEST = "Invalid request"  # the released service's reason for an empty name
+REPLY_BUDGET = 1024 * 1024
+"""Bytes of replies the frames of one read may make the hub build (see the module).
+
+Without it, 5,000 pulls of 52 bytes each (one 256 KiB read) could each be answered with
+a 64 KiB frame: 320 MiB built in one handler. A constant, not an option: replies are
+built from logged input only."""
+_REASON_CHARS = 1000  # an error reason quotes at most this much (it travels in one frame)
+_SHOWN_BYTES = 64  # of a peer-chosen address value quoted in a reason
 
 
 @attrs.frozen
@@ -127,24 +144,29 @@ class StreamHub:
 
     # -- many frames, one connection ------------------------------------------------------
 
-    def handle_frames(self, frames: list[bytes], via: Address, now_ms: int) -> Replies:
+    def handle_frames(
+        self, frames: list[bytes], via: Address, now_ms: int, budget: int = REPLY_BUDGET
+    ) -> Replies:
         """Handle the frames one read from connection ``via`` brought; replies as bytes.
 
         The same as :meth:`handle` for each frame in turn (every reply's first hop is
         ``via``, which the TCP hop put in front of the return route; it is dropped and
-        the rest framed). Pushes on a routing header already resolved on this
-        connection skip the generic decoding (:mod:`~immortals.ockam.pushes`); any
-        frame the fast path does not recognise takes the generic one. Headers are learnt
-        only from reads of several frames: a lone frame is a request waiting for its
-        answer (each with its own return address), and learning it would only cost.
+        the rest framed), the frames sharing ``budget`` bytes of replies. Pushes on a
+        routing header already resolved on this connection skip the generic decoding
+        (:mod:`~immortals.ockam.pushes`); any frame the fast path does not recognise
+        takes the generic one. Headers are learnt only from reads of several frames: a
+        lone frame is a request waiting for its answer (each with its own return
+        address), and learning it would only cost.
         """
         out: list[bytes] = []
         problems: list[str] = []
-        routes = self._routes.get(via.value)
+        left = budget
+        cached = self._routes
+        routes = cached.get(via.value)
         if routes is None:
-            if len(self._routes) >= _CONNECTIONS_CACHED:  # forget the oldest connection
-                del self._routes[next(iter(self._routes))]
-            routes = self._routes[via.value] = []
+            if len(cached) >= _CONNECTIONS_CACHED:  # forget the oldest connection
+                del cached[next(iter(cached))]
+            routes = cached[via.value] = []
         for data in frames:
             route = routes[0] if routes and data.startswith(routes[0].head) else None
             if route is None and len(routes) > 1:
@@ -152,11 +174,19 @@ class StreamHub:
             if route is not None and route.config is self.config:
                 push = pushes.read_push_at(data, len(route.head))
                 if push is not None:
-                    out.append(self._push(route, push[0], push[1], now_ms))
+                    wire = self._push(route, push[0], push[1], now_ms)
+                    out.append(wire)
+                    left -= len(wire)
                     continue
-            outcome = self.handle(data, via, now_ms)
+            outcome = self.handle(data, via, now_ms, left)
             for message in outcome.replies:
-                out.append(frame(encode_message(hop(message, via))))
+                try:
+                    wire = frame(encode_message(hop(message, via)))
+                except FrameTooLargeError as exc:  # e.g. an error beside a huge return route
+                    problems.append(f"reply dropped: {exc}")
+                    continue
+                out.append(wire)
+                left -= len(wire)
             if outcome.problem is not None:
                 problems.append(outcome.problem)
             if len(frames) > 1:  # a pipelined read: more pushes on this route will follow
@@ -197,8 +227,14 @@ class StreamHub:
 
     # -- entry point ---------------------------------------------------------------------
 
-    def handle(self, frame: bytes, via: Address, now_ms: int) -> Outcome:
-        """Handle one transport message received over the connection ``via``."""
+    def handle(
+        self, frame: bytes, via: Address, now_ms: int, budget: int = REPLY_BUDGET
+    ) -> Outcome:
+        """Handle one transport message received over the connection ``via``.
+
+        ``budget``: the bytes of replies a pull or a partitioned create may still take
+        (see the module).
+        """
         try:
             msg = decode_message(frame)
         except OckamError as exc:
@@ -210,22 +246,25 @@ class StreamHub:
         target = msg.onward_route[0]
         msg = hop(msg, target)
         if target.type != AddressType.LOCAL:
-            return self._error(msg, None, f"unknown address {target!r}")
+            return self._error(msg, None, f"unknown address {_shown(target)}")
         name = target.value
         try:
             request = codec.decode_request(msg.payload)
         except OckamError as exc:
             return self._error(msg, target, f"{INVALID_REQUEST}: {exc}")
         if name == self.config.stream_service.encode():
-            return self._stream_service(msg, target, request, now_ms)
+            return self._stream_service(msg, target, request, budget)
         if name == self.config.index_service.encode():
             return self._index_service(msg, target, request)
         key = self.addresses.get(name)
         if key is None:
-            return self._error(msg, target, f"unknown address {target!r}")
-        return self._stream_worker(msg, target, key, request, now_ms)
+            return self._error(msg, target, f"unknown address {_shown(target)}")
+        return self._stream_worker(msg, target, key, request, now_ms, budget)
 
     def _error(self, msg: TransportMessage, me: Address | None, reason: str) -> Outcome:
+        if len(reason) > _REASON_CHARS:  # it must fit in one frame beside the routes
+            cut = len(reason) - _REASON_CHARS
+            reason = f"{reason[:_REASON_CHARS]}... ({cut} more characters)"
         if not msg.return_route:
             return Outcome(problem=f"{reason}; no return route to answer")
         payload = codec.encode(Error(reason))
@@ -256,7 +295,7 @@ class StreamHub:
                 return name
 
     def _stream_service(
-        self, msg: TransportMessage, me: Address, request: object, now_ms: int
+        self, msg: TransportMessage, me: Address, request: object, budget: int
     ) -> Outcome:
         if isinstance(request, CreateStreamRequest):
             if request.stream_name == "":
@@ -267,6 +306,15 @@ class StreamHub:
         if isinstance(request, CreatePartitionedRequest):
             if request.stream_name == "" or request.partitions > MAX_PARTITIONS:
                 return self._error(msg, me, INVALID_REQUEST)
+            size = self._inits_size(msg, request)
+            if size > budget:  # checked before anything is created
+                return self._error(
+                    msg,
+                    me,
+                    f"{INVALID_REQUEST}: the Inits of {request.partitions} partitions would "
+                    f"take {size} bytes, over the {max(budget, 0)} left for the replies to "
+                    "this read; send it again, alone",
+                )
             name = self._name(request.stream_name)
             replies = []
             for p in range(request.partitions):
@@ -277,6 +325,17 @@ class StreamHub:
             msg, me, f"{INVALID_REQUEST}: {type(request).__name__} to the stream service"
         )
 
+    def _inits_size(self, msg: TransportMessage, request: CreatePartitionedRequest) -> int:
+        """About the bytes of the Inits a partitioned create is answered with (the
+        largest partition's, times the count; a generated name is estimated)."""
+        if request.partitions == 0:
+            return 0
+        name = request.stream_name or f"generated_{self.generated + 1}"
+        last = request.partitions - 1
+        init = codec.encode(PartitionedInit(name, last))
+        one = encode_message(reply_to(msg, init, self.worker_address(name, last)))
+        return request.partitions * (len(one) + 2)  # and each one's u16 length prefix
+
     # -- stream workers: push and pull ------------------------------------------------------
 
     def _stream_worker(
@@ -286,6 +345,7 @@ class StreamHub:
         key: tuple[str, int],
         request: object,
         now_ms: int,
+        budget: int,
     ) -> Outcome:
         stream = self.streams[key]
         if isinstance(request, PushRequest):
@@ -296,7 +356,7 @@ class StreamHub:
             return Outcome((reply_to(msg, codec.encode(confirm), me),))
         if isinstance(request, PullRequest):
             self._retain(stream, now_ms)
-            reply = self._pull_reply(msg, me, stream, request)
+            reply = self._pull_reply(msg, me, stream, request, budget)
             if reply is None:
                 return Outcome(problem="pull dropped: its return route leaves no room for a reply")
             return Outcome((reply,))
@@ -318,20 +378,36 @@ class StreamHub:
             stream.retain(cfg.retention_messages, min_time)
 
     def _pull_reply(
-        self, msg: TransportMessage, me: Address, stream: StreamLog, request: PullRequest
+        self,
+        msg: TransportMessage,
+        me: Address,
+        stream: StreamLog,
+        request: PullRequest,
+        budget: int,
     ) -> TransportMessage | None:
         # Room for the payload in one frame: the frame less the routing around it.
         try:
-            room = max_payload_size(msg.return_route, (me,))
+            frame_room = max_payload_size(msg.return_route, (me,))
         except OckamError:  # a return route so long that no reply fits in a frame
             return None
+        # And in what the read's budget leaves: seed 003 allows 0..limit messages, and
+        # the client asks again from its index.
+        try:
+            room = min(
+                frame_room, max_payload_size(msg.return_route, (me,), min(budget, MAX_FRAME))
+            )
+        except OckamError:
+            room = 0
         # Each message needs at least 2 bytes, so no more than room/2 can ever fit.
         found = stream.read(request.index, min(request.limit, room // 2))
         messages = [StreamMessage(i, data) for i, data in found]
         try:
             response = codec.pull_response_fitting(request.request_id, messages, room)
-        except ValueError:  # not even an empty response fits beside that return route
-            return None
+        except ValueError:  # the budget is spent: an empty answer, which still fits a frame
+            try:
+                response = codec.pull_response_fitting(request.request_id, (), frame_room)
+            except ValueError:  # not even an empty response fits beside that return route
+                return None
         return reply_to(msg, codec.encode(response), me)
 
     # -- the index service ----------------------------------------------------------------
@@ -356,3 +432,11 @@ class StreamHub:
         return self._error(
             msg, me, f"{INVALID_REQUEST}: {type(request).__name__} to the index service"
         )
+
+
+def _shown(address: Address) -> str:
+    """``address`` for a reason or a log line: a long peer-chosen value is cut, marked."""
+    value = address.value
+    if len(value) <= _SHOWN_BYTES:
+        return repr(address)
+    return f"Address(type={address.type}, value={value[:_SHOWN_BYTES]!r}... ({len(value)} bytes))"
