@@ -71,19 +71,26 @@ async def test_publisher_and_consumer_survive_sigkills(hub: HubProcess) -> None:
     payloads = [f"event {i:05d}".encode() for i in range(count)]
     publisher = Publisher("127.0.0.1", hub.port, "events", window=64)
     kills: list[str] = []
+    cutting = 0  # kills that found more than two windows of pushes unconfirmed
 
     async def killer() -> None:
         # Each kill lands at a random point while pushes are in flight.
+        nonlocal cutting
         quarter = count // 4
-        marks = [k * quarter + rng.randrange(200, quarter - 200) for k in range(4)]
+        marks = [k * quarter + rng.randrange(200, quarter // 2) for k in range(4)]
         for which, mark in zip(
             ["service", "coordinator", "service", "coordinator"], marks, strict=True
         ):
             while publisher.confirmed < mark:
                 await asyncio.sleep(0.002)
             await asyncio.sleep(rng.uniform(0, 0.05))
+            # Pushes the hub has not confirmed when it dies can only be confirmed by a
+            # new incarnation: the publisher must reconnect. (A kill after the last
+            # confirmation, on a fast run, cuts nothing.)
+            outstanding = count - publisher.confirmed
             await asyncio.to_thread(hub.kill, which)
             kills.append(which)
+            cutting += outstanding > 2 * 64
             await asyncio.to_thread(hub.start)
 
     killing = asyncio.ensure_future(killer())
@@ -91,7 +98,7 @@ async def test_publisher_and_consumer_survive_sigkills(hub: HubProcess) -> None:
     await killing
     assert len(kills) == 4
     assert len(indexes) == count
-    assert publisher.reconnects >= 4
+    assert cutting >= 1 and publisher.reconnects >= cutting, (cutting, publisher.reconnects)
     print(f"reconnects {publisher.reconnects}, found stored after a crash {publisher.recovered}")
 
     # Every push stored exactly once, at its confirmed index; indexes contiguous.
