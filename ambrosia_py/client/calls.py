@@ -155,7 +155,8 @@ def client_secret(
     """The cluster secret and where it came from: ``secret_file``; else the service's
     data dir's ``link-secret`` (``data_dir``); else ``$AMBROSIA_SECRET_FILE``; else
     ``link-secret`` in ``run``'s default data dir (``$AMBROSIA_DATA_DIR``, else
-    ``./ambrosia-data``). Never made here."""
+    ``./ambrosia-data``). Never made here. A secret another user owns or could replace
+    is refused, as the service refuses it (``coordinator/ownership.py``)."""
     if secret_file is not None:
         path = Path(secret_file)
     elif data_dir is not None:
@@ -164,7 +165,7 @@ def client_secret(
         path = Path(os.environ[SECRET_ENV])
     else:
         path = Path(os.environ.get(DATA_DIR_ENV) or DEFAULT_DATA_DIR) / DEFAULT_SECRET_NAME
-    if not path.exists():
+    if not os.path.lexists(path):  # a link is not followed here: load_secret checks it
         raise IngressError(
             f"no cluster secret at {path}: give the client secret_file= (the service's "
             "--secret-file) or data_dir= (the service's --data-dir, where its coordinator "

@@ -25,6 +25,7 @@ import click
 
 from ..hashseed import DATA_DIR_ENV, DEFAULT_DATA_DIR
 from .modes import make_private_dir
+from .ownership import OwnershipError, Trusted, check_data_dir, check_way
 from .registry import REGISTRY_FILE, InstanceInfo, Registry, RegistryError
 from .registry_files import open_registry_for_start
 from .storage import LOCK_FILE, InstanceFiles
@@ -75,13 +76,18 @@ def data_dir_origin(ctx: click.Context) -> str:
 
 
 def writable_data_dir(data_dir: Path) -> None:
-    """Create ``data_dir`` if missing (0700) and prove it can be written, or raise
-    :class:`DataDirError` saying which directory and why."""
+    """Create ``data_dir`` if missing (0700), check it is ours (:mod:`.ownership`) and
+    prove it can be written, or raise :class:`DataDirError` saying which directory and why."""
     try:
-        make_private_dir(data_dir)
+        if not os.path.lexists(data_dir):  # else refused or used as it is, never changed
+            check_way(data_dir, Trusted.DATA_DIR)
+            make_private_dir(data_dir)
+        check_data_dir(data_dir)
         fd, probe = tempfile.mkstemp(prefix=".ambrosia-write-test-", dir=data_dir)
         os.close(fd)
         os.unlink(probe)
+    except OwnershipError as exc:
+        raise DataDirError(str(exc)) from None
     except OSError as exc:
         why = exc.strerror or str(exc)
         where = f" ({exc.filename})" if exc.filename and Path(exc.filename) != data_dir else ""
@@ -92,15 +98,17 @@ def writable_data_dir(data_dir: Path) -> None:
 
 
 def existing_data_dir(data_dir: Path, *, need_registry: bool = True) -> None:
-    """Refuse a data directory that does not exist, or (``need_registry``) holds no
-    registry; creating nothing."""
-    if not data_dir.exists():
+    """Refuse a data directory that does not exist, is not ours (:mod:`.ownership`), or
+    (``need_registry``) holds no registry; creating nothing."""
+    if not os.path.lexists(data_dir):
         raise DataDirError(
             f"no data dir {data_dir} (from {Path.cwd()}): nothing has run with it; give the "
             f"one the service runs with, with --data-dir or ${DATA_DIR_ENV}"
         )
-    if not data_dir.is_dir():
-        raise DataDirError(f"the data dir {data_dir} is not a directory")
+    try:  # before following it: its checkpoints are unpickled, so it must be ours
+        check_data_dir(data_dir)
+    except OwnershipError as exc:
+        raise DataDirError(str(exc)) from None
     if need_registry and not (data_dir / REGISTRY_FILE).exists():
         raise DataDirError(f"no registry in {data_dir}: no instance has run with this data dir")
 

@@ -4,7 +4,9 @@ The secret comes from ``--secret-file`` (or ``AMBROSIA_SECRET_FILE``); without e
 from ``<data-dir>/link-secret``, made on first use: 32 random bytes, mode 0600, created
 atomically (written to a private temporary file, then hard-linked into place, which
 fails if the name exists), so two coordinators starting at once in one data directory
-end up with the same secret. A second machine joins by copying the file.
+end up with the same secret. A second machine joins by copying the file. A secret, a
+data dir or a TLS key another user owns, or could replace, is refused
+(:mod:`.ownership`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,15 @@ from pathlib import Path
 import attrs
 
 from ..flow import PACKET_LIMIT
+from ..serving import ConnectionLimits
+from .ownership import (
+    OwnershipError,
+    Trusted,
+    check_data_dir,
+    check_file,
+    check_way,
+    open_trusted,
+)
 
 __all__ = [
     "DEFAULT_HANDSHAKE_TIMEOUT_S",
@@ -52,6 +63,7 @@ DEFAULT_MAX_CONNECTIONS = 128
 # (links.OutboxBudget); docs/security.md, *Outbox limit*.
 DEFAULT_MAX_OUTBOX_MB = 256.0
 MAX_OUTBOX_ENV = "AMBROSIA_MAX_OUTBOX_MB"
+_SHARED = ConnectionLimits()  # every server's defaults (ambrosia_py.serving)
 
 
 class LinkSetupError(Exception):
@@ -64,8 +76,10 @@ class LinkSettings:
 
     ``max_frame_bytes`` bounds frames from authenticated peers; ``idle_timeout_s`` closes
     an accepted link that sent nothing for that long (dialers send a keep-alive at a
-    third of it); ``max_connections`` bounds accepted link connections, authenticated or
-    not; ``max_outbox_bytes`` bounds the output kept for destinations that have not
+    third of it); ``max_connections`` bounds accepted link connections (past it a
+    newcomer evicts the oldest not yet authenticated, and is refused only when all are);
+    ``max_pending_per_source`` bounds those not yet authenticated from one address;
+    ``max_outbox_bytes`` bounds the output kept for destinations that have not
     confirmed it (past it the binding is not read until they do).
     """
 
@@ -78,6 +92,7 @@ class LinkSettings:
     idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     max_outbox_bytes: int = int(DEFAULT_MAX_OUTBOX_MB * 1024 * 1024)
+    max_pending_per_source: int = _SHARED.max_pending_per_source  # as every server's
 
     @property
     def tls(self) -> bool:
@@ -85,8 +100,15 @@ class LinkSettings:
 
 
 def _read_secret(path: Path) -> bytes:
+    """The secret in ``path``: a regular file, ours (:mod:`.ownership`, checked on the open
+    file), that neither group nor others can read or write."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        # Whoever chose the secret can send the service pickles. Not following a link,
+        # nor waiting on a FIFO put where the secret should be.
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        fd = open_trusted(path, flags, Trusted.SECRET)
+    except OwnershipError as exc:
+        raise LinkSetupError(str(exc)) from None
     except OSError as exc:
         raise LinkSetupError(f"link secret {path}: {exc.strerror}") from None
     try:
@@ -142,9 +164,14 @@ def load_secret(settings: LinkSettings, data_dir: Path) -> bytes:
         return _read_secret(path)
     path = data_dir / DEFAULT_SECRET_NAME
     try:
-        data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if not os.path.lexists(data_dir):  # never made under another user's directory
+            check_way(data_dir, Trusted.DATA_DIR)
+            data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        check_data_dir(data_dir)  # before a secret of ours is made in another user's dir
         if not path.exists():
             _create_secret(path)
+    except OwnershipError as exc:
+        raise LinkSetupError(str(exc)) from None
     except OSError as exc:
         raise LinkSetupError(f"cannot create the link secret {path}: {exc.strerror}") from None
     return _read_secret(path)
@@ -162,6 +189,10 @@ def tls_contexts(settings: LinkSettings) -> tuple[ssl.SSLContext, ssl.SSLContext
         return None
     if settings.tls_cert is None:
         raise LinkSetupError("--tls-key and --tls-ca need --tls-cert")
+    try:  # the key proves who we are: not one another user could have put there
+        check_file(settings.tls_key or settings.tls_cert, Trusted.TLS_KEY)
+    except OwnershipError as exc:
+        raise LinkSetupError(str(exc)) from None
     server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     client = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     client.check_hostname = False

@@ -5,14 +5,18 @@ the coordinator creates are 0600 and its directories 0700. The modes are set exp
 at creation (``os.open``/``mkdir`` with the mode, then ``fchmod``/``chmod``), so a
 permissive umask cannot loosen them; :func:`tighten` repairs data directories written
 before this rule (or by hand) and reports what it changed, so the caller can log it once.
+It changes only what we own (:mod:`.ownership` refuses the rest first).
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from collections.abc import Iterable
 from pathlib import Path
+
+from .ownership import owner_name
 
 __all__ = [
     "PRIVATE_DIR",
@@ -26,6 +30,8 @@ __all__ = [
 PRIVATE_FILE = 0o600
 PRIVATE_DIR = 0o700
 _DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
+# A FIFO opens at once and a link not at all (ELOOP); the file is only fstat'ed and fchmod'ed.
+_NO_FOLLOW_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 def make_private_dir(path: Path) -> bool:
@@ -75,30 +81,39 @@ def create_private(path: Path, flags: int) -> int:
 def tighten(paths: Iterable[Path]) -> tuple[list[tuple[Path, int]], list[str]]:
     """Take group and other permissions off each existing path (files 0600, dirs 0700).
 
-    Returns the paths changed with their old modes, and the failures as readable lines
-    (a path owned by someone else cannot be changed; the caller warns and carries on).
+    Returns the paths changed with their old modes, and the failures as readable lines.
+    Only our own paths are changed: each is opened without following a link and its
+    owner checked on the open file before ``fchmod``, so another user's file (which
+    :func:`.registry_files.prepare_start` refuses before this) is never made ours, even
+    if it took a name's place meanwhile.
     """
     changed: list[tuple[Path, int]] = []
     failed: list[str] = []
+    me = os.geteuid()
     for path in paths:
         try:
-            st = path.lstat()
+            fd = os.open(path, _NO_FOLLOW_FLAGS)
         except FileNotFoundError:
             continue
         except OSError as exc:
-            failed.append(f"{path}: {exc.strerror}")
-            continue
-        if stat.S_ISLNK(st.st_mode):
-            continue  # never follow a link out of the data directory
-        mode = stat.S_IMODE(st.st_mode)
-        want = PRIVATE_DIR if stat.S_ISDIR(st.st_mode) else PRIVATE_FILE
-        if mode & ~want & 0o777 == 0:
+            if exc.errno != errno.ELOOP:  # ELOOP: a link, never followed out of the data dir
+                failed.append(f"{path}: {exc.strerror}")
             continue
         try:
-            os.chmod(path, mode & want)
+            st = os.fstat(fd)
+            if st.st_uid != me:
+                failed.append(f"{path}: owned by {owner_name(st.st_uid)}, left as it is")
+                continue
+            mode = stat.S_IMODE(st.st_mode)
+            want = PRIVATE_DIR if stat.S_ISDIR(st.st_mode) else PRIVATE_FILE
+            if mode & ~want & 0o777 == 0:
+                continue
+            os.fchmod(fd, mode & want)
         except OSError as exc:
             failed.append(f"{path}: {exc.strerror}")
             continue
+        finally:
+            os.close(fd)
         changed.append((path, mode))
     return changed, failed
 

@@ -35,6 +35,7 @@ from pathlib import Path
 import attrs
 
 from .modes import PRIVATE_FILE, create_private, make_private_dir
+from .ownership import OwnershipError, Trusted, check_data_dir, check_owned, check_way
 
 __all__ = [
     "PORT_RANGE",
@@ -157,8 +158,15 @@ class Registry:
         self.path = self.data_dir / REGISTRY_FILE
         self._lock = threading.Lock()
         self._db: sqlite3.Connection | None = None
-        try:
+        try:  # every command that opens a registry: another user's is not ours to read
+            if not os.path.lexists(self.data_dir):
+                check_way(self.data_dir, Trusted.DATA_DIR)
             make_private_dir(self.data_dir)
+            check_data_dir(self.data_dir)
+            check_owned(registry_paths(self.data_dir), Trusted.DATA_FILE)
+        except OwnershipError as exc:
+            raise RegistryError(str(exc)) from None
+        try:
             # Created 0600 before SQLite sees it: SQLite then creates its -wal, -shm and
             # -journal files with the database's mode.
             os.close(create_private(self.path, os.O_RDWR))

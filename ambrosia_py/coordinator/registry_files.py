@@ -16,9 +16,10 @@ each coordinator as it starts. A checkpoint file is written whole (temporary fil
 rename) and only then committed, so the newest whole one is safe to recover from even
 if the crash came between the two.
 
-Start-up also tightens modes (:func:`prepare_start`): the data directory, the registry
-files and the instance's directories and files lose group and other permissions, logged
-once, before anything is read.
+Start-up also checks owners and tightens modes (:func:`prepare_start`): a data directory,
+registry file or instance file another user owns is refused (:mod:`.ownership`); then the
+data directory, the registry files and the instance's directories and files lose group
+and other permissions, logged once, before anything is read.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ import attrs
 
 from .errors import StorageError
 from .ic_core import IcState, StateFormatError
-from .modes import tighten
+from .modes import make_private_dir, tighten
+from .ownership import OwnershipError, Trusted, check_data_dir, check_owned, check_way
 from .registry import REGISTRY_FILE, Registry, RegistryError, registry_paths
 from .storage import InstanceFiles, log_data_size, log_numbers_in
 
@@ -92,14 +94,31 @@ def _rebuild_hint(data_dir: Path) -> str:
     )
 
 
+def _refuse_others(data_dir: Path, files: list[Path]) -> None:
+    """Refuse a data dir another user owns (or could replace), or ``files`` in it of
+    another user (:mod:`.ownership`): their registry and checkpoints are not ours to
+    read, their modes not ours to change. A missing data dir is made first, as the
+    registry would make it."""
+    try:
+        if not os.path.lexists(data_dir):  # else refused or used as it is, never changed
+            check_way(data_dir, Trusted.DATA_DIR)
+            make_private_dir(data_dir)
+        check_data_dir(data_dir)
+        check_owned(files, Trusted.DATA_FILE)
+    except OwnershipError as exc:
+        raise RegistryRefusal(str(exc)) from None
+
+
 def open_registry_for_start(data_dir: Path, instance: str) -> Registry:
     """The registry of ``data_dir``, for starting ``instance``; or a :class:`RegistryRefusal`.
 
-    Refused: a missing registry while any instance's files are present (every instance
-    sharing the directory is known only to it), an unreadable registry, and a registry
-    that does not know ``instance`` while that instance's files are present.
+    Refused: a data dir or registry another user owns (:func:`_refuse_others`), a
+    missing registry while any instance's files are present (every instance sharing the
+    directory is known only to it), an unreadable registry, and a registry that does not
+    know ``instance`` while that instance's files are present.
     """
     data_dir = Path(data_dir)
+    _refuse_others(data_dir, registry_paths(data_dir))
     present = instance_directories(data_dir)
     if not (data_dir / REGISTRY_FILE).exists() and present:
         files = _state_files([d for versions in present.values() for d in versions.values()])
@@ -129,18 +148,20 @@ def open_registry_for_start(data_dir: Path, instance: str) -> Registry:
 
 
 def prepare_start(data_dir: Path, instance: str) -> Registry:
-    """Tighten the modes of what ``instance``'s coordinator owns, then open the registry
-    for its start (:func:`open_registry_for_start`)."""
+    """Refuse what another user owns, tighten the modes of what ``instance``'s coordinator
+    owns, then open the registry for its start (:func:`open_registry_for_start`).
+
+    Refusing comes first: another user's data dir is never made ours by changing its
+    mode, and its registry and checkpoints (pickled state) are never read.
+    """
     data_dir = Path(data_dir)
+    _refuse_others(data_dir, [])  # before anything in it is listed
     paths = [data_dir, *registry_paths(data_dir)]
-    try:
-        entries = sorted(os.listdir(data_dir))
-    except FileNotFoundError:
-        entries = []
-    for name in entries:
+    for name in sorted(os.listdir(data_dir)):
         m = _VERSIONED.fullmatch(name)
         if m is not None and m.group(1) == instance:
             paths += InstanceFiles(data_dir, instance, int(m.group(2))).owned_paths()
+    _refuse_others(data_dir, paths[1:])
     changed, failed = tighten(paths)
     if changed:
         listed = ", ".join(f"{p} ({mode:o})" for p, mode in changed[:_SHOWN])
@@ -255,9 +276,11 @@ def rebuild_registry(data_dir: Path) -> tuple[list[RebuiltInstance], list[Path]]
     Instances the registry knows are left as they are. An unreadable registry is first
     moved aside (its bytes are kept, renamed ``registry.sqlite3.damaged-<UTC time>``).
     Each instance version's lock is taken while its files are read, so this refuses to
-    run beside a coordinator. Returns the instances registered and the moved files.
+    run beside a coordinator, and on a data dir another user owns (:mod:`.ownership`).
+    Returns the instances registered and the moved files.
     """
     data_dir = Path(data_dir)
+    _refuse_others(data_dir, registry_paths(data_dir))
     moved: list[Path] = []
     try:
         registry = Registry(data_dir)
