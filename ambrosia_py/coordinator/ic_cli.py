@@ -123,6 +123,7 @@ link_options = [
 
 
 _file = click.Path(dir_okay=False, path_type=Path)
+_LINK_DEFAULTS = LinkSettings()
 _SECONDS = click.FloatRange(min=0, min_open=True)
 _MAX_FRAME_MB = click.FloatRange(min=0.01, max=4095)  # a u32 length, and room for calls
 
@@ -202,7 +203,19 @@ _SECURITY: list[tuple[str, str, dict[str, Any]]] = [
             type=click.IntRange(min=1),
             default=DEFAULT_MAX_CONNECTIONS,
             show_default=True,
-            help="Most link connections accepted at once.",
+            help="Most link connections accepted at once; past it a new one evicts the "
+            "oldest not yet authenticated (refused only when all are).",
+        ),
+    ),
+    (
+        "link_max_pending_per_source",
+        "--link-max-pending-per-source",
+        dict(
+            type=click.IntRange(min=1),
+            default=_LINK_DEFAULTS.max_pending_per_source,
+            show_default=True,
+            help="Most link connections from one address that are not yet authenticated "
+            "(past it that address's oldest is closed).",
         ),
     ),
     (
@@ -244,6 +257,9 @@ def link_settings(**security: Any) -> LinkSettings:
         handshake_timeout_s=security.get("link_handshake_timeout", DEFAULT_HANDSHAKE_TIMEOUT_S),
         idle_timeout_s=security.get("link_idle_timeout", DEFAULT_IDLE_TIMEOUT_S),
         max_connections=security.get("link_max_connections", DEFAULT_MAX_CONNECTIONS),
+        max_pending_per_source=security.get(
+            "link_max_pending_per_source", _LINK_DEFAULTS.max_pending_per_source
+        ),
         # At least a byte: a limit of a few bytes still works (one message at a time).
         max_outbox_bytes=max(
             1, int(security.get("max_outbox_mb", DEFAULT_MAX_OUTBOX_MB) * 1024 * 1024)

@@ -15,6 +15,13 @@ handshake, a bad tag or checksum, a frame out of protocol, a peer that says it i
 someone else, a peer idle too long — closes it and nothing from the bad frame is
 logged; the sender's output stays buffered and is sent again on the next connection
 from where the receiver asks.
+
+Accepted connections are admitted through one :class:`~ambrosia_py.serving.Admission`:
+pending until the secret handshake is done, then established. A newcomer that finds
+every slot taken evicts the oldest pending connection, so connections that never finish
+the handshake cannot lock out a peer holding the secret. Every line a peer can cause at
+will (refused, evicted, timed out, a bad frame or proof) goes through one
+:class:`~ambrosia_py.serving.RefusalLog`.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from pathlib import Path
 
 from .. import wire
 from ..flow import ConnectPacket, FlowConnection, FlowError
+from ..serving import Admission, ConnectionLimits, RefusalLog, Slot, source_of
 from .ic_core import Intake
 from .link_auth import TAG_SIZE, LinkAuthError, LinkHandshake, Role, name_digest
 from .link_config import PRE_AUTH_FRAME_LIMIT, LinkSettings, load_secret, tls_contexts
@@ -105,7 +113,14 @@ class PeerLinks:
         self._inbound: dict[str, LinkConn] = {}  # per sender, its current connection
         self._commit_due: set[str] = set()  # senders owed a Commit (see durable)
         self._commit_timer: asyncio.TimerHandle | None = None
-        self._accepted_count = 0  # accepted connections open now, authenticated or not
+        self.admission = Admission(
+            ConnectionLimits(
+                max_connections=settings.max_connections,
+                max_pending_per_source=settings.max_pending_per_source,
+                handshake_timeout_s=settings.handshake_timeout_s,
+            )
+        )
+        self._refused = RefusalLog(log, "link connections refused or closed")
         self._accepting: set[asyncio.Task[None]] = set()  # a task per accepted connection
 
     async def listen(self, host: str, port: int = 0) -> int:
@@ -298,40 +313,56 @@ class PeerLinks:
         return made
 
     def _on_accepted(self, protocol: LinkProtocol) -> None:
+        """A connection was accepted: admitted (perhaps evicting a pending one to make
+        room) at once, in the order connections come, or refused."""
         self._connection(dialer=False)(protocol)
-        assert protocol.conn is not None
-        task = asyncio.create_task(self._accepted(protocol.conn))
-        self._accepting.add(task)
-        task.add_done_callback(self._accepting.discard)
+        conn = protocol.conn
+        assert conn is not None
+        source = source_of(conn.transport.get_extra_info("peername"))
+        task: asyncio.Task[None] | None = None
 
-    async def _accepted(self, conn: LinkConn) -> None:
-        settings = self.settings
-        if self._accepted_count >= settings.max_connections:
-            log.warning(
-                "link connection from %s refused: %d link connections are open already "
+        def evict(why: str) -> None:  # the table makes room for a newcomer
+            self._refused(source, "link connection from %s closed: %s", conn.address, why)
+            conn.close()
+            if task is not None:
+                task.cancel()  # it logs nothing more: this line said why
+
+        slot = self.admission.admit(source, evict)
+        if slot is None:
+            self._refused(
+                source,
+                "link connection from %s refused: all %d link connections are authenticated "
                 "(--link-max-connections)",
                 conn.address,
-                self._accepted_count,
+                self.settings.max_connections,
             )
             conn.close()
             return
-        self._accepted_count += 1
+        task = asyncio.create_task(self._accepted(conn, slot, source))
+        self._accepting.add(task)
+        task.add_done_callback(self._accepting.discard)
+
+    async def _accepted(self, conn: LinkConn, slot: Slot, source: str) -> None:
+        settings = self.settings
         sender = None
         try:
             async with asyncio.timeout(settings.handshake_timeout_s):
                 packet = await conn.handshake()
                 if not conn.flow.compatible:
-                    log.warning(
+                    self._refused(
+                        source,
                         "an incompatible peer (protocol version %#x) connected from %s; "
                         "ignoring it",
                         packet.protocol_version,
                         conn.address,
                     )
-                    # Kept open, but not for ever: it holds a connection slot.
+                    # Kept open, but not for ever, and evicted first when slots run out:
+                    # it is pending for good.
                     await conn.ignore_until_closed()
                     return
                 auth = LinkHandshake(Role.ACCEPTOR, self._secret, self.instance)
                 await conn.authenticate(auth, settings.max_frame_bytes)
+                self.admission.establish(slot)  # a holder of the secret: never evicted
                 hello = Hello.decode(await conn.next_frame())
             if hello.destination != self.instance:
                 raise LinkError(
@@ -358,26 +389,36 @@ class PeerLinks:
             log.info("link from %r (%s) open; asked for seq %d on", sender, conn.address, start)
             await self._take_input(conn, sender)
         except (FlowError, wire.ProtocolError) as exc:
-            log.warning(
-                "link from %r at %s closed: %s", sender or "an unknown peer", conn.address, exc
-            )
+            self._closed(slot, source, sender, conn, exc)
         except TimeoutError:
             if sender is None:
                 why = f"no handshake within {settings.handshake_timeout_s:g} s"
             else:
                 why = f"nothing received for {settings.idle_timeout_s:g} s"
-            log.warning(
-                "link from %r at %s closed: %s", sender or "an unknown peer", conn.address, why
-            )
+            self._closed(slot, source, sender, conn, why)
         except (OSError, ConnectionError) as exc:
-            log.info(
-                "link from %r at %s closed: %s", sender or "an unknown peer", conn.address, exc
-            )
+            self._closed(slot, source, sender, conn, exc, level=logging.INFO)
         finally:
-            self._accepted_count -= 1
+            self.admission.release(slot)
             if sender is not None and self._inbound.get(sender) is conn:
                 del self._inbound[sender]
             conn.close()
+
+    def _closed(
+        self,
+        slot: Slot,
+        source: str,
+        sender: str | None,
+        conn: LinkConn,
+        why: object,
+        level: int = logging.WARNING,
+    ) -> None:
+        """Why an accepted link closed, through the refusal log: counted under its address
+        or, once the peer authenticated, under a count of its own, so that a flood from
+        the same address cannot hide a peer holding the secret."""
+        key = f"{source} (authenticated)" if slot.established else source
+        sender = sender or "an unknown peer"
+        self._refused(key, "link from %r at %s closed: %s", sender, conn.address, why, level=level)
 
     def _read_done(self, conn: LinkConn) -> None:
         """A read of ``conn`` was queued. While input waits for the commit loop, the
@@ -458,3 +499,4 @@ class PeerLinks:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        self._refused.flush()

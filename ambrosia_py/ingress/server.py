@@ -20,6 +20,12 @@ A call goes one of three ways, decided on the event loop between two records:
 Waiting clients belong to this incarnation: after a crash they reconnect and send the
 same key again. A connection may have ``max_in_flight`` calls waiting; past that it is
 not read until answers go out.
+
+Connections are admitted through one :class:`~ambrosia_py.serving.Admission`: a client
+is pending until it proved the secret, and a newcomer that finds every slot taken
+evicts the oldest pending one, so connections that send nothing cannot lock out a
+client that proves itself within a round trip. Refusals and closes a client can cause
+at will are logged through one :class:`~ambrosia_py.serving.RefusalLog`.
 """
 
 from __future__ import annotations
@@ -33,6 +39,18 @@ from typing import TYPE_CHECKING
 import attrs
 
 from ..binding.errors import BindingError
+from ..serving import (
+    Admission,
+    ConnectionLimits,
+    OutputStalled,
+    RefusalLog,
+    Slot,
+    buffered_output,
+    limit_output,
+    reset,
+    source_of,
+    wait_for_room,
+)
 from .connection import ConnectionState, ServerConnection
 from .envelope import RetentionEnvelope, encode_call_envelope, encode_retention_envelope
 from .errors import IngressProtocolError
@@ -58,8 +76,15 @@ DEFAULT_HOST = "127.0.0.1"  # loopback unless told otherwise
 DEFAULT_HANDSHAKE_TIMEOUT_S = 10.0
 DEFAULT_MAX_CONNECTIONS = 128
 DEFAULT_MAX_IN_FLIGHT = 1024  # calls waiting per connection before it is not read
+_SHARED = ConnectionLimits()  # every server's defaults (ambrosia_py.serving)
+DEFAULT_MAX_PENDING_PER_SOURCE = _SHARED.max_pending_per_source
+DEFAULT_MAX_BUFFERED_OUTPUT = _SHARED.max_buffered_output
+DEFAULT_OUTPUT_STALL_S = _SHARED.output_stall_s
 _PRE_AUTH_READ = 4096  # what one read takes before the client proved the secret
 _READ_SIZE = 256 * 1024
+# An answer frame's bytes besides its value or message: length, kind, request id,
+# outcome or reason, tag (26); counted towards the output bound before it is written.
+_ANSWER_OVERHEAD = 32
 
 
 def parse_address(text: str, default_host: str = DEFAULT_HOST) -> tuple[str, int]:
@@ -79,6 +104,13 @@ class IngressSettings:
 
     ``keep_count`` and ``keep_seconds`` (0: no limit of that kind) are the key table's
     retention; they change what handlers do, so they reach it as a logged impulse.
+
+    ``max_connections`` bounds the connections open at once; past it a newcomer evicts
+    the oldest that has not proved the secret yet, and is refused only when all have.
+    ``max_pending_per_source``: connections from one address that have not proved it
+    (past it that address's oldest goes). ``handshake_timeout_s``: the time a client has
+    to prove it. ``max_buffered_output``: unsent answers a connection may have before it
+    is not read; ``output_stall_s``: how long it may stay over that before it is closed.
     """
 
     host: str = DEFAULT_HOST
@@ -89,23 +121,41 @@ class IngressSettings:
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
     handshake_timeout_s: float = DEFAULT_HANDSHAKE_TIMEOUT_S
     max_call_frame: int = DEFAULT_MAX_CALL_FRAME
+    max_pending_per_source: int = DEFAULT_MAX_PENDING_PER_SOURCE
+    max_buffered_output: int = DEFAULT_MAX_BUFFERED_OUTPUT
+    output_stall_s: float = DEFAULT_OUTPUT_STALL_S
 
     @property
     def retention(self) -> RetentionEnvelope:
         return RetentionEnvelope(self.keep_count, int(self.keep_seconds * 1000))
 
+    @property
+    def limits(self) -> ConnectionLimits:
+        """The connection limits these settings give (checked when the server is made)."""
+        return ConnectionLimits(
+            max_connections=self.max_connections,
+            max_pending_per_source=self.max_pending_per_source,
+            handshake_timeout_s=self.handshake_timeout_s,
+            max_buffered_output=self.max_buffered_output,
+            output_stall_s=self.output_stall_s,
+        )
+
 
 class _Client:
     """One authenticated (or authenticating) connection."""
 
-    def __init__(self, conn: ServerConnection, writer: asyncio.StreamWriter, peer: str) -> None:
+    def __init__(
+        self, conn: ServerConnection, writer: asyncio.StreamWriter, peer: str, source: str
+    ) -> None:
         self.conn = conn
         self.writer = writer
         self.peer = peer
+        self.source = source  # its address, as the admission table and the refusal log count
         self.waiting: set[tuple[bytes, int, int]] = set()  # (key, method id, request id)
         self.room = asyncio.Event()
         self.room.set()
         self.closed = False
+        self.queued = 0  # bytes of answers queued and not yet written (about: see send)
         self._flush_scheduled = False
 
     def send(self, request_id: int, answer: Outcome | Refusal) -> None:
@@ -113,14 +163,23 @@ class _Client:
         if self.closed:
             return
         self.conn.reply(request_id, answer)
+        body = answer.value if isinstance(answer, Outcome) else answer.message.encode()
+        self.queued += len(body) + _ANSWER_OVERHEAD
         if not self._flush_scheduled:
             self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
+            asyncio.get_running_loop().call_soon(self.flush)
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
+        """Write what is queued (once per loop step, or at once before waiting for room)."""
         self._flush_scheduled = False
+        self.queued = 0
         if not self.closed:
             self.writer.write(self.conn.data_to_send())
+
+    @property
+    def unsent(self) -> int:
+        """Answers not yet taken by the socket: queued here, or in the transport."""
+        return self.queued + (0 if self.closed else buffered_output(self.writer))
 
 
 class IngressServer:
@@ -131,7 +190,10 @@ class IngressServer:
     ) -> None:
         self._secret = secret
         self.settings = settings
+        self.limits = settings.limits  # checked here: a bad limit stops start-up
         self.tls = tls  # the links' server context (run --tls-cert): calls in TLS too
+        self.admission = Admission(self.limits)
+        self._refused = RefusalLog(log, "ingress connections refused or closed")
         self._server: asyncio.Server | None = None
         self._dispatcher: Dispatcher | None = None
         self._info: ServiceInfo | None = None
@@ -181,6 +243,7 @@ class IngressServer:
         for client in list(self._clients):
             client.closed = True
             client.writer.close()
+        self._refused.flush()
 
     # -- the effect ----------------------------------------------------------------------
 
@@ -196,56 +259,84 @@ class IngressServer:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = _peer(writer)
-        if len(self._clients) >= self.settings.max_connections:
-            log.warning(
-                "refusing an ingress connection from %s: %d open already (the limit)",
+        source = source_of(writer.get_extra_info("peername"))
+        client: _Client | None = None
+
+        def evict(why: str) -> None:  # the table makes room for a newcomer
+            self._refused(source, "closing the ingress connection from %s: %s", peer, why)
+            if client is not None:
+                client.closed = True
+            reset(writer)
+
+        slot = self.admission.admit(source, evict)
+        if slot is None:
+            self._refused(
+                source,
+                "refusing an ingress connection from %s: all %d connections have proved the "
+                "secret (the limit)",
                 peer,
-                len(self._clients),
+                self.limits.max_connections,
             )
-            writer.close()
+            reset(writer)
             return
         assert self._info is not None
-        client = _Client(ServerConnection(self._secret, self._info), writer, peer)
+        client = _Client(ServerConnection(self._secret, self._info), writer, peer, source)
         self._clients.add(client)
         try:
             writer.write(client.conn.data_to_send())  # HELLO
             calls = await self._authenticate(client, reader)
             if calls is None:
                 return
-            self._calls(client, calls)
+            self.admission.establish(slot)  # proved the secret: never evicted from now on
+            limit_output(writer, self.limits)
             while True:
+                while calls:  # answers at once (stored outcomes) stop at the output bound
+                    calls = self._calls(client, calls)
+                    if calls:
+                        client.flush()
+                        await wait_for_room(writer, self.limits)
                 if len(client.waiting) >= self.settings.max_in_flight:
                     client.room.clear()
                     await client.room.wait()
-                await writer.drain()  # a client that reads no answers is not read either
+                # A client that reads no answers is not read either, and is closed if it
+                # stays so (serving.wait_for_room).
+                await wait_for_room(writer, self.limits)
                 data = await reader.read(_READ_SIZE)
-                if not data:
+                if not data or client.closed:
                     return
-                self._calls(client, client.conn.receive_data(data))
+                calls = client.conn.receive_data(data)
         except IngressProtocolError as exc:
-            log.warning("closing the ingress connection from %s: %s", peer, exc)
+            self._closed(slot, source, "closing the ingress connection from %s: %s", peer, exc)
         except BindingError as exc:  # the binding is stopping: no more impulses
             log.info("closing the ingress connection from %s: %s", peer, exc)
+        except OutputStalled as exc:  # before OSError: it is a TimeoutError
+            self._closed(slot, source, "closing the ingress connection from %s: %s", peer, exc)
+            reset(writer)  # a close would wait, for ever, to send what it does not read
         except (ConnectionError, OSError) as exc:
-            log.info("ingress connection from %s lost: %s", peer, exc)
+            self._closed(
+                slot, source, "ingress connection from %s lost: %s", peer, exc, level=logging.INFO
+            )
         finally:
+            self.admission.release(slot)
             self._forget(client)
             writer.close()
 
     async def _authenticate(
         self, client: _Client, reader: asyncio.StreamReader
     ) -> list[Call] | None:
-        """Read until the client proved the secret; None if it went away or took too long."""
+        """Read until the client proved the secret; None if it went away, took too long,
+        or was evicted meanwhile."""
         calls: list[Call] = []
         try:
             async with asyncio.timeout(self.settings.handshake_timeout_s):
                 while client.conn.state is ConnectionState.AWAIT_AUTH:
                     data = await reader.read(_PRE_AUTH_READ)
-                    if not data:
+                    if not data or client.closed:
                         return None
                     calls = client.conn.receive_data(data)
         except TimeoutError:
-            log.warning(
+            self._refused(
+                client.source,
                 "closing the ingress connection from %s: no proof of the secret within %g s",
                 client.peer,
                 self.settings.handshake_timeout_s,
@@ -254,11 +345,26 @@ class IngressServer:
         client.writer.write(client.conn.data_to_send())  # WELCOME
         return calls
 
-    def _calls(self, client: _Client, calls: list[Call]) -> None:
+    def _closed(
+        self, slot: Slot, source: str, message: str, *args: object, level: int = logging.WARNING
+    ) -> None:
+        """Why a connection closed, through the refusal log: counted under its address
+        or, once the client proved the secret, under a count of its own, so that a flood
+        from the same address cannot hide an honest client's trouble."""
+        key = f"{source} (authenticated)" if slot.established else source
+        self._refused(key, message, *args, level=level)
+
+    def _calls(self, client: _Client, calls: list[Call]) -> list[Call]:
+        """Answer or log ``calls`` in order; return those left once the answers sent at
+        once pass the output bound (one read's calls for a large stored outcome would
+        otherwise each queue a copy of it, unread)."""
         d = self._dispatcher
         assert d is not None
         methods = type(d.immortal).rpc_methods()
-        for call in calls:
+        bound = self.limits.max_buffered_output
+        for at, call in enumerate(calls):
+            if client.unsent > bound:
+                return calls[at:]
             if call.method_id not in methods:  # refused before it is logged: nothing ran
                 client.send(
                     call.request_id,
@@ -281,8 +387,11 @@ class IngressServer:
                 now_ms = int(time.time() * 1000)
                 d.ingress_impulse(encode_call_envelope(now_ms, call.key, call.method_id, call.args))
                 log.debug("ingress call %s logged", describe_key(call.key))
+        return []
 
-    def _forget(self, client: _Client) -> None:
+    def _forget(self, client: _Client | None) -> None:
+        if client is None:
+            return
         client.closed = True
         self._clients.discard(client)
         for key, method_id, request_id in client.waiting:

@@ -8,7 +8,7 @@ here touches a socket but through the asyncio writer it is given.
 """
 
 from .admission import Admission, ConnectionLimits, Slot, source_of
-from .output import OutputStalled, buffered_output, limit_output, wait_for_room
+from .output import OutputStalled, buffered_output, limit_output, reset, wait_for_room
 from .refusals import RefusalLog
 
 __all__ = [
@@ -19,6 +19,7 @@ __all__ = [
     "Slot",
     "buffered_output",
     "limit_output",
+    "reset",
     "source_of",
     "wait_for_room",
 ]

@@ -11,10 +11,15 @@ more, and one that stays over it for ``output_stall_s`` is closed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
+import struct
 
 from .admission import ConnectionLimits
 
-__all__ = ["OutputStalled", "buffered_output", "limit_output", "wait_for_room"]
+__all__ = ["OutputStalled", "buffered_output", "limit_output", "reset", "wait_for_room"]
+
+_LINGER_NONE = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: the close resets
 
 
 class OutputStalled(TimeoutError):
@@ -44,3 +49,20 @@ async def wait_for_room(writer: asyncio.StreamWriter, limits: ConnectionLimits) 
             f"the peer left {buffered_output(writer)} bytes of output unread for "
             f"{limits.output_stall_s:g} s (the bound is {limits.max_buffered_output})"
         ) from None
+
+
+def reset(writer: asyncio.StreamWriter) -> None:
+    """Drop a connection now, with a reset rather than a FIN.
+
+    For a connection the server drops (evicted, refused, stalled): a plain close would
+    leave the kernel sending what is queued (megabytes, to a peer that reads nothing)
+    before its FIN, and a TIME_WAIT behind for each connection of a flood; and a client
+    sees a failed connection, which it retries, not an orderly close, which some
+    protocols read as an answer (the ingress's client takes a close after its proof for
+    a wrong secret).
+    """
+    sock = writer.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError, ValueError):  # ValueError: closed already
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_NONE)
+    writer.transport.abort()

@@ -27,6 +27,7 @@ _OTHERS = "other sources"
 class _Count:
     logged: int = 0
     suppressed: int = 0
+    level: int = logging.DEBUG  # the highest level among the suppressed lines
 
 
 class RefusalLog:
@@ -72,20 +73,22 @@ class RefusalLog:
             self._log.log(level, message, *args)
         else:
             count.suppressed += 1
+            count.level = max(count.level, level)
 
     def flush(self) -> None:
         """End the interval: one summary line per source whose refusals were counted."""
         if self._since is None:
             return
-        span = self._clock() - self._since
+        span = max(self._clock() - self._since, 0.0)
         for source, count in self._counts.items():
             if count.suppressed:
-                self._log.warning(
-                    "%d more %s from %s in the last %.0f s",
+                self._log.log(
+                    count.level,
+                    "%d more %s from %s in the last %.3g s",
                     count.suppressed,
                     self._what,
                     source,
-                    max(span, self._interval),
+                    span,
                 )
         self._counts.clear()
         self._since = None

@@ -39,10 +39,7 @@ flood cannot flood the log), and so are the problems the hub reports with frames
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import socket
-import struct
 import time
 from collections.abc import Callable
 from typing import Final
@@ -54,6 +51,7 @@ from ambrosia_py.serving import (
     RefusalLog,
     buffered_output,
     limit_output,
+    reset,
     source_of,
     wait_for_room,
 )
@@ -66,7 +64,6 @@ __all__ = ["HUB_LIMITS", "MAX_UNANSWERED", "HubTransport", "parse_host_port"]
 log = logging.getLogger("immortals.ockam.transport")
 _READ_SIZE = 256 * 1024
 _PREFIX: Final = 2  # the u16 length in front of every frame (routing)
-_LINGER_NONE: Final = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close resets
 
 HUB_LIMITS: Final = ConnectionLimits(
     max_connections=256,
@@ -139,7 +136,7 @@ class HubTransport:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peername = writer.get_extra_info("peername")
         if not peername:  # gone before it was accepted
-            _reset(writer)
+            reset(writer)
             return
         host, port = peername[:2]
         me = _Conn(writer, f"{host}:{port}", source_of(peername))
@@ -151,7 +148,7 @@ class HubTransport:
                 me.peer,
                 self.limits.max_connections,
             )
-            _reset(writer)
+            reset(writer)
             return
         key = me.peer.encode()
         self._connections[key] = me
@@ -181,7 +178,7 @@ class HubTransport:
             return
         me.closed = True
         self._refusals(me.source, "closing %s: %s", me.peer, why)
-        _reset(me.writer)
+        reset(me.writer)
         me.answered.set()
 
     async def _first_frame(self, reader: asyncio.StreamReader) -> bytes:
@@ -258,7 +255,7 @@ class HubTransport:
         the output stall deadline: a peer that reads nothing holds nothing."""
         writer = me.writer
         if me.closed:
-            _reset(writer)
+            reset(writer)
             return
         writer.close()
         if not buffered_output(writer):
@@ -267,7 +264,7 @@ class HubTransport:
             async with asyncio.timeout(self.limits.output_stall_s):
                 await writer.wait_closed()
         except (TimeoutError, OSError):
-            _reset(writer)
+            reset(writer)
 
     def write(self, connection: bytes, wire: bytes) -> None:
         """Answer one impulse of the connection named ``connection``: write its framed
@@ -302,17 +299,7 @@ class HubTransport:
             self.server.close()
         for me in list(self._connections.values()):
             me.closed = True  # the service stops: no line per connection
-            _reset(me.writer)
+            reset(me.writer)
         self._connections.clear()
         self._refusals.flush()
         self._problems.flush()
-
-
-def _reset(writer: asyncio.StreamWriter) -> None:
-    """Drop the connection now, with a reset: a plain close would leave the kernel
-    sending what is queued (megabytes, to a peer that reads nothing) before its FIN."""
-    sock = writer.get_extra_info("socket")
-    if sock is not None:
-        with contextlib.suppress(OSError, ValueError):  # ValueError: closed already
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_NONE)
-    writer.transport.abort()
