@@ -44,23 +44,13 @@ main: click.Group  # built on first use: module __getattr__ below
 def _main() -> click.Group:
     import click
 
-    class _Commands(click.Group):
+    from .helpformat import Group
+
+    class _Commands(Group):
         """A group whose :data:`_LAZY` commands are imported on first use."""
 
         def list_commands(self, ctx: click.Context) -> list[str]:
             return sorted([*super().list_commands(ctx), *_LAZY])
-
-        def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-            """Each command with its whole first sentence, wrapped (click cuts it at the
-            width left on one line, which left every summary ending in "...")."""
-            rows = []
-            for name in self.list_commands(ctx):
-                command = self.get_command(ctx, name)
-                if command is not None and not command.hidden:
-                    rows.append((name, command.get_short_help_str(limit=1_000)))
-            if rows:
-                with formatter.section("Commands"):
-                    formatter.write_dl(rows)
 
         def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
             where = _LAZY.get(cmd_name)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from ..helpformat import Group
 from .compare import compare_bench
 from .coordinator import coordinator
 from .ingress import ingress_bench
@@ -14,7 +15,7 @@ from .wallaroo import wallaroo_bench
 from .wire import wire
 
 
-@click.group()
+@click.group(cls=Group)
 def bench() -> None:
     """Measure throughput and latency on this machine."""
 

@@ -22,6 +22,7 @@ from rich.table import Table
 
 from .. import wire
 from ..binding.exits import verbose_option
+from ..helpformat import Group
 from ..ingress.envelope import INGRESS_METHOD_ID, RetentionEnvelope, decode_envelope
 from ..ingress.errors import IngressProtocolError
 from .data_dir import DataDirError, data_dir_option, existing_data_dir
@@ -120,7 +121,7 @@ def instances(data_dir: Path) -> None:
     Console(soft_wrap=False, width=None if sys.stdout.isatty() else 160).print(table)
 
 
-@click.group()
+@click.group(cls=Group)
 def registry() -> None:
     """Maintain the instance registry of a data directory."""
 
@@ -158,7 +159,7 @@ def rebuild(data_dir: Path) -> None:
 # --- log commands -------------------------------------------------------------------------
 
 
-@click.group()
+@click.group(cls=Group)
 def log() -> None:
     """Inspect and maintain coordinator log files."""
 

@@ -21,6 +21,8 @@ from typing import Any
 
 import click
 
+from ambrosia_py.helpformat import Group
+
 from .transport import parse_host_port
 
 __all__ = ["request"]
@@ -41,7 +43,7 @@ def request(control: str, cookie: str, body: dict[str, Any], timeout: float = 10
     return json.loads(line)
 
 
-@click.group()
+@click.group(cls=Group)
 @click.option("--control", required=True, help="The worker's --control HOST:PORT.")
 @click.option("--cookie", default="", help="The worker's --cookie.")
 @click.option("--timeout", default=10.0, show_default=True, help="Seconds to wait.")
