@@ -37,7 +37,7 @@ def test_comments_and_attribute_docstrings_are_the_help(tmp_path: Path) -> None:
     shop: Any = load_service(str(path))
     helps = option_help(shop.Options)
     assert helps == {
-        "listen": "Where buyers connect",
+        "listen": "where buyers connect",
         "max_cart": "Items one cart may hold; past it, adding is refused.",
     }
 
@@ -54,7 +54,7 @@ def test_run_help_shows_them(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     text = " ".join(done.stdout.split())  # help wraps at 80 columns
-    assert "--listen TEXT Where buyers connect [default: 127.0.0.1:9000]" in text
+    assert "--listen TEXT where buyers connect [default: 127.0.0.1:9000]" in text
     assert "--max-cart INTEGER Items one cart may hold; past it, adding is refused." in text
     assert "--quiet BOOLEAN Shop option." in text  # nothing written: the plain fallback
 

@@ -58,7 +58,7 @@ def _line_comments(source: str) -> dict[int, str]:
             if token.type == tokenize.COMMENT:
                 text = token.string.lstrip("#").strip()
                 if text:
-                    comments[token.start[0]] = text[0].upper() + text[1:]
+                    comments[token.start[0]] = text
     except (tokenize.TokenError, IndentationError):
         return {}
     return comments

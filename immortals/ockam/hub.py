@@ -59,8 +59,8 @@ class OckamHub(Immortal):
 
     class Options:
         listen: str = "127.0.0.1:4000"  # where Ockam TCP clients connect
-        stream_service: str = "stream_service"
-        index_service: str = "stream_index_service"
+        stream_service: str = "stream_service"  # the stream service's worker address
+        index_service: str = "stream_index_service"  # the index service's worker address
         retention_messages: int = 0  # kept per stream partition; 0: no limit
         retention_seconds: float = 0.0  # maximum age of a message; 0: no limit
         # What clients may make the hub hold (defaults: transport.HUB_LIMITS).
