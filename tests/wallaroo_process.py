@@ -49,6 +49,10 @@ class WorkerProcess(ServiceProcess):
     def start(self, timeout: float = 60.0) -> None:
         """Start it and wait until its operators' port answers."""
         super().start()
+        self.wait_ready(timeout)
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        """Wait until the operators' port answers (stopping it if it never does)."""
 
         def answers() -> bool:
             try:

@@ -6,11 +6,12 @@ and layouts each, with :func:`encode` and :func:`decode`; ``framing`` the increm
 :class:`FrameReader`; ``states`` the connection and stream state machines as transition
 tables; ``errors`` the error hierarchy. The worker: ``worker_core`` its sans-IO state and
 handlers, ``worker`` the immortal (``ambrosia-py run immortals.wallaroo.worker``),
-``transport`` its TCP edges, ``worker_ctl`` the operators' client. ``docs/wallaroo.md``
-tells the whole story. The connector: ``connector_core`` its sans-IO state and handlers,
-``connector_actions`` what they return, ``connector`` the immortal (``ambrosia-py run
-immortals.wallaroo.connector``) and its edge, ``sources`` the replayable sources it
-reads. Everything public is re-exported here.
+``transport`` its connectors' port, ``control`` its operators' port, ``worker_ctl`` the
+operators' client. ``docs/wallaroo.md`` tells the whole story. The connector:
+``connector_core`` its sans-IO state and handlers, ``connector_actions`` what they
+return, ``connector`` the immortal (``ambrosia-py run immortals.wallaroo.connector``)
+and its edge, ``sources`` the replayable sources it reads. Everything public is
+re-exported here.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from .codec import (
 from .connector import WallarooConnector
 from .connector_actions import ConnectorConfig, MessageEncoder
 from .connector_core import ConnectorCore, UnknownStreamError
+from .control import ControlRequestError
 from .errors import (
     EncodeError,
     FrameTooLargeError,
@@ -130,6 +132,7 @@ __all__ = [
     "WorkerConfig",
     "WorkerCore",
     # errors
+    "ControlRequestError",
     "EncodeError",
     "FrameTooLargeError",
     "InvalidBoolError",

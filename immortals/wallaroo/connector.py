@@ -26,6 +26,14 @@ any crash, rewind or move, and the worker drops what it already holds. Credits a
 property of one live connection: the edge counts them, taking what OK, ACK and NACK
 grant as they arrive, and holds back frames the core marked as costing one.
 
+The edge only dials, so no stranger can connect to it; what a worker (or whatever
+answers at its address) can make it hold is still bounded (:data:`LIMITS`): from the
+worker it buffers at most one frame of ``--max-frame-bytes`` and one read; the worker's
+first frame, and the rest of any frame begun, must come within ``handshake_timeout_s``
+or the connection is closed (and dialled again, as for any lost connection); a worker
+that leaves more than ``max_buffered_output`` of our messages unread stops the readers
+until it takes them, and is disconnected if it stays over for ``output_stall_s``.
+
 Each start logs a ``start`` impulse first, with a fresh incarnation name and the
 configuration (worker, cookie, dialect, the source's stream names): connections of the
 incarnation before are gone, so handlers forget them, and the target worker is the one
@@ -46,6 +54,7 @@ from collections.abc import Coroutine
 from typing import Final, Protocol
 
 from ambrosia_py import Immortal, background, rpc
+from ambrosia_py.serving import ConnectionLimits, OutputStalled, limit_output, wait_for_room
 
 from .codec import DEFAULT_MAX_FRAME_BYTES, DIALECTS, Dialect
 from .connector_actions import (
@@ -76,6 +85,12 @@ _RECORDS_PER_READ: Final = 512  # records a reader asks its source for at once
 _CONNECT_TIMEOUT: Final = 5.0
 _FIRST_DELAY: Final = 0.05  # seconds before the first retry; doubled up to --backoff-max
 _ANSWER_SECONDS: Final = 10.0  # how long an oversize frame's connection waits for the ERROR
+
+LIMITS: Final = ConnectionLimits(
+    handshake_timeout_s=10.0, max_buffered_output=4 * 1024 * 1024, output_stall_s=30.0
+)
+"""What the edge bounds on each connection to a worker (see the module); it admits no
+connections, so the other fields are unused."""
 
 
 class Sink(Protocol):
@@ -239,6 +254,7 @@ class ConnectorEdge:
                     log.info("worker %s: %s (attempt %d)", d.address, exc, refused)
                 await asyncio.sleep(self._delay(max(refused, d.attempt)))
         conn = f"{self._incarnation}.{next(self._numbers)}"
+        limit_output(writer, LIMITS)
         link = self._links[conn] = _Link(conn, writer)
         self._sink.connected(d.dial, conn, d.address)
         await self._read(link, reader)
@@ -248,13 +264,25 @@ class ConnectorEdge:
         limit, dialect = self._config.max_frame_bytes, self._config.dialect
         buf = bytearray()
         offset = 0  # stream offset of buf[0]
+        heard = False  # a whole frame came (the answer to HELLO)
         try:
-            while data := await reader.read(_READ_SIZE):
-                if conn not in self._links:
+            while True:
+                # The answer to HELLO, and the rest of a frame begun, must come in time;
+                # a worker streaming nothing back to us may otherwise be quiet for good.
+                wait = None if heard and not buf else LIMITS.handshake_timeout_s
+                try:
+                    async with asyncio.timeout(wait):
+                        data = await reader.read(_READ_SIZE)
+                except TimeoutError:
+                    what = "in the middle of a frame" if heard else "before its first frame"
+                    log.warning("connection %s closed: nothing for %g s %s", conn, wait, what)
+                    break
+                if not data or conn not in self._links:
                     break
                 buf += data
                 frames, used, oversize = split_frames(buf, self._order, limit)
                 if frames:
+                    heard = True
                     sink.frames(conn, int(time.time() * 1000), frames)
                     credits = sum(granted(raw, dialect) for raw in frames)
                     if credits:  # at once: a refill does not wait for our log
@@ -328,6 +356,10 @@ class ConnectorEdge:
             end = await self._send(link, g, run)
         except (SourceError, EncodeError) as exc:
             reason = str(exc)
+        except OutputStalled as exc:  # the worker takes nothing: reconnect, resume by points
+            log.warning("connection %s closed: %s", link.conn, exc)
+            link.writer.close()  # its reader sees the end and reports it closed
+            return
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a source's bug: halt its stream, never go on silently
@@ -358,6 +390,7 @@ class ConnectorEdge:
                 pending.extend(batch.records)
                 end = batch.end
                 continue
+            await wait_for_room(link.writer, LIMITS)
             n = await link.take(len(pending))
             chunk = [pending.popleft() for _ in range(n)]
             link.writer.write(b"".join([encode(point, data) for point, data in chunk]))

@@ -3,6 +3,7 @@
     ambrosia-py run immortals.wallaroo.worker --instance w1 --data-dir DATA \\
         --listen 127.0.0.1:7100 --cookie C --dialect v3 --app mypkg.apps:word_count \\
         [--max-credits N] [--refill-credits M] [--max-frame-bytes B] [--control H:P]
+        [--max-connections N] [--handshake-timeout S] ... (the edges' limits)
 
 The worker's state (:class:`~immortals.wallaroo.worker_core.WorkerCore`: connections,
 streams with their points of reference, the application's state) is the immortal's,
@@ -21,6 +22,10 @@ both where they happened, before any frame of the new incarnation.
 Operators (``python -m immortals.wallaroo.worker_ctl``, through ``--control``) read the
 state, or have the worker NACK a stream or send its connectors elsewhere (MIGRATE in the
 draft, RESTART in v3): those are impulses too, logged like frames.
+
+What a peer can make the edges hold is bounded by limits whose defaults live with each
+port (:data:`.transport.LIMITS`, :data:`.control.CONTROL_LIMITS`); every one is an option
+here. They are not in the logged configuration: they decide only what reaches the log.
 """
 
 from __future__ import annotations
@@ -31,10 +36,14 @@ import os
 import sys
 from typing import Any
 
+import attrs
+
 from ambrosia_py import Immortal, background, rpc
+from ambrosia_py.serving import ConnectionLimits
 
 from .codec import DEFAULT_MAX_FRAME_BYTES
-from .transport import ControlServer, WorkerTransport, parse_host_port
+from .control import CONTROL_LIMITS, ControlServer
+from .transport import LIMITS, WorkerTransport, parse_host_port
 from .worker_core import Replies, WorkerConfig, WorkerCore, load_app
 
 __all__ = ["WallarooWorker"]
@@ -73,6 +82,31 @@ class WallarooWorker(Immortal):
         app: str = ""  # module:function(state: dict, payload: bytes) -> None
         adopt_points: bool = False  # a new stream resumes from its NOTIFY's point
         control: str = ""  # HOST:PORT of the operators' port; empty: none
+        # The connectors' port's limits (transport.LIMITS; docs/wallaroo.md, *Limits*):
+        max_connections: int = LIMITS.max_connections
+        """Connector connections open at once; a newcomer evicts the oldest that has not
+        yet sent a good HELLO."""
+        max_pending_per_source: int = LIMITS.max_pending_per_source
+        """Connections from one address that have not yet sent a good HELLO."""
+        handshake_timeout: float = LIMITS.handshake_timeout_s
+        """Seconds from accept to the worker's OK; also the longest gap inside a frame."""
+        max_hello_bytes: int = LIMITS.max_pre_handshake_frame
+        """Bytes the first frame (the HELLO) may declare."""
+        idle_timeout: float = LIMITS.idle_timeout_s
+        """Seconds a streaming connector may send nothing before it is closed; 0: none."""
+        max_buffered_output: int = LIMITS.max_buffered_output
+        """Bytes a connector may leave unread before the worker stops reading it."""
+        output_stall: float = LIMITS.output_stall_s
+        """Seconds a connector may stay over that bound before it is closed."""
+        # The operators' port's limits (control.CONTROL_LIMITS):
+        control_max_connections: int = CONTROL_LIMITS.max_connections
+        """Connections to the operators' port open at once."""
+        control_max_line: int = CONTROL_LIMITS.max_pre_handshake_frame
+        """Bytes of one request line on the operators' port."""
+        control_timeout: float = CONTROL_LIMITS.handshake_timeout_s
+        """Seconds from accept to the first request on the operators' port."""
+        control_idle_timeout: float = CONTROL_LIMITS.idle_timeout_s
+        """Seconds between requests on the operators' port before it is closed."""
 
     def __init__(self) -> None:
         self.core = WorkerCore()
@@ -153,6 +187,13 @@ class WallarooWorker(Immortal):
         else:
             self.impulse.move(request, str(body.get("target", "")))
 
+    def _status(self) -> dict[str, Any]:
+        """The state for operators, with the connectors' port's counts (not state)."""
+        status = self.core.status()
+        if _transport is not None:
+            status["edge"] = _transport.stats()
+        return status
+
     @background
     async def serve(self) -> None:
         global _transport, _control
@@ -170,23 +211,18 @@ class WallarooWorker(Immortal):
             load_app(config.app)  # refuse a bad --app now, not at the first message
             host, port = parse_host_port(opts.listen)
             control_at = parse_host_port(opts.control) if opts.control else None
+            limits, control_limits = _limits(opts)
         except ValueError as exc:
             raise SystemExit(f"wallaroo worker: {exc}") from None
         incarnation = os.urandom(4).hex()
         self.impulse.start(incarnation, config)  # logged before any frame of this incarnation
-        transport = WorkerTransport(
-            self.impulse,
-            incarnation,
-            config.dialect,
-            config.max_frame_bytes,
-            config.max_credits,
-        )
+        transport = WorkerTransport(self.impulse, incarnation, config, limits)
         await transport.start(host, port)
         _transport = transport
         where = "{}:{}".format(*transport.address)
         control = None
         if control_at is not None:
-            control = ControlServer(opts.cookie, self.core.status, self._command)
+            control = ControlServer(opts.cookie, self._status, self._command, control_limits)
             await control.start(*control_at)
             _control = control
             where += " control {}:{}".format(*control.address)
@@ -202,3 +238,24 @@ class WallarooWorker(Immortal):
             transport.close()
             if control is not None:
                 control.close()
+
+
+def _limits(opts: Any) -> tuple[ConnectionLimits, ConnectionLimits]:
+    """The two ports' limits from the options (ValueError naming a bad one)."""
+    worker = ConnectionLimits(
+        max_connections=int(opts.max_connections),
+        max_pending_per_source=int(opts.max_pending_per_source),
+        handshake_timeout_s=float(opts.handshake_timeout),
+        max_pre_handshake_frame=int(opts.max_hello_bytes),
+        idle_timeout_s=float(opts.idle_timeout),
+        max_buffered_output=int(opts.max_buffered_output),
+        output_stall_s=float(opts.output_stall),
+    )
+    control = attrs.evolve(
+        CONTROL_LIMITS,
+        max_connections=int(opts.control_max_connections),
+        max_pre_handshake_frame=int(opts.control_max_line),
+        handshake_timeout_s=float(opts.control_timeout),
+        idle_timeout_s=float(opts.control_idle_timeout),
+    )
+    return worker, control

@@ -45,6 +45,7 @@ the record holding the frames is durable: an ACKed point is never ahead of the l
 
 from __future__ import annotations
 
+import hmac
 import importlib
 from collections.abc import Callable, Iterable
 from typing import Any, Final
@@ -96,6 +97,7 @@ __all__ = [
     "StreamNotOpenError",
     "WorkerConfig",
     "WorkerCore",
+    "hello_refusal",
     "load_app",
 ]
 
@@ -129,6 +131,18 @@ def load_app(spec: str) -> App | None:
     if not callable(fn):
         raise ValueError(f"--app {spec!r}: {module_name} has no function {name!r}")
     return fn  # type: ignore[no-any-return]
+
+
+def hello_refusal(hello: Hello, config: WorkerConfig) -> str | None:
+    """Why the worker refuses ``hello`` (its ERROR's reason), or None: one rule for the
+    core and for the edge, which refuses before anything is logged (:mod:`.transport`)."""
+    version = DRAFT_VERSION if config.dialect is Dialect.DRAFT else V3_VERSION
+    if hello.version != version:
+        shown = hex(hello.version) if isinstance(hello.version, int) else hello.version
+        return f"Unknown protocol version: {shown}"
+    if not hmac.compare_digest(hello.cookie, config.cookie):
+        return "Bad cookie"
+    return None
 
 
 def _positive(inst: object, attribute: attrs.Attribute[int], value: int) -> None:
@@ -452,12 +466,8 @@ class WorkerCore:
 
     def _hello(self, c: _Connection, hello: Hello, batch: _Batch) -> None:
         cfg = self.config
-        version = DRAFT_VERSION if cfg.dialect is Dialect.DRAFT else V3_VERSION
-        if hello.version != version:
-            shown = hex(hello.version) if isinstance(hello.version, int) else hello.version
-            self._fail(c, batch, f"Unknown protocol version: {shown}")
-        elif hello.cookie != cfg.cookie:
-            self._fail(c, batch, "Bad cookie")
+        if (refusal := hello_refusal(hello, cfg)) is not None:
+            self._fail(c, batch, refusal)
         else:
             c.name = f"{hello.program_name}/{hello.instance_name}"
             c.credits = cfg.max_credits
