@@ -30,7 +30,7 @@ from ambrosia_py.client import Client
 from ambrosia_py.client.calls import encode_call, method_spec
 from ambrosia_py.coordinator.registry import Registry
 from ambrosia_py.ingress import ClientConnection, ConnectionState, IngressServer, IngressSettings
-from ambrosia_py.testing import ImmortalRunner, RunningImmortal
+from ambrosia_py.testing import ImmortalRunner, RunningImmortal, ServiceProcess
 from ambrosia_py.testing.processes import wait_for
 from tests.fake_binding import checkpoint, coordinator, frame, incoming_fork
 from tests.flooder import Flood, flooding
@@ -362,3 +362,20 @@ def test_a_client_that_reads_no_answers_is_not_read_and_then_closed(
     held = int(stalled[0].split("the peer left ")[1].split(" bytes")[0])
     print(f"\nheld {held} bytes of {calls} answers of {big} bytes when closed")
     assert bound < held <= bound + big + 64
+
+
+def test_connections_to_an_attached_binding_port_log_a_few_lines(tmp_path: Path) -> None:
+    """After the binding attached, every other connection to its port is refused; a
+    local process that reconnects without end gets a few lines logged, not one each."""
+    receive = free_port()
+    example = str(Path(__file__).resolve().parent.parent / "examples" / "counter.py")
+    svc = ServiceProcess(example, "counter", tmp_path / "data", ["--receive-port", str(receive)])
+    with svc.running():
+        svc.wait_for_log("binding attached")
+        tries = 400
+        for _ in range(tries):
+            with socket.create_connection(("127.0.0.1", receive), timeout=DEADLINE) as sock:
+                assert sock.recv(1) == b""  # closed at once, nothing sent
+        lines = svc.output().count("refusing a second binding connection")
+        svc.check_alive()
+    assert 1 <= lines < tries // 10, lines

@@ -24,6 +24,7 @@ from typing import Any
 
 from .. import crashpoints, wire
 from ..iov import IOV_MAX, nbytes, send_all, unsent
+from ..serving import RefusalLog, source_of
 from ..wire import CONTROL_SEQ, Message
 from .binding_auth import PREAMBLE_SIZE, Socket, TokenGate
 
@@ -58,6 +59,8 @@ class Listener:
         self._tasks: list[asyncio.Task[None]] = []
         self._unproven: dict[asyncio.Task[None], socket.socket] = {}
         self._first: asyncio.Future[socket.socket] = asyncio.get_running_loop().create_future()
+        # A local process that connects again and again must not fill the log.
+        self._refusals = RefusalLog(log, f"binding connections refused on the {name} port")
 
     async def listen(self, host: str, port: int) -> None:
         # Bindings connect to "localhost", which may resolve to ::1 first: listen on both
@@ -86,8 +89,11 @@ class Listener:
         while True:
             conn, peer = await loop.sock_accept(sock)
             if self._first.done():
-                log.warning(
-                    "refusing a second binding connection from %s on the %s port", peer, self.name
+                self._refusals(
+                    source_of(peer),
+                    "refusing a second binding connection from %s on the %s port",
+                    peer,
+                    self.name,
                 )
                 conn.close()
             elif self._gate is None:
@@ -133,7 +139,8 @@ class Listener:
         self._refuse(conn, peer, why or "a binding is attached already")
 
     def _refuse(self, conn: socket.socket, peer: object, why: str) -> None:
-        log.warning(
+        self._refusals(
+            source_of(peer),
             "refusing a binding connection from %s on the %s port: %s; nothing was sent to it",
             peer,
             self.name,
@@ -151,6 +158,7 @@ class Listener:
             task.cancel()
         for sock in self._sockets:
             sock.close()
+        self._refusals.flush()
 
 
 class BindingLink:
