@@ -68,6 +68,14 @@ def _tcp_pair() -> tuple[socket.socket, socket.socket]:
     return one, other
 
 
+def _queued(sock: socket.socket) -> int:
+    """Bytes in ``sock``'s receive queue, left there (peeked, not read)."""
+    try:
+        return len(sock.recv(1 << 16, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+    except BlockingIOError:
+        return 0
+
+
 def test_a_failed_read_is_handed_on_as_the_error() -> None:
     async def main() -> None:
         receive, binding = _tcp_pair()
@@ -78,7 +86,7 @@ def test_a_failed_read_is_handed_on_as_the_error() -> None:
         lost: list[OSError] = []
         link.read_each(got.append, lost.append)
         receive.sendall(b"never read")
-        await asyncio.sleep(0.05)  # there, in the binding's receive queue
+        await _until(lambda: _queued(binding) == len(b"never read"), "the bytes at the binding")
         binding.close()  # with bytes unread: TCP resets the connection
         await _until(lambda: got or lost, "the error")
         for _ in range(20):

@@ -232,37 +232,6 @@ def test_the_sender_resends_from_where_the_receiver_asks_and_drops_what_it_has(
         receiver.close()
 
 
-def test_an_incompatible_peer_is_kept_open_and_ignored(tmp_path: Path) -> None:
-    """Reference flow-transport.md, *Compatibility*: versions that differ beyond the low 16
-    bits are incompatible; the connection stays open (so the peer does not keep dialing)
-    and nothing it sends is acted on."""
-    good = incoming_fork(5, b"ok")
-    with coordinator(tmp_path, "server") as (ic, binding):
-        first_start(binding)
-        stranger = Peer(tmp_path, "server")
-        stranger.sock.sendall(connect_packet(version=0x0FDB00B063000000))
-        assert len(stranger.read(44)) == 44  # it answers with its own packet
-        stranger.sock.sendall(flow_frame(hello("client", "server")) + flow_frame(good))
-        stranger.sock.settimeout(0.5)
-        try:
-            stranger.sock.recv(1)
-            raise AssertionError("an incompatible peer got an answer or was closed")
-        except TimeoutError:
-            pass  # still open, and silent
-        # Nothing of it was logged: the next record is a compatible peer's call.
-        peer = Peer(tmp_path, "server")
-        peer.open()
-        assert peer.control() == (REPLAY_FROM, 0, 0)
-        peer.send(good)
-        rec = binding.record()
-        assert (rec.seq, rec.body) == (1, good)
-        stranger.close()
-        peer.close()
-        binding.close()
-        assert ic.proc.wait(timeout=DEADLINE) == 0
-        assert "an incompatible peer (protocol version 0x1fdb00b063000000)" in ic.stderr()
-
-
 def test_output_a_checkpoint_holds_is_sent_after_a_crash_though_replay_never_regenerates_it(
     tmp_path: Path,
 ) -> None:

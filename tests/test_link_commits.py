@@ -15,6 +15,16 @@ from ambrosia_py.coordinator import peer_links
 from ambrosia_py.coordinator.ic_core import Intake
 from ambrosia_py.coordinator.peer_links import PeerLinks
 
+DEADLINE = 30
+
+
+async def _commits_sent(links: PeerLinks) -> None:
+    """Until the Commits due have gone: the timer ``durable`` set has fired (``_commit``
+    clears it, and writes to every connection due in that one callback)."""
+    async with asyncio.timeout(DEADLINE):
+        while links._commit_timer is not None:
+            await asyncio.sleep(0.005)  # polling the timer, bounded by the deadline
+
 
 class FakeConn:
     """What ``_commit`` uses of a LinkConn: whether it is closing, what it queues, write."""
@@ -59,14 +69,14 @@ def test_commits_due_together_go_as_one_per_sender_with_the_latest_seq(
             inbox.made_durable(marks)
             links.durable(marks)
         assert a.written == b.written == []  # nothing from inside the commit pipeline
-        await asyncio.sleep(0.2)
+        await _commits_sent(links)
         assert a.written == [wire.Commit(9, 9)]
         assert b.written == [wire.Commit(1, 1)]
         assert full.written == gone.written == []  # reads none of them, or closing
         # The next due Commits start a new delay; a sender with no connection is skipped.
         inbox.made_durable({"b": 2, "nobody": 7})
         links.durable({"b": 2, "nobody": 7})
-        await asyncio.sleep(0.2)
+        await _commits_sent(links)
         assert b.written == [wire.Commit(1, 1), wire.Commit(2, 2)]
         assert a.written == [wire.Commit(9, 9)]
         # Closing cancels Commits still waiting.
@@ -74,7 +84,11 @@ def test_commits_due_together_go_as_one_per_sender_with_the_latest_seq(
         links.durable({"a": 10})
         await links.close()
         a.closing = False  # as if still open: only the cancelled timer keeps it quiet
-        await asyncio.sleep(0.2)
+        # Its chance to go: a timer set now for the same delay fires no earlier than the
+        # cancelled one was due, and the loop runs both (were it live) before this resumes.
+        went = asyncio.get_running_loop().create_future()
+        asyncio.get_running_loop().call_later(peer_links.COMMIT_DELAY_S, went.set_result, None)
+        await asyncio.wait_for(went, DEADLINE)
         assert a.written == [wire.Commit(9, 9)]
 
     asyncio.run(main())

@@ -405,8 +405,9 @@ class LinkConn:
 
     async def handshake(self) -> ConnectPacket:
         """Exchange ConnectPackets: the dialer's goes first, the acceptor answers with its
-        own once it has read the dialer's. Returns the peer's packet; raises for a dialed
-        peer that is incompatible (nothing can be sent to it)."""
+        own once it has read the dialer's. Returns the peer's packet, compatible or not
+        (``flow.compatible`` says which): either side keeps an incompatible peer's
+        connection open (:meth:`ignore`), so that the peer does not keep dialing."""
         if self.flow.dialer:
             self.transport.write(self.flow.connect_packet_bytes())
         event = await self.next_event()
@@ -414,10 +415,6 @@ class LinkConn:
             raise LinkError(f"expected the peer's ConnectPacket, got {type(event).__name__}")
         if not self.flow.dialer:
             self.transport.write(self.flow.connect_packet_bytes())
-        elif not event.compatible:
-            raise LinkError(
-                f"incompatible peer protocol version {event.packet.protocol_version:#x}"
-            )
         return event.packet
 
     async def authenticate(self, handshake: LinkHandshake, max_frame: int) -> None:
@@ -441,11 +438,30 @@ class LinkConn:
     def _send_raw(self, token: Token, message: bytes) -> None:
         self.transport.writelines(self.flow.send(token, message))
 
-    async def ignore_until_closed(self) -> None:
-        """An incompatible peer: keep its connection open, so it does not keep dialing,
-        and act on nothing it sends (reference flow-transport.md, *Compatibility*)."""
-        while not isinstance(await self.next_event(), ConnectionClosed):
+    async def ignore(self, seconds: float) -> bool:
+        """An incompatible peer's connection, kept open so that the peer does not keep
+        dialing (seed 004, *Protocol compatibility*): for ``seconds``, read what it sends
+        and act on none of it, then ping it. False, at once, if it closed the connection.
+
+        Nothing it sends is kept: the flow connection drops every byte after its
+        ConnectPacket, and the transport is paused while one read waits to be dropped.
+        The ping (the one frame the reference lets us send it) is the write that lets
+        TCP find a peer whose host vanished without a FIN, which would otherwise hold
+        the connection for ever; it goes only when our side queues nothing for the
+        socket, so a peer that reads nothing makes us buffer no more than one.
+        """
+        assert self.flow.compatible is False, "only an incompatible peer is ignored"
+        try:
+            async with asyncio.timeout(seconds):
+                while not isinstance(await self.next_event(), ConnectionClosed):
+                    pass
+            return False
+        except TimeoutError:
             pass
+        if not self.closing and not self.transport.get_write_buffer_size():
+            self.transport.writelines(self.flow.send(PING_TOKEN, b""))  # untagged: no key
+            self.last_sent = self._loop.time()
+        return True
 
     # -- sending -------------------------------------------------------------------------
 

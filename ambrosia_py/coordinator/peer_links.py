@@ -14,7 +14,9 @@ does) while the destination is down. Whatever goes wrong on a connection — a f
 handshake, a bad tag or checksum, a frame out of protocol, a peer that says it is
 someone else, a peer idle too long — closes it and nothing from the bad frame is
 logged; the sender's output stays buffered and is sent again on the next connection
-from where the receiver asks.
+from where the receiver asks. A peer at an incompatible protocol version is the
+exception: either side keeps its connection open, unused, so that it does not keep
+reconnecting (seed 004; the bounds are in docs/protocols.md, *Flow transport*).
 
 Accepted connections are admitted through one :class:`~ambrosia_py.serving.Admission`:
 pending until the secret handshake is done, then established. A newcomer that finds
@@ -34,6 +36,7 @@ import socket
 from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
+from typing import NoReturn
 
 from .. import wire
 from ..flow import ConnectPacket, FlowConnection, FlowError
@@ -113,6 +116,8 @@ class PeerLinks:
         self._inbound: dict[str, LinkConn] = {}  # per sender, its current connection
         self._commit_due: set[str] = set()  # senders owed a Commit (see durable)
         self._commit_timer: asyncio.TimerHandle | None = None
+        # per destination found incompatible, the version last logged (logged once)
+        self._incompatible: dict[str, int] = {}
         self.admission = Admission(
             ConnectionLimits(
                 max_connections=settings.max_connections,
@@ -226,8 +231,11 @@ class PeerLinks:
         conn = protocol.conn
         assert conn is not None
         try:
-            async with asyncio.timeout(settings.handshake_timeout_s):
-                await conn.handshake()
+            async with asyncio.timeout(settings.handshake_timeout_s) as limit:
+                packet = await conn.handshake()
+                if not conn.flow.compatible:
+                    limit.reschedule(None)  # held for as long as it stays open
+                    await self._hold_incompatible(dest, addr, conn, packet)
                 auth = LinkHandshake(Role.DIALER, self._secret, self.instance, dest)
                 await conn.authenticate(auth, settings.max_frame_bytes)
                 await conn.send(Hello(self.instance, dest, self.incarnation).encode())
@@ -235,6 +243,7 @@ class PeerLinks:
             if not isinstance(msg, wire.ReplayFrom):
                 raise LinkError(f"expected ReplayFrom from {dest!r}, got {type(msg).__name__}")
             box.connected(msg.seq)
+            self._incompatible.pop(dest, None)  # a later incompatibility is news again
             log.info("link to %r open; sending from seq %d", dest, msg.seq)
             commits = asyncio.create_task(self._read_commits(dest, box, conn))
             keep_alive = settings.idle_timeout_s / 3
@@ -269,6 +278,35 @@ class PeerLinks:
                     await commits
         finally:
             conn.close()
+
+    async def _hold_incompatible(
+        self, dest: str, addr: tuple[str, int], conn: LinkConn, packet: ConnectPacket
+    ) -> NoReturn:
+        """The destination's coordinator speaks an incompatible protocol version: keep the
+        connection, sending it nothing but pings, and dial again only once it closes (seed
+        004, *Protocol compatibility*: so that neither side keeps reconnecting). Output
+        stays buffered, as for a destination that is down. Said once per destination and
+        version, not once per connection.
+
+        At each keep-alive the registry is asked again, and a destination that now
+        publishes another address (restarted elsewhere, perhaps upgraded) is dialed
+        there rather than waited for here."""
+        version = packet.protocol_version
+        if self._incompatible.get(dest) != version:
+            self._incompatible[dest] = version
+            log.warning(
+                "link to %r at %s:%d: its protocol version %#x is incompatible with ours "
+                "(%#x); keeping the connection open, unused, until it closes (output kept)",
+                dest,
+                addr[0],
+                addr[1],
+                version,
+                conn.flow.local.protocol_version,
+            )
+        while await conn.ignore(self.settings.idle_timeout_s / 3):
+            if await self._lookup(dest) != addr:
+                raise ConnectionError(f"{dest!r} no longer publishes {addr[0]}:{addr[1]}")
+        raise ConnectionError(f"the incompatible peer (version {version:#x}) closed the link")
 
     async def _read_commits(self, dest: str, box: Outbox, conn: LinkConn) -> None:
         """Apply the receiver's Commits. A receiver that confirms nothing for the idle
@@ -346,19 +384,23 @@ class PeerLinks:
         settings = self.settings
         sender = None
         try:
-            async with asyncio.timeout(settings.handshake_timeout_s):
+            async with asyncio.timeout(settings.handshake_timeout_s) as limit:
                 packet = await conn.handshake()
                 if not conn.flow.compatible:
                     self._refused(
                         source,
                         "an incompatible peer (protocol version %#x) connected from %s; "
-                        "ignoring it",
+                        "keeping its connection open, unused",
                         packet.protocol_version,
                         conn.address,
                     )
-                    # Kept open, but not for ever, and evicted first when slots run out:
-                    # it is pending for good.
-                    await conn.ignore_until_closed()
+                    # Seed 004: kept open, so that it does not keep dialing; past the
+                    # handshake timeout too. Its slot stays pending, so it is bounded by
+                    # the connection caps, and the oldest pending goes first when a
+                    # newcomer needs room (docs/protocols.md, *Flow transport*).
+                    limit.reschedule(None)
+                    while await conn.ignore(settings.idle_timeout_s / 3):
+                        pass
                     return
                 auth = LinkHandshake(Role.ACCEPTOR, self._secret, self.instance)
                 await conn.authenticate(auth, settings.max_frame_bytes)
