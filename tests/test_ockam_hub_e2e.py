@@ -1,7 +1,9 @@
 """The Ockam hub immortal end to end: ``ambrosia-py run immortals.ockam.hub`` over TCP.
 
-Real processes on loopback: the released service's behaviour through the client, then a
-publisher pushing 10,000 messages (pipelined) while the hub's service process and its
+Real processes on loopback: the released dialect's behaviour through a client speaking
+the released names; a client speaking seed 003's names using partitions and the index
+service of a hub in the seed's dialect (the default); then a publisher pushing 10,000
+messages (pipelined) while the hub's service process and its
 coordinator are SIGKILLed at random moments; afterwards every push is stored exactly once
 at its confirmed index, the indexes are contiguous, a consumer using the index service
 reads everything with no hole and no repeat, and ``ambrosia-py replay --verify`` finds
@@ -21,6 +23,7 @@ import pytest
 
 from ambrosia_py.bench.ockam import HubProcess
 from immortals.ockam.client import Consumer, HubError, OckamClient, Publisher
+from immortals.ockam.codec import Dialect
 
 
 @pytest.fixture
@@ -31,8 +34,18 @@ def hub(tmp_path: Path) -> object:
     h.stop()
 
 
-async def test_released_behaviour_over_tcp(hub: HubProcess) -> None:
-    client = await OckamClient.connect("127.0.0.1", hub.port)
+@pytest.fixture
+def released_hub(tmp_path: Path) -> object:
+    h = HubProcess(tmp_path / "data")
+    h.args += ["--dialect", "released"]
+    h.start()
+    yield h
+    h.stop()
+
+
+async def test_released_behaviour_over_tcp(released_hub: HubProcess) -> None:
+    hub = released_hub
+    client = await OckamClient.connect("127.0.0.1", hub.port, dialect=Dialect.RELEASED)
     try:
         stream = await client.create("my_stream")
         assert stream.name == "my_stream"
@@ -63,6 +76,58 @@ async def test_released_behaviour_over_tcp(hub: HubProcess) -> None:
         assert await client.push(stream, b"still serving") == 101
     finally:
         await client.close()
+
+
+async def test_a_client_speaking_the_seeds_names_uses_partitions(
+    hub: HubProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = await OckamClient.connect("127.0.0.1", hub.port)  # the seed's names: the default
+    sent: list[bytes] = []
+    write = client._writer.write
+
+    def recording(data: bytes | bytearray | memoryview) -> None:
+        sent.append(bytes(data))
+        write(data)
+
+    monkeypatch.setattr(client._writer, "write", recording)
+    try:
+        parts = await client.create_partitioned("orders", 3)
+        assert [p.partition for p in parts] == [0, 1, 2]
+        assert len({p.route for p in parts}) == 3  # each partition answers from its own
+        for p in parts:
+            pushed = [await client.push(p, f"{p.partition}:{i}".encode()) for i in range(3)]
+            assert pushed == [0, 1, 2]  # indexes per partition
+        with pytest.raises(HubError, match="at least one partition"):
+            await client.create_partitioned("orders", 0)
+        # The index service: a pair never seen is a new record at 0; a save is the last
+        # index processed, monotonic.
+        assert await client.get_index("reader", "orders", 1) == 0
+        got = await client.pull(parts[1], 0, 2)
+        assert [m.data for m in got] == [b"1:0", b"1:1"]
+        await client.save_index("reader", "orders", got[-1].index, 1)
+        await client.save_index("reader", "orders", 0, 1)
+        assert await client.get_index("reader", "orders", 1) == 1
+        assert await client.get_index("reader", "orders", 2) == 0
+    finally:
+        await client.close()
+    wire = b"".join(sent)
+    assert b"stream_create_partitions" in wire and b"stream_index" in wire
+    assert b"_partitioned" not in wire
+
+    # A consumer of partition 1 in the seed's dialect resumes after the last processed.
+    consumer = Consumer("127.0.0.1", hub.port, "orders", "reader", partition=1)
+    seen = []
+    async for batch in consumer.batches(until_idle=0.2):
+        seen.extend(m.data for m in batch)
+        await consumer.commit(batch)
+    assert seen == [b"1:2"]
+    # A released client on the same hub reads the record in the hub's dialect.
+    released = await OckamClient.connect("127.0.0.1", hub.port, dialect=Dialect.RELEASED)
+    try:
+        assert await released.get_index("reader", "orders", 1) == 2
+        assert (await released.create_partitioned("orders", 3))[1].route == parts[1].route
+    finally:
+        await released.close()
 
 
 async def test_publisher_and_consumer_survive_sigkills(hub: HubProcess) -> None:

@@ -1,8 +1,9 @@
 """The hub's stream service, stream workers and index service, sans-IO (``StreamHub``).
 
 Each test feeds encoded transport messages, as a TCP connection would deliver them, and
-decodes the replies: the released service's behaviour (``shared/reference/ockam.md``),
-bad input, retention, and sealed segments in files.
+decodes the replies: the stream service's behaviour (seed 003, and
+``shared/reference/ockam.md`` where it is silent), the released dialect's index
+service, bad input, retention, and sealed segments in files.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from immortals.ockam import codec
 from immortals.ockam.codec import (
     CreatePartitionedRequest,
     CreateStreamRequest,
+    Dialect,
     Error,
     GetIndex,
     GetPartitionIndex,
@@ -114,9 +116,11 @@ def test_partitioned_create_answers_each_partition() -> None:
     assert [p for p, _ in inits] == [0, 1]
     assert inits[0][1] != inits[1][1]
     assert all(isinstance(init, PartitionedInit) for _, init in replies)
-    assert send(hub, SERVICE, CreatePartitionedRequest("none", 0)) == []
+    ((_, error),) = send(hub, SERVICE, CreatePartitionedRequest("none", 0))
+    assert isinstance(error, Error) and "at least one partition" in error.reason
     ((_, error),) = send(hub, SERVICE, CreatePartitionedRequest("huge", 10**9))
     assert isinstance(error, Error)
+    assert set(hub.streams) == {("parts", 0), ("parts", 1)}
 
 
 def test_push_confirm_echoes_the_request_id_and_pull_returns_it() -> None:
@@ -150,8 +154,27 @@ def test_partitions_have_their_own_indexes() -> None:
     assert push(hub, workers[1], 3, b"c") == 1
 
 
-def test_index_service() -> None:
+def test_indexes_are_per_stream_not_per_publisher() -> None:
+    # Seed 003: "Index MUST be scoped per stream and NOT per publisher".
     hub = StreamHub()
+    worker, _ = create(hub, "s")
+    confirms = []
+    for k in range(4):
+        publisher = Address.local(f"publisher.{k % 2}")  # two publishers, interleaved
+        frame = encode_message(
+            TransportMessage(1, (worker,), (publisher,), codec.encode(PushRequest(1, b"x")))
+        )
+        (reply,) = hub.handle(frame, CONN, 0).replies
+        assert reply.onward_route == (CONN, publisher)
+        confirm = codec.decode_response(reply.payload)
+        assert isinstance(confirm, PushConfirm)
+        confirms.append(confirm.index)
+    assert confirms == [0, 1, 2, 3]
+
+
+def test_index_service_in_the_released_dialect() -> None:
+    # The seed's dialect, the default, is tested byte by byte in test_ockam_dialects.py.
+    hub = StreamHub(HubConfig(dialect=Dialect.RELEASED))
     ((reply, index),) = send(hub, INDEX, GetIndex("client", "s"))
     assert index == Index("client", "s", None)
     assert reply.return_route == (INDEX,)
@@ -172,7 +195,7 @@ def test_service_names_come_from_the_configuration() -> None:
     ((_, init),) = send(hub, Address.local("streams"), CreateStreamRequest("x"))
     assert init == Init("x")
     ((_, index),) = send(hub, Address.local("indexes"), GetIndex("c", "x"))
-    assert index == Index("c", "x", None)
+    assert index == Index("c", "x", 0)
     ((_, error),) = send(hub, SERVICE, CreateStreamRequest("x"))
     assert isinstance(error, Error) and "unknown address" in error.reason
 

@@ -1,23 +1,27 @@
 """The Ockam stream service as an immortal hub, and a client for it.
 
-Sans-IO: ``bare`` holds the BARE primitives, ``codec`` the stream-service messages (seed
-003), ``routing`` the Ockam routing messages and the TCP transport's u16 framing,
-``errors`` the error hierarchy, ``service`` the stream service, stream workers and index
-service (state and handlers), ``segments`` where messages are kept. The edges: ``hub``
-is the immortal (``ambrosia-py run immortals.ockam.hub``), ``transport`` its TCP server,
-``client`` what a user imports. ``docs/ockam.md`` tells the whole story. Everything
-public is re-exported here.
+Sans-IO: ``bare`` holds the BARE primitives, ``messages`` the stream-service messages
+(seed 003) and both dialects' protocol names, ``codec`` their payloads, ``routing`` the
+Ockam routing messages and the TCP transport's u16 framing, ``errors`` the error
+hierarchy, ``service`` the stream service and stream workers (state and handlers),
+``indexes`` the index service's records and their meaning in each dialect, ``segments``
+where messages are kept. The edges: ``hub`` is the immortal (``ambrosia-py run
+immortals.ockam.hub``), ``transport`` its TCP server, ``connection`` one client
+connection, ``client`` what a user imports. ``docs/ockam.md`` tells the whole story.
+Everything public is re-exported here.
 """
 
 from __future__ import annotations
 
 from .client import Consumer, HubError, OckamClient, Publisher, Stream
 from .codec import (
+    ANSWERED_WITH,
     PROTOCOLS,
     SEED_PROTOCOL_NAMES,
     BasePayload,
     CreatePartitionedRequest,
     CreateStreamRequest,
+    Dialect,
     Direction,
     Error,
     GetIndex,
@@ -39,10 +43,12 @@ from .codec import (
     StreamMessage,
     decode_payload,
     decode_request,
+    decode_request_with_dialect,
     decode_response,
     encode,
     encode_payload,
     encoded_size,
+    protocol_name,
     pull_response_fitting,
 )
 from .errors import DecodeError, FrameTooLargeError, OckamError, UnknownProtocolError
@@ -81,11 +87,13 @@ __all__ = [
     "StreamHub",
     "StreamLog",
     # codec
+    "ANSWERED_WITH",
     "PROTOCOLS",
     "SEED_PROTOCOL_NAMES",
     "BasePayload",
     "CreatePartitionedRequest",
     "CreateStreamRequest",
+    "Dialect",
     "Direction",
     "Error",
     "GetIndex",
@@ -107,10 +115,12 @@ __all__ = [
     "StreamMessage",
     "decode_payload",
     "decode_request",
+    "decode_request_with_dialect",
     "decode_response",
     "encode",
     "encode_payload",
     "encoded_size",
+    "protocol_name",
     "pull_response_fitting",
     # errors
     "DecodeError",

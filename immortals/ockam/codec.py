@@ -1,14 +1,25 @@
 """The stream-service messages and their BARE payloads, sans-IO.
 
-Owns the message classes of seed 003 (*Payload BARE specs*), the one table of protocol
-names, and the schema table that says, for every message, its protocol, its direction
-(a hub receives requests and sends responses) and its fields in wire order. Encoding,
-decoding and size arithmetic all read that table, so a field order is written down once.
+Owns the schema table that says, for every message of seed 003 (*Payload BARE specs*),
+its protocol, its direction (a hub receives requests and sends responses) and its fields
+in wire order. Encoding, decoding and size arithmetic all read that table, so a field
+order is written down once. The message classes and the protocol names live in
+:mod:`~immortals.ockam.messages`, re-exported here.
 
 Every payload is ``BasePayload { protocol: string, data: data }`` with the inner
-message already encoded in ``data``. We speak the released protocol names and field
-orders (reference, *Payload wrapper and protocol names*); the seed's differing names are
-kept in :data:`SEED_PROTOCOL_NAMES` for the docs, and never accepted on the wire.
+message already encoded in ``data``. Field orders are the released code's (reference,
+*Payload wrapper and protocol names*: ``client_id`` first in every index message, as the
+seed's *Payload BARE specs* also has it). Two protocols have two names
+(:class:`Dialect`): the seed calls the partitioned create ``stream_create_partitions``
+and reuses ``stream_index`` for partitioned indexes, where the released code says
+``stream_create_partitioned`` and ``stream_index_partitioned``. A sender picks one
+dialect's names; a decoder accepts both. Under ``stream_index`` the seed's partitioned
+messages are told from the plain ones by their bytes alone: a plain Get is two strings
+and a partitioned one two strings and a ``uint``; a plain Save has one ``uint`` after
+them and a partitioned one two. Requests are never ambiguous. Responses are, once: the
+bytes of ``Index(index=0)`` are also ``PartitionIndex(partition=1, index=None)``, so a
+reader of the seed's index replies says which it asked for (``decode_response(...,
+expect=...)``); without it the plain reading wins.
 
 Decoding is strict: the protocol must be known in that direction, the inner message
 must use its ``data`` exactly, and the wrapper must end there. Errors name the protocol,
@@ -18,7 +29,6 @@ the direction and the field, e.g. ``"stream_push request PushRequest.data at off
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import Any, Final, Generic, TypeAlias, TypeVar, cast
@@ -27,14 +37,44 @@ import attrs
 
 from . import bare
 from .bare import Reader
-from .errors import UnknownProtocolError
+from .errors import DecodeError, UnknownProtocolError
+from .messages import (
+    ANSWERED_WITH,
+    SEED_PROTOCOL_NAMES,
+    BasePayload,
+    CreatePartitionedRequest,
+    CreateStreamRequest,
+    Dialect,
+    Direction,
+    Error,
+    GetIndex,
+    GetPartitionIndex,
+    Index,
+    Init,
+    PartitionedInit,
+    PartitionIndex,
+    Protocol,
+    PullRequest,
+    PullResponse,
+    PushConfirm,
+    PushRequest,
+    Request,
+    Response,
+    SaveIndex,
+    SavePartitionIndex,
+    Status,
+    StreamMessage,
+    protocol_name,
+)
 
 __all__ = [
+    "ANSWERED_WITH",
     "PROTOCOLS",
     "SEED_PROTOCOL_NAMES",
     "BasePayload",
     "CreatePartitionedRequest",
     "CreateStreamRequest",
+    "Dialect",
     "Direction",
     "Error",
     "GetIndex",
@@ -56,219 +96,16 @@ __all__ = [
     "StreamMessage",
     "decode_payload",
     "decode_request",
+    "decode_request_with_dialect",
     "decode_response",
     "encode",
     "encode_payload",
     "encoded_size",
+    "protocol_name",
     "pull_response_fitting",
 ]
 
 T = TypeVar("T")
-
-
-class Protocol(enum.StrEnum):
-    """The protocol names a BasePayload carries, as the released code spells them."""
-
-    STREAM_CREATE = "stream_create"
-    STREAM_CREATE_PARTITIONED = "stream_create_partitioned"
-    STREAM_PUSH = "stream_push"
-    STREAM_PULL = "stream_pull"
-    STREAM_INDEX = "stream_index"
-    STREAM_INDEX_PARTITIONED = "stream_index_partitioned"
-    ERROR = "error"
-
-
-SEED_PROTOCOL_NAMES: Final[Mapping[Protocol, str]] = MappingProxyType(
-    {
-        # Seed 003, *Create partitioned stream*: "stream_create_partitions".
-        Protocol.STREAM_CREATE_PARTITIONED: "stream_create_partitions",
-        # Seed 003, *Partitioned index*, reuses "stream_index", which would make the two
-        # index schemas indistinguishable on the wire; the released code renamed it.
-        Protocol.STREAM_INDEX_PARTITIONED: "stream_index",
-    }
-)
-"""Where seed 003 names a protocol differently from the released code (docs only)."""
-
-
-class Direction(enum.StrEnum):
-    """Which way a payload travels: a hub receives requests and sends responses."""
-
-    REQUEST = "request"
-    RESPONSE = "response"
-
-
-class Status(enum.IntEnum):
-    """PushConfirm status (seed 003, *Push*)."""
-
-    OK = 0
-    ERROR = 1
-
-
-# --- messages ---------------------------------------------------------------------------
-
-
-@attrs.frozen
-class CreateStreamRequest:
-    """``stream_create`` request: create (or find) a stream; None asks for a new name."""
-
-    stream_name: str | None
-
-
-@attrs.frozen
-class Init:
-    """``stream_create`` response, sent by the stream worker itself."""
-
-    stream_name: str
-
-
-@attrs.frozen
-class CreatePartitionedRequest:
-    """``stream_create_partitioned`` request: one stream per partition 0..n-1."""
-
-    stream_name: str | None
-    partitions: int
-
-
-@attrs.frozen
-class PartitionedInit:
-    """``stream_create_partitioned`` response, one per partition."""
-
-    stream_name: str
-    partition: int
-
-
-@attrs.frozen
-class PushRequest:
-    """``stream_push`` request: store ``data``; ``request_id`` is echoed, not deduplicated."""
-
-    request_id: int
-    data: bytes
-
-
-@attrs.frozen
-class PushConfirm:
-    """``stream_push`` response: the index the pushed message was stored at."""
-
-    request_id: int
-    status: Status = attrs.field(converter=Status)
-    index: int
-
-
-@attrs.frozen
-class PullRequest:
-    """``stream_pull`` request: up to ``limit`` messages from ``index`` on."""
-
-    request_id: int
-    index: int
-    limit: int
-
-
-@attrs.frozen
-class StreamMessage:
-    """One stored message in a PullResponse (not a payload on its own)."""
-
-    index: int
-    data: bytes
-
-
-def _to_messages(messages: Iterable[StreamMessage]) -> tuple[StreamMessage, ...]:
-    return tuple(messages)
-
-
-@attrs.frozen
-class PullResponse:
-    """``stream_pull`` response."""
-
-    request_id: int
-    messages: tuple[StreamMessage, ...] = attrs.field(converter=_to_messages)
-
-
-@attrs.frozen
-class GetIndex:
-    """``stream_index`` request, union tag 0: the next index this client should read."""
-
-    client_id: str
-    stream_name: str
-
-
-@attrs.frozen
-class SaveIndex:
-    """``stream_index`` request, union tag 1: store the next index (monotonic; no reply)."""
-
-    client_id: str
-    stream_name: str
-    index: int
-
-
-@attrs.frozen
-class Index:
-    """``stream_index`` response; None when nothing was saved (clients read it as 0)."""
-
-    client_id: str
-    stream_name: str
-    index: int | None
-
-
-@attrs.frozen
-class GetPartitionIndex:
-    """``stream_index_partitioned`` request, union tag 0."""
-
-    client_id: str
-    stream_name: str
-    partition: int
-
-
-@attrs.frozen
-class SavePartitionIndex:
-    """``stream_index_partitioned`` request, union tag 1."""
-
-    client_id: str
-    stream_name: str
-    partition: int
-    index: int
-
-
-@attrs.frozen
-class PartitionIndex:
-    """``stream_index_partitioned`` response."""
-
-    client_id: str
-    stream_name: str
-    partition: int
-    index: int | None
-
-
-@attrs.frozen
-class Error:
-    """``error`` response, e.g. reason "Invalid request" for an empty stream name."""
-
-    reason: str
-
-
-@attrs.frozen
-class BasePayload:
-    """The wrapper of every payload: a protocol name and the inner message's bytes."""
-
-    protocol: str
-    data: bytes
-
-
-Request: TypeAlias = (
-    CreateStreamRequest
-    | CreatePartitionedRequest
-    | PushRequest
-    | PullRequest
-    | GetIndex
-    | SaveIndex
-    | GetPartitionIndex
-    | SavePartitionIndex
-)
-"""What a hub receives."""
-
-Response: TypeAlias = (
-    Init | PartitionedInit | PushConfirm | PullResponse | Index | PartitionIndex | Error
-)
-"""What a client receives."""
 
 
 # --- the schema table -------------------------------------------------------------------
@@ -425,11 +262,22 @@ PROTOCOLS: Final[Mapping[type[Any], Protocol]] = MappingProxyType(
 )
 """The protocol each message class travels under (derived from the schema table)."""
 
+_NAMES: Final[Mapping[tuple[Protocol, Dialect], bytes]] = MappingProxyType(
+    {(p, d): bare.string(protocol_name(p, d)) for p in Protocol for d in Dialect}
+)
 
-def _decoder_table() -> dict[tuple[str, Direction], dict[int | None, _Spec]]:
-    table: dict[tuple[str, Direction], dict[int | None, _Spec]] = {}
-    for spec in _SPECS:
-        table.setdefault((str(spec.protocol), spec.direction), {})[spec.tag] = spec
+_Entry: TypeAlias = tuple[_Spec, Dialect]  # a schema, and the dialect of the name it came under
+
+
+def _decoder_table() -> dict[tuple[str, Direction], dict[int | None, list[_Entry]]]:
+    # Each name lists the schemas it may carry, the released reading of the name first.
+    table: dict[tuple[str, Direction], dict[int | None, list[_Entry]]] = {}
+    for dialect in (Dialect.RELEASED, Dialect.SEED):
+        for spec in _SPECS:
+            name = protocol_name(spec.protocol, dialect)
+            entries = table.setdefault((name, spec.direction), {}).setdefault(spec.tag, [])
+            if all(known is not spec for known, _ in entries):
+                entries.append((spec, dialect))
     return table
 
 
@@ -456,22 +304,25 @@ def _encode_inner(spec: _Spec, msg: object) -> bytes:
     return b"".join(parts)
 
 
-def encode(msg: Request | Response) -> bytes:
-    """``msg`` as a BasePayload: its protocol name, then its own encoding as ``data``.
+def encode(msg: Request | Response, dialect: Dialect = Dialect.RELEASED) -> bytes:
+    """``msg`` as a BasePayload: its protocol name in ``dialect``, then its own encoding
+    as ``data``.
 
+    The released names are the default: they are what a released hub understands, and
+    only they make every reply readable without knowing the request (module docstring).
     Raises ValueError naming the field if a number is outside BARE's 64-bit ``uint``.
     """
     spec = _spec_of(msg)
-    return bare.string(spec.protocol) + bare.data(_encode_inner(spec, msg))
+    return _NAMES[spec.protocol, dialect] + bare.data(_encode_inner(spec, msg))
 
 
-def encoded_size(msg: Request | Response) -> int:
-    """The length of ``encode(msg)``, computed from the field sizes without encoding."""
+def encoded_size(msg: Request | Response, dialect: Dialect = Dialect.RELEASED) -> int:
+    """The length of ``encode(msg, dialect)``, computed from the field sizes."""
     spec = _spec_of(msg)
     inner = 0 if spec.tag is None else bare.uint_size(spec.tag)
     for name, kind in spec.fields:
         inner += kind.size(getattr(msg, name))
-    return bare.string_size(spec.protocol) + bare.data_size(inner)
+    return len(_NAMES[spec.protocol, dialect]) + bare.data_size(inner)
 
 
 def encode_payload(payload: BasePayload) -> bytes:
@@ -491,7 +342,9 @@ def decode_payload(payload: bytes | memoryview) -> BasePayload:
     return BasePayload(protocol, data)
 
 
-def _decode(payload: bytes | memoryview, direction: Direction) -> object:
+def _decode(
+    payload: bytes | memoryview, direction: Direction, expect: type[Any] | None = None
+) -> tuple[object, Dialect]:
     r = Reader(payload, "BasePayload")
     at = r.pos
     protocol = r.string("protocol")
@@ -501,28 +354,70 @@ def _decode(payload: bytes | memoryview, direction: Direction) -> object:
     prefix = f"{protocol} {direction.value}"
     inner = r.sub("data", prefix)
     r.end()
-    spec = specs.get(None)
-    if spec is None:  # a union: the tag picks the struct
+    entries = specs.get(None)
+    if entries is None:  # a union: the tag picks the struct
         inner.context = f"{prefix} {_UNION_NAME}"
-        spec = specs[inner.union_tag("tag", [t for t in specs if t is not None])]
+        entries = specs[inner.union_tag("tag", [t for t in specs if t is not None])]
+    if expect is not None:
+        entries = [e for e in entries if e[0].cls is expect] or entries
+    if len(entries) > 1:
+        return _decode_either(payload, inner, prefix, entries)
+    ((spec, dialect),) = entries
     inner.context = f"{prefix} {spec.cls.__name__}"
     values = {name: kind.read(inner, name) for name, kind in spec.fields}
     inner.end()
-    return spec.cls(**values)
+    return spec.cls(**values), dialect
+
+
+def _decode_either(
+    payload: bytes | memoryview, inner: Reader, prefix: str, entries: list[_Entry]
+) -> tuple[object, Dialect]:
+    """The first of ``entries`` whose fields use the inner bytes exactly (a name that
+    carries the seed's schemas and the released ones: see the module docstring)."""
+    start, stop = inner.pos, inner.pos + inner.remaining
+    failures: list[tuple[DecodeError, bool]] = []  # and whether only trailing bytes were left
+    for spec, dialect in entries:
+        reader = Reader(payload, f"{prefix} {spec.cls.__name__}", start=start, end=stop)
+        try:
+            values = {name: kind.read(reader, name) for name, kind in spec.fields}
+        except DecodeError as exc:
+            failures.append((exc, False))
+            continue
+        try:
+            reader.end()
+        except DecodeError as exc:
+            failures.append((exc, True))
+            continue
+        return spec.cls(**values), dialect
+    # None fits. A schema that read all its fields and left bytes over is the shorter
+    # shape: the error worth reporting is the first one found inside a field.
+    raise next((exc for exc, trailing in failures if not trailing), failures[0][0])
 
 
 def decode_request(payload: bytes | memoryview) -> Request:
     """A payload a hub receives, as its request message; DecodeError if malformed.
 
-    A protocol name unknown as a request (including ``error``, which is a response
-    only, and the seed's names) is an :class:`UnknownProtocolError`.
+    Either dialect's names are read. A protocol name unknown as a request (including
+    ``error``, which is a response only) is an :class:`UnknownProtocolError`.
     """
-    return cast(Request, _decode(payload, Direction.REQUEST))
+    return cast(Request, _decode(payload, Direction.REQUEST)[0])
 
 
-def decode_response(payload: bytes | memoryview) -> Response:
-    """A payload a client receives, as its response message; DecodeError if malformed."""
-    return cast(Response, _decode(payload, Direction.RESPONSE))
+def decode_request_with_dialect(payload: bytes | memoryview) -> tuple[Request, Dialect]:
+    """:func:`decode_request`, and the dialect whose name the request came under
+    (:attr:`Dialect.RELEASED` where both dialects name it alike): a hub answers in it."""
+    request, dialect = _decode(payload, Direction.REQUEST)
+    return cast(Request, request), dialect
+
+
+def decode_response(payload: bytes | memoryview, expect: type[Any] | None = None) -> Response:
+    """A payload a client receives, as its response message; DecodeError if malformed.
+
+    ``expect``: the response class the client asked for (:data:`ANSWERED_WITH`), which
+    settles the one ambiguous case of the seed's names (module docstring); an ``error``
+    reply is read whatever is expected.
+    """
+    return cast(Response, _decode(payload, Direction.RESPONSE, expect)[0])
 
 
 # --- sizing a pull reply ----------------------------------------------------------------

@@ -9,8 +9,8 @@ transport (:mod:`immortals.ockam.transport`) lives outside the determinism bound
 frames come in as impulses, logged before they are handled, and replies leave as effects
 of the incarnation that handles them first. A PushConfirm is therefore sent only once the
 push it confirms is in the durable log. The options that change what handlers do (the
-two service names, retention) are sent in as a logged ``configure`` impulse at start, so
-replay sees the configuration each frame was handled with.
+two service names, retention, the dialect) are sent in as a logged ``configure`` impulse
+at start, so replay sees the configuration each frame was handled with.
 
 Every ``frames`` impulse is answered with exactly one ``_send`` effect, even when there is
 nothing to send: the transport counts a connection's unanswered impulses and stops
@@ -63,6 +63,11 @@ class OckamHub(Immortal):
         index_service: str = "stream_index_service"  # the index service's worker address
         retention_messages: int = 0  # kept per stream partition; 0: no limit
         retention_seconds: float = 0.0  # maximum age of a message; 0: no limit
+        dialect: str = "seed"
+        """Where seed 003 and the released Ockam code differ, whose index service to be:
+        seed (a pair never saved gets a new record at 0; an index is the last one
+        processed) or released (none, and the next index to read). Both dialects'
+        protocol names are read either way; a reply uses its request's."""
         # What clients may make the hub hold (defaults: transport.HUB_LIMITS).
         max_connections: int = HUB_LIMITS.max_connections
         """Client connections open at once; a newcomer evicts the oldest that has not
@@ -109,20 +114,29 @@ class OckamHub(Immortal):
     async def serve(self) -> None:
         global _transport
         opts = self.options if self.options is not None else self.make_options()
-        config = HubConfig(
-            opts.stream_service,
-            opts.index_service,
-            int(opts.retention_messages),
-            int(opts.retention_seconds * 1000),
-        )
+        try:
+            config = HubConfig(
+                opts.stream_service,
+                opts.index_service,
+                int(opts.retention_messages),
+                int(opts.retention_seconds * 1000),
+                opts.dialect,
+            )
+            host, port = parse_host_port(opts.listen)
+            limits = _limits(opts)
+        except ValueError as exc:
+            raise SystemExit(f"ockam hub: {exc}") from None
         if config != self.hub.config:
             self.impulse.configure(config)  # logged before any frame of this incarnation
-        host, port = parse_host_port(opts.listen)
-        transport = HubTransport(self.impulse.frames, _limits(opts))
+        transport = HubTransport(self.impulse.frames, limits)
         await transport.start(host, port)
         _transport = transport
         host, port = transport.address
-        print(f"ockam hub listening on {host}:{port}", file=sys.stderr, flush=True)
+        print(
+            f"ockam hub listening on {host}:{port} ({config.dialect.value})",
+            file=sys.stderr,
+            flush=True,
+        )
         try:
             await asyncio.Event().wait()  # serve until the binding stops
         finally:

@@ -3,7 +3,8 @@
 :class:`StreamHub` is the whole hub's state and its handlers: one received transport
 message (bytes) and the logged time in, replies (transport messages) out. It touches no
 socket, clock or randomness, so the hub immortal (:mod:`immortals.ockam.hub`) replays it
-exactly. The semantics are the released service's (``shared/reference/ockam.md``):
+exactly. The semantics are seed 003's, and the released service's where the seed leaves
+them open (``shared/reference/ockam.md``):
 
 - create is idempotent and answered by the stream worker, from the worker's address;
   an anonymous create gets a ``generated_<n>`` name (``n`` counts creates in the state,
@@ -13,9 +14,15 @@ exactly. The semantics are the released service's (``shared/reference/ockam.md``
 - pull(index, limit) returns ``[max(index, first), index + limit)``, cut to what fits in
   one TCP frame and in what is left of the read's reply budget (the seed allows
   0..limit messages; the client asks again from its index);
-- the index service stores the *next* index to read per (client id, stream, partition),
-  saves are monotonic and unanswered, an unknown pair is ``none``. A plain stream and a
-  plain index are partition 0 of their name.
+- a partitioned create for 0 partitions is answered with ``error``: one stream per
+  partition answers it (seed 003, *Create partitioned stream*), so none would, and the
+  client could not tell a refusal from a loss;
+- both dialects' protocol names are read (:class:`~immortals.ockam.codec.Dialect`), and
+  a reply goes out under the name its request came with;
+- the index service (:mod:`~immortals.ockam.indexes`) keeps an index per (client id,
+  stream, partition), with the seed's or the released meaning as
+  :attr:`HubConfig.dialect` says. A plain stream and a plain index are partition 0 of
+  their name.
 
 Bad input never raises: a frame whose routing cannot be decoded is dropped (there is no
 return route to answer) and reported; anything else wrong is answered with ``error``; a
@@ -32,17 +39,16 @@ from __future__ import annotations
 
 import attrs
 
-from . import bare, codec, pushes
+from . import bare, codec, indexes, pushes
 from .codec import (
     CreatePartitionedRequest,
     CreateStreamRequest,
+    Dialect,
     Error,
     GetIndex,
     GetPartitionIndex,
-    Index,
     Init,
     PartitionedInit,
-    PartitionIndex,
     PullRequest,
     PushConfirm,
     PushRequest,
@@ -74,6 +80,7 @@ _ROUTES_PER_CONNECTION = 8  # routing headers remembered per connection (pipelin
 _CONNECTIONS_CACHED = 256
 MAX_PARTITIONS = 1024  # a create asking for more is refused rather than run out of memory
 INVALID_REQUEST = "Invalid request"  # the released service's reason for an empty name
+NO_PARTITIONS = f"{INVALID_REQUEST}: a partitioned stream needs at least one partition"
 REPLY_BUDGET = 1024 * 1024
 """Bytes of replies the frames of one read may make the hub build (see the module).
 
@@ -84,6 +91,14 @@ _REASON_CHARS = 1000  # an error reason quotes at most this much (it travels in 
 _SHOWN_BYTES = 64  # of a peer-chosen address value quoted in a reason
 
 
+def _dialect(value: str | Dialect) -> Dialect:
+    try:
+        return Dialect(value)
+    except ValueError:
+        expected = " or ".join(d.value for d in Dialect)
+        raise ValueError(f"dialect {value!r}: expected {expected}") from None
+
+
 @attrs.frozen
 class HubConfig:
     """What the hub is told at start (logged, so replay sees the same)."""
@@ -92,6 +107,24 @@ class HubConfig:
     index_service: str = "stream_index_service"
     retention_messages: int = 0  # per stream partition; 0: no limit
     retention_ms: int = 0  # maximum age; 0: no limit
+    dialect: Dialect = attrs.field(default=Dialect.SEED, converter=_dialect)
+    """What the index service does where seed 003 and the released code differ."""
+
+    def __getstate__(self) -> dict[str, object]:
+        # The dialect travels as its name: the log analysis (``ambrosia_py.spark``)
+        # unpickles a logged configure allowing this class alone, not the enum's.
+        state: dict[str, object] = {a.name: getattr(self, a.name) for a in attrs.fields(HubConfig)}
+        state["dialect"] = self.dialect.value
+        return state
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        # A configuration pickled before there were dialects (in a checkpoint, or a
+        # logged configure) was handled with the released semantics: replay keeps them.
+        values = {"dialect": Dialect.RELEASED.value, **state}
+        for name, value in values.items():
+            if name == "dialect":
+                value = _dialect(str(value))
+            object.__setattr__(self, name, value)
 
 
 @attrs.frozen
@@ -128,7 +161,7 @@ class StreamHub:
         self.config = config or HubConfig()
         self.streams: dict[tuple[str, int], StreamLog] = {}
         self.addresses: dict[bytes, tuple[str, int]] = {}  # worker address -> stream
-        self.indexes: dict[tuple[str, str, int], int] = {}  # next index to read
+        self.indexes: indexes.Records = {}  # per (client, stream, partition): next to read
         self.generated = 0
         self.pushes = 0
         self._routes: dict[bytes, list[_Route]] = {}  # per connection; not state
@@ -249,17 +282,18 @@ class StreamHub:
             return self._error(msg, None, f"unknown address {_shown(target)}")
         name = target.value
         try:
-            request = codec.decode_request(msg.payload)
+            # ``spoken``: the dialect of the request's protocol name, which the reply uses.
+            request, spoken = codec.decode_request_with_dialect(msg.payload)
         except OckamError as exc:
             return self._error(msg, target, f"{INVALID_REQUEST}: {exc}")
         if name == self.config.stream_service.encode():
-            return self._stream_service(msg, target, request, budget)
+            return self._stream_service(msg, target, request, spoken, budget)
         if name == self.config.index_service.encode():
-            return self._index_service(msg, target, request)
+            return self._index_service(msg, target, request, spoken)
         key = self.addresses.get(name)
         if key is None:
             return self._error(msg, target, f"unknown address {_shown(target)}")
-        return self._stream_worker(msg, target, key, request, now_ms, budget)
+        return self._stream_worker(msg, target, key, request, spoken, now_ms, budget)
 
     def _error(self, msg: TransportMessage, me: Address | None, reason: str) -> Outcome:
         if len(reason) > _REASON_CHARS:  # it must fit in one frame beside the routes
@@ -295,7 +329,7 @@ class StreamHub:
                 return name
 
     def _stream_service(
-        self, msg: TransportMessage, me: Address, request: object, budget: int
+        self, msg: TransportMessage, me: Address, request: object, spoken: Dialect, budget: int
     ) -> Outcome:
         if isinstance(request, CreateStreamRequest):
             if request.stream_name == "":
@@ -306,7 +340,11 @@ class StreamHub:
         if isinstance(request, CreatePartitionedRequest):
             if request.stream_name == "" or request.partitions > MAX_PARTITIONS:
                 return self._error(msg, me, INVALID_REQUEST)
-            size = self._inits_size(msg, request)
+            if request.partitions == 0:
+                # Seed 003, *Create partitioned stream*: each partition's instance answers,
+                # so with none nothing would, and silence looks like a lost request.
+                return self._error(msg, me, NO_PARTITIONS)
+            size = self._inits_size(msg, request, spoken)
             if size > budget:  # checked before anything is created
                 return self._error(
                     msg,
@@ -318,21 +356,23 @@ class StreamHub:
             name = self._name(request.stream_name)
             replies = []
             for p in range(request.partitions):
+                # Seed 003: "Each partition instance MUST send CreatePartitionedStreamResponse".
                 _, worker = self._stream(name, p)
-                replies.append(reply_to(msg, codec.encode(PartitionedInit(name, p)), worker))
+                init = codec.encode(PartitionedInit(name, p), spoken)
+                replies.append(reply_to(msg, init, worker))
             return Outcome(tuple(replies))
         return self._error(
             msg, me, f"{INVALID_REQUEST}: {type(request).__name__} to the stream service"
         )
 
-    def _inits_size(self, msg: TransportMessage, request: CreatePartitionedRequest) -> int:
+    def _inits_size(
+        self, msg: TransportMessage, request: CreatePartitionedRequest, spoken: Dialect
+    ) -> int:
         """About the bytes of the Inits a partitioned create is answered with (the
         largest partition's, times the count; a generated name is estimated)."""
-        if request.partitions == 0:
-            return 0
         name = request.stream_name or f"generated_{self.generated + 1}"
         last = request.partitions - 1
-        init = codec.encode(PartitionedInit(name, last))
+        init = codec.encode(PartitionedInit(name, last), spoken)
         one = encode_message(reply_to(msg, init, self.worker_address(name, last)))
         return request.partitions * (len(one) + 2)  # and each one's u16 length prefix
 
@@ -344,6 +384,7 @@ class StreamHub:
         me: Address,
         key: tuple[str, int],
         request: object,
+        spoken: Dialect,
         now_ms: int,
         budget: int,
     ) -> Outcome:
@@ -368,7 +409,7 @@ class StreamHub:
                 if isinstance(request, CreateStreamRequest)
                 else PartitionedInit(name, partition)
             )
-            return Outcome((reply_to(msg, codec.encode(init), me),))
+            return Outcome((reply_to(msg, codec.encode(init, spoken), me),))
         return self._error(msg, me, f"{INVALID_REQUEST}: {type(request).__name__} to a stream")
 
     def _retain(self, stream: StreamLog, now_ms: int) -> None:
@@ -412,23 +453,14 @@ class StreamHub:
 
     # -- the index service ----------------------------------------------------------------
 
-    def _index_service(self, msg: TransportMessage, me: Address, request: object) -> Outcome:
-        if isinstance(request, GetIndex):
-            value = self.indexes.get((request.client_id, request.stream_name, 0))
-            reply = Index(request.client_id, request.stream_name, value)
-            return Outcome((reply_to(msg, codec.encode(reply), me),))
-        if isinstance(request, GetPartitionIndex):
-            key = (request.client_id, request.stream_name, request.partition)
-            preply = PartitionIndex(
-                request.client_id, request.stream_name, request.partition, self.indexes.get(key)
-            )
-            return Outcome((reply_to(msg, codec.encode(preply), me),))
-        if isinstance(request, SaveIndex | SavePartitionIndex):
-            partition = request.partition if isinstance(request, SavePartitionIndex) else 0
-            key = (request.client_id, request.stream_name, partition)
-            if request.index > self.indexes.get(key, -1):  # monotonic (seed 003)
-                self.indexes[key] = request.index
-            return Outcome()
+    def _index_service(
+        self, msg: TransportMessage, me: Address, request: object, spoken: Dialect
+    ) -> Outcome:
+        if isinstance(request, GetIndex | SaveIndex | GetPartitionIndex | SavePartitionIndex):
+            reply = indexes.answer(self.indexes, request, self.config.dialect)
+            if reply is None:  # a save
+                return Outcome()
+            return Outcome((reply_to(msg, codec.encode(reply, spoken), me),))
         return self._error(
             msg, me, f"{INVALID_REQUEST}: {type(request).__name__} to the index service"
         )
