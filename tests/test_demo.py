@@ -28,12 +28,17 @@ from ambrosia_py.cli import main
 from ambrosia_py.demo.analytics import run_analytics, why_not
 from ambrosia_py.demo.check import StreamContents, compare
 from ambrosia_py.demo.command import QUICK, _failed
+from ambrosia_py.demo.output import Output
 from ambrosia_py.demo.pipeline import DemoError, Pipeline, Settings
 from ambrosia_py.demo.view import PipelineView
 from examples.pipeline.sensors import aggregate, format_reading, parse_reading, readings
 
 ROOT = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}  # no wrapped lines
+# The demo's output is a pipe here, as in CI: nothing in the environment may say otherwise.
+_TERMINAL_SETTINGS = ("FORCE_COLOR", "TTY_COMPATIBLE", "COLUMNS")
+ENV = {k: v for k, v in os.environ.items() if k not in _TERMINAL_SETTINGS}
+ENV["PYTHONPATH"] = str(ROOT)
+BOXES = re.compile("[\u2500-\u257f]")  # box drawing: none off a terminal
 
 
 def _run(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
@@ -84,6 +89,9 @@ def test_the_quick_demo_survives_every_sigkill_exactly_once(tmp_path: Path) -> N
         report = re.search(r"Spark report over every log: (\S+)", output)
         assert report is not None, output
         assert Path(report.group(1)).is_file()
+        # Its output is a pipe: the Spark step says when it starts and ends.
+        assert re.search(r"s  Spark analytics: ambrosia-py analyze .* \(output in ", output)
+        assert re.search(r"s  Spark analytics: done in \d+ s\n", output), output
     else:
         assert f"Spark analytics skipped: {problem}" in output
 
@@ -94,6 +102,8 @@ def test_the_core_examples_still_run() -> None:
     output = done.stdout + done.stderr
     assert done.returncode == 0, output
     assert output.count(": exactly once") == 2, output
+    assert not BOXES.search(output), output  # its headings are plain lines on a pipe
+    assert "-- 5. two immortals: examples/hello, client awaiting the server --" in output
 
 
 def test_a_workdir_that_is_not_fresh_is_refused(tmp_path: Path) -> None:
@@ -105,9 +115,9 @@ def test_a_workdir_that_is_not_fresh_is_refused(tmp_path: Path) -> None:
 
 def test_a_failure_prints_the_end_of_the_failing_process_log(tmp_path: Path) -> None:
     """A worker that cannot start: the error names it, with the end of its log."""
-    console = Console(record=True, width=200)
+    out = Output(Console(record=True, width=200))
     settings = Settings(events=100, rate=0, kills=(), deadline=60)
-    pipeline = Pipeline(tmp_path, settings, ROOT, PipelineView(console, 100))
+    pipeline = Pipeline(tmp_path, settings, ROOT, PipelineView(out, 100))
     worker = pipeline.services["worker"]
     worker.args[worker.args.index("examples.pipeline.sensors:aggregate")] = "no_such_module:app"
     try:
@@ -117,8 +127,8 @@ def test_a_failure_prints_the_end_of_the_failing_process_log(tmp_path: Path) -> 
         assert pipeline.stop() == []
     assert failure.value.what == "the worker exited by itself"
     assert "no_such_module" in failure.value.logs["worker"]
-    _failed(console, failure.value, tmp_path)
-    text = console.export_text()
+    _failed(out, failure.value, tmp_path)
+    text = out.console.export_text()
     assert "the end of the worker's log" in text and "no_such_module" in text
     assert "demo failed: the worker exited by itself" in text
     assert f"every log and the data are in {tmp_path}" in text
@@ -209,8 +219,8 @@ def test_without_java_the_analytics_say_what_to_install(
     if problem is not None and "Java" not in problem:
         pytest.skip(problem)  # the spark extra is missing: that is what it says first
     assert problem == "no Java runtime; to run them: apt-get install openjdk-17-jre-headless"
-    console = Console(record=True)
-    outcome = run_analytics(console, tmp_path, tmp_path / "r", tmp_path / "a.log", timeout=5)
+    out = Output(Console(record=True))
+    outcome = run_analytics(out, tmp_path, tmp_path / "r", tmp_path / "a.log", timeout=5)
     assert not outcome.ran and outcome.report is None
     assert outcome.message == f"Spark analytics skipped: {problem}"
     assert "\n" not in outcome.message

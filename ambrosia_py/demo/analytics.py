@@ -10,16 +10,19 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import attrs
-from rich.console import Console
 
 from ..extras import EXTRAS, install_command, missing
+from .output import Output
 
 __all__ = ["Analytics", "run_analytics"]
 
 SERVICES = ("immortals.ockam.hub", "immortals.wallaroo.connector", "immortals.wallaroo.worker")
+_STEP = "Spark analytics"  # how its lines off a terminal begin
 
 
 @attrs.frozen
@@ -46,28 +49,50 @@ def why_not() -> str | None:
 
 
 def run_analytics(
-    console: Console, data_dir: Path, out: Path, log: Path, timeout: float
+    output: Output,
+    data_dir: Path,
+    out: Path,
+    log: Path,
+    timeout: float,
+    *,
+    argv: Sequence[str] | None = None,
 ) -> Analytics:
-    """``ambrosia-py analyze DATA_DIR --out OUT``, its output in ``log``."""
-    import time
+    """``ambrosia-py analyze DATA_DIR --out OUT``, its output in ``log``; ``argv``, a
+    command to run instead (whose last line starting ``report:`` names its report).
 
-    problem = why_not()
+    In a terminal a spinner runs meanwhile; elsewhere a line says the step started, a
+    heartbeat that it still runs, and a line how it ended (:mod:`.output`).
+    """
+    problem = why_not() if argv is None else None
     if problem is not None:
         return Analytics(False, None, f"Spark analytics skipped: {problem}")
-    argv = [sys.executable, "-m", "ambrosia_py.cli", "analyze", str(data_dir), "--out", str(out)]
-    for service in SERVICES:
-        argv += ["--service", service]
+    if argv is None:
+        argv = [sys.executable, "-m", "ambrosia_py.cli", "analyze", str(data_dir)]
+        argv += ["--out", str(out)]
+        for service in SERVICES:
+            argv += ["--service", service]
+    output.progress(f"{_STEP}: ambrosia-py analyze {data_dir} (output in {log})")
+    outcome = _run(output, list(argv), data_dir, log, timeout)
+    took = f"{outcome.seconds:.0f} s"
+    ended = f"done in {took}" if outcome.report is not None else f"{outcome.message}, after {took}"
+    output.progress(f"{_STEP}: {ended}")
+    return outcome
+
+
+def _run(output: Output, argv: list[str], data_dir: Path, log: Path, timeout: float) -> Analytics:
     start = time.monotonic()
     with (
-        log.open("wb") as output,
-        console.status(f"Spark: ambrosia-py analyze {data_dir} (output in {log})"),
+        log.open("wb") as sink,
+        output.status(f"Spark: ambrosia-py analyze {data_dir} (output in {log})"),
+        output.heartbeat(_STEP),
     ):
         try:
             done = subprocess.run(
-                argv, stdout=output, stderr=subprocess.STDOUT, timeout=timeout, check=False
+                argv, stdout=sink, stderr=subprocess.STDOUT, timeout=timeout, check=False
             )
         except subprocess.TimeoutExpired:
-            return Analytics(True, None, f"ambrosia-py analyze took over {timeout:g} s")
+            took = time.monotonic() - start
+            return Analytics(True, None, f"ambrosia-py analyze took over {timeout:g} s", took)
     seconds = time.monotonic() - start
     text = log.read_text(errors="replace")
     reports = [

@@ -23,12 +23,12 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.console import Console
 
 from ..binding.run_cli import load_service
 from ..client import Client
 from ..coordinator.storage import log_bytes_in
 from ..testing.processes import free_port, interruptible
+from .output import Output
 
 __all__ = ["run_basics"]
 
@@ -95,17 +95,23 @@ class _Service:
             self.proc.wait()
 
 
-def run_basics(console: Console, examples: Path, calls: int = 200) -> bool:
+def run_basics(out: Output, examples: Path, calls: int = 200) -> bool:
     """The counter and examples/hello, each SIGKILLed mid-stream, recovered, checked;
-    whether each was exactly once."""
+    whether each was exactly once. Off a terminal a heartbeat line comes whenever a
+    step keeps quiet (starting a service, recovering, waiting for calls)."""
+    with out.heartbeat("demo --basics"):
+        return _basics(out, examples, calls)
+
+
+def _basics(out: Output, examples: Path, calls: int) -> bool:
     example = examples / "counter.py"
     with tempfile.TemporaryDirectory(prefix="ambrosia-demo-") as tmp:
         data_dir = Path(tmp)
-        console.rule("1. start the counter (coordinator + service) with its ingress")
+        out.rule("1. start the counter (coordinator + service) with its ingress")
         address = f"127.0.0.1:{free_port()}"
         run_args = ("--ingress", address)
         svc = _Service(example, data_dir, *run_args, ready="ingress listening on")
-        console.print(f"the counter takes calls on {address}")
+        out.print(f"the counter takes calls on {address}")
         counter: Any = load_service(str(example))
         acked = 0
         with Client(address, data_dir=data_dir, timeout=_DEADLINE) as client:
@@ -115,11 +121,11 @@ def run_basics(console: Console, examples: Path, calls: int = 200) -> bool:
                 if client.call(counter.add, i) != acked:
                     raise click.ClickException(f"add {i} did not answer {acked}")
             elapsed = time.perf_counter() - start
-            console.print(
+            out.print(
                 f"{calls} calls answered, each logged durably before it ran "
                 f"({calls / elapsed:,.0f} answered calls/s); count = {acked}"
             )
-            console.rule("2. SIGKILL the service while a call is in flight")
+            out.rule("2. SIGKILL the service while a call is in flight")
             last: list[int] = []
             in_flight = threading.Thread(
                 target=lambda: last.append(client.call(counter.add, 1, key="demo-last"))
@@ -127,35 +133,35 @@ def run_basics(console: Console, examples: Path, calls: int = 200) -> bool:
             in_flight.start()
             svc.kill()
             acked += 1
-            console.print(f"killed pid {svc.proc.pid}; its coordinator saw it go and stopped")
-            console.rule("3. run the same command again: recovery")
+            out.print(f"killed pid {svc.proc.pid}; its coordinator saw it go and stopped")
+            out.rule("3. run the same command again: recovery")
             svc = _Service(example, data_dir, *run_args, ready="ingress listening on")
             in_flight.join(_DEADLINE)
-            console.print(f"the call in flight was sent again with its key and answered: {last}")
+            out.print(f"the call in flight was sent again with its key and answered: {last}")
             count = client.call(counter.get)
         svc.stop()
         good = count == acked and last == [acked]
         verdict = "[green]exactly once[/green]" if good else "[red]MISMATCH[/red]"
-        console.print(f"recovered count = {count}, expected {acked}: {verdict}")
+        out.print(f"recovered count = {count}, expected {acked}: {verdict}")
         for line in svc.log:
             if "replayed" in line or "checkpoint" in line:
-                console.print("  " + line.rstrip(), style="dim", markup=False, highlight=False)
-        console.rule("4. the history stays on disk")
+                out.print("  " + line.rstrip(), style="dim", markup=False, highlight=False)
+        out.rule("4. the history stays on disk")
         for args in (
             ["log", "verify", str(data_dir / "counter_0")],
             ["instances", "--data-dir", str(data_dir)],
         ):
-            out = subprocess.run(
+            ran = subprocess.run(
                 [sys.executable, "-m", "ambrosia_py.cli", *args], capture_output=True, text=True
             )
-            console.print(f"$ ambrosia-py {args[0]} {args[1]} ...", style="bold")
-            console.print(out.stdout.rstrip(), markup=False, highlight=False)
-        return _hello(console, examples / "hello", data_dir) and good
+            out.print(f"$ ambrosia-py {args[0]} {args[1]} ...", style="bold")
+            out.verbatim(ran.stdout.rstrip())
+        return _hello(out, examples / "hello", data_dir) and good
 
 
-def _hello(console: Console, folder: Path, data_dir: Path, count: int = 1001) -> bool:
+def _hello(out: Output, folder: Path, data_dir: Path, count: int = 1001) -> bool:
     """Two instances linked over TCP; the server is SIGKILLed while the client awaits it."""
-    console.rule("5. two immortals: examples/hello, client awaiting the server")
+    out.rule("5. two immortals: examples/hello, client awaiting the server")
     server = _Service(folder / "server.py", data_dir, "--instance", "server", ready="ready")
     client = _Service(
         folder / "client.py",
@@ -174,9 +180,9 @@ def _hello(console: Console, folder: Path, data_dir: Path, count: int = 1001) ->
             raise click.ClickException("no calls reached the server:\n" + "".join(server.log))
         time.sleep(0.02)  # polling a condition, bounded by the deadline
     server.kill()
-    console.print(f"SIGKILLed the server (pid {server.proc.pid}) with calls in flight")
+    out.print(f"SIGKILLed the server (pid {server.proc.pid}) with calls in flight")
     server = _Service(folder / "server.py", data_dir, "--instance", "server", ready="ready")
-    console.print("ran the server's command again: it recovered, the link reconnected")
+    out.print("ran the server's command again: it recovered, the link reconnected")
     client.finished.wait(_DEADLINE)
     client.stop()
     server.stop()
@@ -184,6 +190,6 @@ def _hello(console: Console, folder: Path, data_dir: Path, count: int = 1001) ->
     expected = f"greeting #{count}"
     good = bool(done) and expected in done[0]
     verdict = "[green]exactly once[/green]" if good else "[red]MISMATCH[/red]"
-    console.print(f"client: {done[0] if done else 'did not finish'}", markup=False)
-    console.print(f"{count} awaited calls, each run once by the server (#{count} last): {verdict}")
+    out.print(f"client: {done[0] if done else 'did not finish'}", markup=False)
+    out.print(f"{count} awaited calls, each run once by the server (#{count} last): {verdict}")
     return good

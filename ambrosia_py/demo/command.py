@@ -8,7 +8,9 @@ and coordinator, at different points of the run) and started again with the same
 command (:mod:`.pipeline`). At the end the aggregates are checked against exactly-once
 processing of everything produced (:mod:`.check`), and Spark analyses every log the
 pipeline wrote (:mod:`.analytics`). ``--quick`` is a smaller run, the one the tests run.
-``--basics`` runs the counter and hello examples instead (:mod:`.basics`).
+``--basics`` runs the counter and hello examples instead (:mod:`.basics`). Whether the
+output is a terminal (a live view and tables) or not (plain lines, for a pipe or a CI
+log) is decided once, in :mod:`.output`, and everything prints through it.
 """
 
 from __future__ import annotations
@@ -21,14 +23,13 @@ from typing import Any
 
 import attrs
 import click
-from rich.console import Console
-from rich.table import Table
 
 from immortals.ockam.errors import OckamError
 
 from .analytics import Analytics, run_analytics
 from .basics import run_basics
 from .check import Verdict, compare, read_stream
+from .output import Output
 from .pipeline import EACH_PROCESS, PLAN, STREAM, DemoError, Pipeline, Settings
 from .view import PipelineView
 
@@ -87,10 +88,10 @@ def demo(
     """The main job: producer -> Ockam hub -> Wallaroo connector -> Wallaroo worker,
     each immortal SIGKILLed mid-stream and recovered, checked for exactly once, then
     analysed with Spark."""
-    console = Console()
+    out = Output()
     root = _examples_root()
     if basics:
-        if not run_basics(console, root / "examples"):
+        if not run_basics(out, root / "examples"):
             raise SystemExit(1)
         return
     settings = QUICK if quick else FULL
@@ -100,31 +101,31 @@ def demo(
         settings = attrs.evolve(settings, rate=rate)
     workdir = _fresh(workdir)
     started = time.monotonic()
-    view = PipelineView(console, settings.events)
+    view = PipelineView(out, settings.events)
     pipeline = Pipeline(workdir, settings, root, view)
     try:
         verdict, manifest, state = _run(pipeline, view)
     except DemoError as exc:
-        _failed(console, exc, workdir)
+        _failed(out, exc, workdir)
         raise SystemExit(1) from None
     finally:
         for problem in pipeline.stop():
-            console.print(problem, style="red", markup=False)
+            out.print(problem, style="red", markup=False)
     pipeline_seconds = time.monotonic() - started
-    _crashes(console, pipeline)
+    _crashes(out, pipeline)
     c = view.counters
-    console.print(
+    out.print(
         f"the producer reconnected to the hub {c.reconnects} times in the middle of a push; "
         f"{c.recovered:,} readings it had pushed without seeing the confirmation were found "
         "stored, and not pushed again"
     )
-    _sensors(console, manifest, state)
-    console.print(verdict.summary, style="bold green" if verdict.ok else "bold red")
+    _sensors(out, manifest, state)
+    out.print(verdict.summary, style="bold green" if verdict.ok else "bold red")
     for line in verdict.details:
-        console.print(f"  {line}", style="red", markup=False)
+        out.print(f"  {line}", style="red", markup=False)
     analytics = (
         run_analytics(
-            console,
+            out,
             pipeline.data,
             workdir / "report",
             workdir / "logs" / "analyze.log",
@@ -133,9 +134,9 @@ def demo(
         if spark
         else Analytics(False, None, "Spark analytics skipped (--no-spark)")
     )
-    _analytics(console, analytics, workdir)
+    _analytics(out, analytics, workdir)
     total = time.monotonic() - started
-    console.print(
+    out.print(
         f"wall time {total:.0f} s (pipeline {pipeline_seconds:.0f} s"
         + (f", Spark {analytics.seconds:.0f} s)" if analytics.ran else ")")
         + f"; everything is in {workdir}"
@@ -152,8 +153,10 @@ def _run(pipeline: Pipeline, view: PipelineView) -> tuple[Verdict, dict[str, Any
             pipeline.crash(kill)
         pipeline.finish()
         view.next_step = "checking: reading the hub's stream back, comparing the aggregates"
+        view.out.progress(view.next_step)
         try:
-            stream = read_stream("127.0.0.1", pipeline.hub_port, STREAM)
+            with view.out.heartbeat("reading the hub's stream back"):
+                stream = read_stream("127.0.0.1", pipeline.hub_port, STREAM)
         except (OSError, TimeoutError, OckamError) as exc:
             what = f"reading the hub's stream back: {exc}"
             raise DemoError(what, pipeline.logs_of("hub")) from None
@@ -163,56 +166,64 @@ def _run(pipeline: Pipeline, view: PipelineView) -> tuple[Verdict, dict[str, Any
     return compare(manifest, state, stream, len(pipeline.crashes)), manifest, state
 
 
-def _failed(console: Console, exc: DemoError, workdir: Path) -> None:
+def _failed(out: Output, exc: DemoError, workdir: Path) -> None:
     for name, tail in exc.logs.items():
-        console.rule(f"the end of the {name}'s log")
-        console.print(tail.rstrip(), markup=False, highlight=False)
-    console.print(f"demo failed: {exc.what}", style="bold red", markup=False)
-    console.print(f"every log and the data are in {workdir}", markup=False)
+        out.rule(f"the end of the {name}'s log")
+        out.verbatim(tail.rstrip())
+    out.print(f"demo failed: {exc.what}", style="bold red", markup=False)
+    out.print(f"every log and the data are in {workdir}", markup=False)
 
 
-def _crashes(console: Console, pipeline: Pipeline) -> None:
-    table = Table(title="the SIGKILLs, and the recoveries")
-    for column in ("immortal", "killed", "at stored", "at aggregated", "recovered in"):
-        table.add_column(column, justify="left" if column in ("immortal", "killed") else "right")
-    for c in pipeline.crashes:
-        table.add_row(
-            c.kill.service,
-            c.kill.which,
-            f"{c.stored:,}",
-            f"{c.aggregated:,}",
-            f"{c.recovered_in:.1f} s",
-        )
-    console.print(table)
+def _crashes(out: Output, pipeline: Pipeline) -> None:
+    columns = ("immortal", "killed", "at stored", "at aggregated", "recovered in")
+    out.table(
+        "the SIGKILLs, and the recoveries",
+        [(c, "left" if c in ("immortal", "killed") else "right") for c in columns],
+        [
+            (
+                c.kill.service,
+                c.kill.which,
+                f"{c.stored:,}",
+                f"{c.aggregated:,}",
+                f"{c.recovered_in:.1f} s",
+            )
+            for c in pipeline.crashes
+        ],
+    )
 
 
-def _sensors(console: Console, manifest: dict[str, Any], state: dict[str, Any]) -> None:
+def _sensors(out: Output, manifest: dict[str, Any], state: dict[str, Any]) -> None:
     """The busiest sensors: what the worker aggregated beside what the producer made."""
     shown = 5
-    table = Table(title=f"the busiest {shown} of {len(manifest['counts'])} sensors")
-    for column in ("sensor", "count", "produced", "sum", "produced", "mean"):
-        table.add_column(column, justify="left" if column == "sensor" else "right")
+    columns = ("sensor", "count", "produced", "sum", "produced", "mean")
     counts, sums = state.get("counts", {}), state.get("sums", {})
+    rows = []
     for key in sorted(manifest["counts"], key=lambda k: -manifest["counts"][k])[:shown]:
         count, total = counts.get(key, 0), sums.get(key, 0)
-        table.add_row(
-            key,
-            f"{count:,}",
-            f"{manifest['counts'][key]:,}",
-            f"{total:,}",
-            f"{manifest['sums'][key]:,}",
-            f"{total / count / 10:.2f}" if count else "-",  # values are tenths of a degree
+        rows.append(
+            (
+                key,
+                f"{count:,}",
+                f"{manifest['counts'][key]:,}",
+                f"{total:,}",
+                f"{manifest['sums'][key]:,}",
+                f"{total / count / 10:.2f}" if count else "-",  # values are tenths of a degree
+            )
         )
-    console.print(table)
+    out.table(
+        f"the busiest {shown} of {len(manifest['counts'])} sensors",
+        [(c, "left" if c == "sensor" else "right") for c in columns],
+        rows,
+    )
 
 
-def _analytics(console: Console, analytics: Analytics, workdir: Path) -> None:
+def _analytics(out: Output, analytics: Analytics, workdir: Path) -> None:
     if analytics.report is not None:
-        console.print(f"Spark report over every log: {analytics.report}", style="bold")
+        out.print(f"Spark report over every log: {analytics.report}", style="bold")
     elif analytics.ran:
         log = workdir / "logs" / "analyze.log"
-        console.rule("the end of ambrosia-py analyze's output")
-        console.print(log.read_text(errors="replace")[-3000:], markup=False, highlight=False)
-        console.print(analytics.message, style="bold red")
+        out.rule("the end of ambrosia-py analyze's output")
+        out.verbatim(log.read_text(errors="replace")[-3000:])
+        out.print(analytics.message, style="bold red")
     else:  # not markup: the install line's "[spark]" is text
-        console.print(analytics.message, style="yellow", markup=False)
+        out.print(analytics.message, style="yellow", markup=False)

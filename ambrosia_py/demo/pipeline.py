@@ -242,20 +242,22 @@ class Pipeline:
         """Look every tick until ``condition`` holds; the seconds it took. DemoError with
         ``logs``' ends past the deadline: :attr:`Settings.deadline`, plus, if the condition
         waits on the stream's progress (``paced``), the time the producer takes at its
-        rate (at no rate: 1,000 readings a second, far below what the pipeline does)."""
+        rate (at no rate: 1,000 readings a second, far below what the pipeline does).
+        Off a terminal a wait that lasts says so (:meth:`Output.heartbeat`)."""
         start = time.monotonic()
         s = self.settings
         timeout = s.deadline + (s.events / (s.rate or 1000.0) if paced else 0.0)
         deadline = start + timeout
-        while True:
-            self._look()
-            if condition():
-                return time.monotonic() - start
-            if time.monotonic() > deadline:
-                raise DemoError(
-                    f"timed out after {timeout:.0f} s waiting for {what}", self.logs_of(*logs)
-                )
-            time.sleep(_TICK)  # polling a condition, bounded by the deadline
+        with self.view.out.heartbeat(f"waiting for {what}"):
+            while True:
+                self._look()
+                if condition():
+                    return time.monotonic() - start
+                if time.monotonic() > deadline:
+                    raise DemoError(
+                        f"timed out after {timeout:.0f} s waiting for {what}", self.logs_of(*logs)
+                    )
+                time.sleep(_TICK)  # polling a condition, bounded by the deadline
 
     # -- running it --------------------------------------------------------------------
 
@@ -388,10 +390,11 @@ class Pipeline:
         """Stop everything still running (SIGINT; what remains is killed); what would not
         stop, named (one that will not stop must not keep the rest running)."""
         problems = []
-        self.producer.stop()
-        for name in ("connector", "worker", "hub"):
-            try:
-                self.services[name].stop()
-            except (TimeoutError, OSError, subprocess.SubprocessError) as exc:
-                problems.append(f"the {name} would not stop: {exc}")
+        with self.view.out.heartbeat("stopping the producer, connector, worker and hub"):
+            self.producer.stop()
+            for name in ("connector", "worker", "hub"):
+                try:
+                    self.services[name].stop()
+                except (TimeoutError, OSError, subprocess.SubprocessError) as exc:
+                    problems.append(f"the {name} would not stop: {exc}")
         return problems

@@ -2,8 +2,9 @@
 
 :class:`PipelineView` holds what the demo last saw (the counters, each service's state)
 and renders it on every refresh of a :class:`rich.live.Live`; crashes and recoveries are
-printed above the live part as lines, so they stay in the scrollback (and in a log when
-the output is not a terminal, where only the final frame of the live part is shown).
+printed above the live part as lines, so they stay in the scrollback. Off a terminal
+(:mod:`.output`) there is no live part: the lines alone, and at the end one plain line
+summing up what the live view would show.
 """
 
 from __future__ import annotations
@@ -13,12 +14,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import attrs
-from rich.console import Console, Group, RenderableType
+from rich.console import Group, RenderableType
 from rich.live import Live
 from rich.panel import Panel
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
+
+from .output import Output
 
 __all__ = ["Counters", "PipelineView", "ServiceState"]
 
@@ -60,21 +63,19 @@ _STYLES = {"up": "green", "starting": "yellow", "recovering": "yellow", "killed"
 class PipelineView:
     """The state the live view renders; :meth:`event` prints a line above it."""
 
-    def __init__(self, console: Console, events: int) -> None:
-        self.console = console
+    def __init__(self, out: Output, events: int) -> None:
+        self.out = out
         self.events = events
         self.counters = Counters()
         self.services = {name: ServiceState() for name in SERVICES}
         self.next_step = ""
-        self.started = time.monotonic()
 
     def elapsed(self) -> float:
-        return time.monotonic() - self.started
+        return self.out.elapsed()
 
     def event(self, text: str, style: str = "") -> None:
         """A line in the scrollback, stamped with the seconds since the start."""
-        stamp = Text(f"{self.elapsed():6.1f}s  ", style="dim")
-        self.console.print(stamp + Text(text, style=style), highlight=False)
+        self.out.event(text, style)
 
     def set_service(self, name: str, state: str, pids: str | None = None) -> None:
         svc = self.services[name]
@@ -116,8 +117,27 @@ class PipelineView:
         )
         return Panel(body, title="ambrosia-py demo", subtitle=f"{self.elapsed():.1f} s")
 
+    def summary(self) -> str:
+        """What the live view shows, in one line (its stand-in off a terminal)."""
+        c = self.counters
+        services = ", ".join(
+            f"{name} {svc.state} ({svc.kills} SIGKILLs)" for name, svc in self.services.items()
+        )
+        return (
+            f"pipeline: {c.produced:,} produced, {c.stored:,} stored, {c.delivered:,} "
+            f"delivered, {c.aggregated:,} aggregated of {self.events:,}; {services}"
+        )
+
     @contextmanager
-    def live(self) -> Iterator[Live]:
-        """The live view for the ``with`` block (refreshed four times a second)."""
-        with Live(get_renderable=self.render, console=self.console, refresh_per_second=4) as live:
-            yield live
+    def live(self) -> Iterator[None]:
+        """The live view for the ``with`` block (refreshed four times a second); off a
+        terminal, :meth:`summary` once the block ends, pass or fail."""
+        if self.out.terminal:
+            console = self.out.console
+            with Live(get_renderable=self.render, console=console, refresh_per_second=4):
+                yield
+            return
+        try:
+            yield
+        finally:
+            self.out.event(self.summary())
