@@ -145,7 +145,7 @@ class _Pushes:
         for k in range(self.sent, stop):
             out.append(frame(head + bare.data(pushes.push_payload(first + k, payloads[k]))))
         self.sent = stop
-        self.client._writer.write(b"".join(out))
+        self.client._write(b"".join(out))
 
     def received(self, raw: bytes, msg: TransportMessage | None) -> None:
         if self.future.done():
@@ -274,7 +274,18 @@ class OckamClient:
 
     def _send(self, route: Route, me: Address, message: codec.Request) -> None:
         msg = TransportMessage(VERSION, route, (me,), codec.encode(message, self.dialect))
-        self._writer.write(frame(encode_message(msg)))
+        self._write(frame(encode_message(msg)))
+
+    def _write(self, data: bytes) -> None:
+        """Write, or raise a :class:`ConnectionError` if the connection has gone and the
+        reader has not seen it yet: uvloop raises RuntimeError for a write to a transport
+        it has closed, which callers retrying on connection errors would not catch."""
+        if self._writer.is_closing():
+            raise ConnectionResetError("the connection to the hub is closed")
+        try:
+            self._writer.write(data)
+        except RuntimeError as exc:
+            raise ConnectionResetError(f"the connection to the hub is closed ({exc})") from None
 
     # -- the stream service ------------------------------------------------------------
 
