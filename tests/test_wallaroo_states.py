@@ -124,13 +124,7 @@ STREAM = {
         K.ACK: SS.OPEN,
         K.NACK: SS.RESET,
     },
-    SS.CLOSED: {
-        K.NOTIFY: SS.OPEN,
-        K.NACK: SS.RESET,
-        K.ACK: SS.CLOSED,
-        K.NOTIFY_ACK: SS.CLOSED,  # a draft connector does not wait for it
-        K.NOTIFY_REFUSED: SS.INTRO,
-    },
+    SS.CLOSED: {K.NOTIFY: SS.OPEN, K.NACK: SS.RESET, K.ACK: SS.CLOSED},
     SS.RESET: {
         K.NOTIFY: SS.OPEN,
         K.NOTIFY_ACK: SS.RESET,
@@ -417,16 +411,6 @@ def test_refused_notify_and_late_acks() -> None:
         s.send(EosMessage(1))
 
 
-def test_a_notify_answered_after_the_streams_eos() -> None:
-    """A draft connector does not wait for NOTIFY_ACK, so a short stream may have sent its
-    EOS before the answer: accepted, it stays closed; refused, it was never open here."""
-    for answer, after in [(NotifyAck(True, 1, 0), SS.CLOSED), (NotifyAck(False, 1, 0), SS.INTRO)]:
-        s = StreamMachine(C, 1)
-        s.send(Notify(1, "s", 0))
-        assert s.send(Message(1, 3, None, MessageFlags.EOS)) is SS.CLOSED
-        assert s.receive(answer) is after
-
-
 def test_machines_pickle_compactly() -> None:
     s = StreamMachine(W, 2**64 - 1, SS.RESET, 2)
     back = pickle.loads(pickle.dumps(s))
@@ -465,9 +449,9 @@ class StreamModel:
             if s == "open" and kind is not K.MESSAGE:
                 self.state = "closed"
             return True
-        if kind is K.NOTIFY_ACK and s in ("open", "reset", "closed"):
+        if kind is K.NOTIFY_ACK and s in ("open", "reset"):
             return True
-        if kind is K.NOTIFY_REFUSED and s in ("open", "closed"):
+        if kind is K.NOTIFY_REFUSED and s == "open":
             self.state = "intro"
             return True
         return False

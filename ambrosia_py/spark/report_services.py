@@ -45,8 +45,7 @@ __all__ = [
 _ALLOWED_GLOBALS = frozenset(
     {
         ("immortals.ockam.service", "HubConfig"),
-        ("immortals.wallaroo.worker_config", "WorkerConfig"),
-        ("immortals.wallaroo.worker_core", "WorkerConfig"),  # where logs before it say
+        ("immortals.wallaroo.worker_core", "WorkerConfig"),
         ("immortals.wallaroo.codec", "Dialect"),
     }
 )
@@ -174,7 +173,7 @@ class ServiceDecoder:
             self._problem(self.kind or "unknown", where, "configure without a HubConfig")
 
     def _start(self, args: tuple[Any, ...], where: str) -> None:
-        from immortals.wallaroo.worker_config import WorkerConfig
+        from immortals.wallaroo.worker_core import WorkerConfig
 
         if len(args) == 2 and isinstance(args[1], WorkerConfig):
             self.kind, self.dialect = "wallaroo", args[1].dialect
