@@ -431,15 +431,15 @@ class PeerLinks:
             log.info("link from %r (%s) open; asked for seq %d on", sender, conn.address, start)
             await self._take_input(conn, sender)
         except (FlowError, wire.ProtocolError) as exc:
-            self._closed(slot, source, sender, conn, exc)
+            self._closed(slot, sender, conn, exc)
         except TimeoutError:
             if sender is None:
                 why = f"no handshake within {settings.handshake_timeout_s:g} s"
             else:
                 why = f"nothing received for {settings.idle_timeout_s:g} s"
-            self._closed(slot, source, sender, conn, why)
+            self._closed(slot, sender, conn, why)
         except (OSError, ConnectionError) as exc:
-            self._closed(slot, source, sender, conn, exc, level=logging.INFO)
+            self._closed(slot, sender, conn, exc, level=logging.INFO)
         finally:
             self.admission.release(slot)
             if sender is not None and self._inbound.get(sender) is conn:
@@ -449,7 +449,6 @@ class PeerLinks:
     def _closed(
         self,
         slot: Slot,
-        source: str,
         sender: str | None,
         conn: LinkConn,
         why: object,
@@ -458,8 +457,8 @@ class PeerLinks:
         """Why an accepted link closed, through the refusal log: counted under its address
         or, once the peer authenticated, under a count of its own, so that a flood from
         the same address cannot hide a peer holding the secret."""
-        key = f"{source} (authenticated)" if slot.established else source
         sender = sender or "an unknown peer"
+        key = slot.refusal_key("authenticated")
         self._refused(key, "link from %r at %s closed: %s", sender, conn.address, why, level=level)
 
     def _read_done(self, conn: LinkConn) -> None:

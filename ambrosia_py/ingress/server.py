@@ -306,16 +306,14 @@ class IngressServer:
                     return
                 calls = client.conn.receive_data(data)
         except IngressProtocolError as exc:
-            self._closed(slot, source, "closing the ingress connection from %s: %s", peer, exc)
+            self._closed(slot, "closing the ingress connection from %s: %s", peer, exc)
         except BindingError as exc:  # the binding is stopping: no more impulses
             log.info("closing the ingress connection from %s: %s", peer, exc)
         except OutputStalled as exc:  # before OSError: it is a TimeoutError
-            self._closed(slot, source, "closing the ingress connection from %s: %s", peer, exc)
+            self._closed(slot, "closing the ingress connection from %s: %s", peer, exc)
             reset(writer)  # a close would wait, for ever, to send what it does not read
         except (ConnectionError, OSError) as exc:
-            self._closed(
-                slot, source, "ingress connection from %s lost: %s", peer, exc, level=logging.INFO
-            )
+            self._closed(slot, "ingress connection from %s lost: %s", peer, exc, level=logging.INFO)
         finally:
             self.admission.release(slot)
             self._forget(client)
@@ -346,13 +344,12 @@ class IngressServer:
         return calls
 
     def _closed(
-        self, slot: Slot, source: str, message: str, *args: object, level: int = logging.WARNING
+        self, slot: Slot, message: str, *args: object, level: int = logging.WARNING
     ) -> None:
         """Why a connection closed, through the refusal log: counted under its address
         or, once the client proved the secret, under a count of its own, so that a flood
         from the same address cannot hide an honest client's trouble."""
-        key = f"{source} (authenticated)" if slot.established else source
-        self._refused(key, message, *args, level=level)
+        self._refused(slot.refusal_key("authenticated"), message, *args, level=level)
 
     def _calls(self, client: _Client, calls: list[Call]) -> list[Call]:
         """Answer or log ``calls`` in order; return those left once the answers sent at

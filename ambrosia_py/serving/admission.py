@@ -86,6 +86,12 @@ class Slot:
         self.established = False
         self._close = close
 
+    def refusal_key(self, proved: str) -> str:
+        """The count a line about this connection goes to in a :class:`RefusalLog`: its
+        address, or, once it has proved itself, ``"<address> (<proved>)"``, so that a
+        flood from the same address cannot hide an honest peer's trouble."""
+        return f"{self.source} ({proved})" if self.established else self.source
+
 
 class Admission:
     """The connection table of one server (see the module)."""
