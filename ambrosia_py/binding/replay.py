@@ -41,7 +41,7 @@ from .dispatcher import Dispatcher
 from .errors import BindingError
 from .files import StateFiles, state_files_dir, use_state_files
 from .immortal import Immortal
-from .state_compare import OrderHazard, compare_states
+from .state_compare import OrderHazard, compare_states, short_repr
 
 __all__ = ["Divergence", "ReplayResult", "replay_instance"]
 
@@ -138,11 +138,6 @@ def _method(service: type[Immortal], record: LogRecord) -> str:
     return type(msg).__name__
 
 
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
 def _restored(service: type[Immortal], instance: str, blob: wire.Payload) -> Dispatcher:
     d = Dispatcher(service, instance)
     d.restore(blob)
@@ -217,7 +212,7 @@ def _replay(
             elif [wire.encode_message(m) for m in out] != [
                 wire.encode_message(m) for m in twin_out
             ]:
-                what, details = "outputs", f"{_short(out)} vs {_short(twin_out)}"
+                what, details = "outputs", f"{short_repr(out)} vs {short_repr(twin_out)}"
             if what is not None:
                 hint = ""
                 if recovered is not None and recovered[1]:

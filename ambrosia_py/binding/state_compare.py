@@ -26,7 +26,7 @@ from typing import Any
 import attrs
 import cloudpickle
 
-__all__ = ["Comparison", "Difference", "OrderHazard", "compare_states"]
+__all__ = ["Comparison", "Difference", "OrderHazard", "compare_states", "short_repr"]
 
 _MAX_DIFFERENCES = 8  # reported; the walk stops there
 _SHOWN = 3  # members named per difference
@@ -102,11 +102,12 @@ class _Walk:
             return
         ta, tb = type(a), type(b)
         if ta is not tb:
-            self.differ(path, f"a {ta.__name__} vs a {tb.__name__} ({_short(a)} vs {_short(b)})")
+            values = f"{short_repr(a)} vs {short_repr(b)}"
+            self.differ(path, f"a {ta.__name__} vs a {tb.__name__} ({values})")
             return
         if ta in _SCALARS:
             if a != b:
-                self.differ(path, f"{_short(a)} vs {_short(b)}")
+                self.differ(path, f"{short_repr(a)} vs {short_repr(b)}")
             return
         if ta is float:
             if not _same_float(a, b):
@@ -146,7 +147,8 @@ class _Walk:
     def _sequence(self, a: Iterable[Any], b: Iterable[Any], path: str) -> None:
         la, lb = list(a), list(b)
         if len(la) != len(lb):
-            self.differ(path, f"{len(la):,} items vs {len(lb):,} ({_short(a)} vs {_short(b)})")
+            values = f"{short_repr(a)} vs {short_repr(b)}"
+            self.differ(path, f"{len(la):,} items vs {len(lb):,} ({values})")
             return
         for i, (x, y) in enumerate(zip(la, lb, strict=True)):
             self.values(x, y, f"{path}[{i}]")
@@ -157,7 +159,7 @@ class _Walk:
             fields = _fields(a)
             if fields is None:  # no attributes to walk: the value's own equality, or bytes
                 if not _opaque_equal(a, b):
-                    self.differ(path, f"{_short(a)} vs {_short(b)}")
+                    self.differ(path, f"{short_repr(a)} vs {short_repr(b)}")
                 return
             pairs = {name: (getattr(a, name, _UNSET), getattr(b, name, _UNSET)) for name in fields}
         before = len(self.differences)
@@ -173,7 +175,7 @@ class _Walk:
             if equal and len(self.differences) > before:
                 del self.differences[before:]
             elif not equal and len(self.differences) == before:
-                self.differ(path, f"{_short(a)} vs {_short(b)}")
+                self.differ(path, f"{short_repr(a)} vs {short_repr(b)}")
 
 
 def _pickled_state(a: Any, b: Any) -> dict[str, tuple[Any, Any]] | None:
@@ -234,7 +236,7 @@ def _members_apart(what: str, only_a: list[Any], only_b: list[Any], na: int, nb:
     parts = []
     for side, only in (("first", only_a), ("second", only_b)):
         if only:
-            shown = ", ".join(_short(m) for m in _sorted(only)[:_SHOWN])
+            shown = ", ".join(short_repr(m) for m in _sorted(only)[:_SHOWN])
             more = f" and {len(only) - _SHOWN:,} more" if len(only) > _SHOWN else ""
             parts.append(f"{len(only):,} {what} only in the {side} ({shown}{more})")
     return f"{na:,} {what} vs {nb:,}: " + "; ".join(parts)
@@ -247,6 +249,7 @@ def _sorted(values: list[Any]) -> list[Any]:
         return sorted(values, key=repr)
 
 
-def _short(value: Any) -> str:
+def short_repr(value: Any) -> str:
+    """``repr(value)``, cut to 80 characters for a report line."""
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
