@@ -24,8 +24,8 @@ import attrs
 import click
 
 from ..hashseed import DATA_DIR_ENV, DEFAULT_DATA_DIR
-from .modes import make_private_dir
-from .ownership import OwnershipError, Trusted, check_data_dir, check_way
+from .modes import own_data_dir
+from .ownership import OwnershipError, check_data_dir
 from .registry import REGISTRY_FILE, InstanceInfo, Registry, RegistryError
 from .registry_files import open_registry_for_start
 from .storage import LOCK_FILE, InstanceFiles
@@ -79,10 +79,7 @@ def writable_data_dir(data_dir: Path) -> None:
     """Create ``data_dir`` if missing (0700), check it is ours (:mod:`.ownership`) and
     prove it can be written, or raise :class:`DataDirError` saying which directory and why."""
     try:
-        if not os.path.lexists(data_dir):  # else refused or used as it is, never changed
-            check_way(data_dir, Trusted.DATA_DIR)
-            make_private_dir(data_dir)
-        check_data_dir(data_dir)
+        own_data_dir(data_dir)
         fd, probe = tempfile.mkstemp(prefix=".ambrosia-write-test-", dir=data_dir)
         os.close(fd)
         os.unlink(probe)

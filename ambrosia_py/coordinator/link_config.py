@@ -22,12 +22,11 @@ import attrs
 
 from ..flow import PACKET_LIMIT
 from ..serving import ConnectionLimits
+from .modes import own_data_dir
 from .ownership import (
     OwnershipError,
     Trusted,
-    check_data_dir,
     check_file,
-    check_way,
     open_trusted,
 )
 
@@ -164,10 +163,7 @@ def load_secret(settings: LinkSettings, data_dir: Path) -> bytes:
         return _read_secret(path)
     path = data_dir / DEFAULT_SECRET_NAME
     try:
-        if not os.path.lexists(data_dir):  # never made under another user's directory
-            check_way(data_dir, Trusted.DATA_DIR)
-            data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        check_data_dir(data_dir)  # before a secret of ours is made in another user's dir
+        own_data_dir(data_dir)  # before a secret of ours is made in another user's dir
         if not path.exists():
             _create_secret(path)
     except OwnershipError as exc:

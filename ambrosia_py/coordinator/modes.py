@@ -16,7 +16,7 @@ import stat
 from collections.abc import Iterable
 from pathlib import Path
 
-from .ownership import owner_name
+from .ownership import Trusted, check_data_dir, check_way, owner_name
 
 __all__ = [
     "PRIVATE_DIR",
@@ -24,6 +24,7 @@ __all__ = [
     "create_private",
     "fsync_dir",
     "make_private_dir",
+    "own_data_dir",
     "tighten",
 ]
 
@@ -59,6 +60,16 @@ def make_private_dir(path: Path) -> bool:
         os.chmod(directory, PRIVATE_DIR)  # mkdir's mode is filtered by the umask
         fsync_dir(directory.parent)
     return True
+
+
+def own_data_dir(path: Path) -> None:
+    """Make the data dir ``path`` if it is missing (0700), but never under a directory
+    another user controls, and check that it is ours; an existing one is checked and
+    never changed. :class:`~.ownership.OwnershipError` says what is wrong."""
+    if not os.path.lexists(path):
+        check_way(path, Trusted.DATA_DIR)
+        make_private_dir(path)
+    check_data_dir(path)
 
 
 def create_private(path: Path, flags: int) -> int:

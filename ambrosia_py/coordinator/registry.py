@@ -34,8 +34,8 @@ from pathlib import Path
 
 import attrs
 
-from .modes import PRIVATE_FILE, create_private, make_private_dir
-from .ownership import OwnershipError, Trusted, check_data_dir, check_owned, check_way
+from .modes import PRIVATE_FILE, create_private, own_data_dir
+from .ownership import OwnershipError, Trusted, check_owned
 
 __all__ = [
     "PORT_RANGE",
@@ -159,10 +159,7 @@ class Registry:
         self._lock = threading.Lock()
         self._db: sqlite3.Connection | None = None
         try:  # every command that opens a registry: another user's is not ours to read
-            if not os.path.lexists(self.data_dir):
-                check_way(self.data_dir, Trusted.DATA_DIR)
-            make_private_dir(self.data_dir)
-            check_data_dir(self.data_dir)
+            own_data_dir(self.data_dir)
             check_owned(registry_paths(self.data_dir), Trusted.DATA_FILE)
         except OwnershipError as exc:
             raise RegistryError(str(exc)) from None

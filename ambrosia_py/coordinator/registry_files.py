@@ -35,8 +35,8 @@ import attrs
 
 from .errors import StorageError
 from .ic_core import IcState, StateFormatError
-from .modes import make_private_dir, tighten
-from .ownership import OwnershipError, Trusted, check_data_dir, check_owned, check_way
+from .modes import own_data_dir, tighten
+from .ownership import OwnershipError, Trusted, check_owned
 from .registry import REGISTRY_FILE, Registry, RegistryError, registry_paths
 from .storage import InstanceFiles, log_data_size, log_numbers_in
 
@@ -100,10 +100,7 @@ def _refuse_others(data_dir: Path, files: list[Path]) -> None:
     read, their modes not ours to change. A missing data dir is made first, as the
     registry would make it."""
     try:
-        if not os.path.lexists(data_dir):  # else refused or used as it is, never changed
-            check_way(data_dir, Trusted.DATA_DIR)
-            make_private_dir(data_dir)
-        check_data_dir(data_dir)
+        own_data_dir(data_dir)
         check_owned(files, Trusted.DATA_FILE)
     except OwnershipError as exc:
         raise RegistryRefusal(str(exc)) from None
