@@ -19,9 +19,10 @@ exception: either side keeps its connection open, unused, so that it does not ke
 reconnecting (seed 004; the bounds are in docs/protocols.md, *Flow transport*).
 
 Accepted connections are admitted through one :class:`~ambrosia_py.serving.Admission`:
-pending until the secret handshake is done, then established. A newcomer that finds
-every slot taken evicts the oldest pending connection, so connections that never finish
-the handshake cannot lock out a peer holding the secret. Every line a peer can cause at
+pending from accept (before its TLS handshake: :class:`~ambrosia_py.serving.Listener`)
+until the secret handshake is done, then established. A newcomer that finds every slot
+taken evicts the oldest pending connection, so connections that never finish either
+handshake cannot lock out a peer holding the secret. Every line a peer can cause at
 will (refused, evicted, timed out, a bad frame or proof) goes through one
 :class:`~ambrosia_py.serving.RefusalLog`.
 """
@@ -33,6 +34,7 @@ import contextlib
 import logging
 import secrets
 import socket
+import ssl
 from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
@@ -40,7 +42,7 @@ from typing import NoReturn
 
 from .. import wire
 from ..flow import ConnectPacket, FlowConnection, FlowError
-from ..serving import Admission, ConnectionLimits, RefusalLog, Slot, source_of
+from ..serving import Admission, ConnectionLimits, Incoming, Listener, RefusalLog, Slot
 from .ic_core import Intake
 from .link_auth import TAG_SIZE, LinkAuthError, LinkHandshake, Role, name_digest
 from .link_config import PRE_AUTH_FRAME_LIMIT, LinkSettings, load_secret, tls_contexts
@@ -107,7 +109,7 @@ class PeerLinks:
         self._input_read = input_read  # after each read of link input was queued
         self._room = room  # waits while too much input is pending
         self._has_room = has_room  # whether it would return at once
-        self._server: asyncio.Server | None = None
+        self._listener: Listener | None = None
         self._port = 0
         self._outbound: dict[str, asyncio.Task[None]] = {}
         self._output_ready: dict[str, asyncio.Event] = {}
@@ -130,14 +132,10 @@ class PeerLinks:
 
     async def listen(self, host: str, port: int = 0) -> int:
         """Accept links on ``host``:``port`` (0: a free port); return the port."""
-        self._server = await asyncio.get_running_loop().create_server(
-            lambda: LinkProtocol(self._on_accepted),
-            host,
-            port,
-            ssl=self._tls[0] if self._tls else None,
-            ssl_handshake_timeout=self.settings.handshake_timeout_s if self._tls else None,
-        )
-        self._port = self._server.sockets[0].getsockname()[1]
+        # Accepted here, not by create_server(ssl=...): that would run the TLS handshake
+        # before the connection is admitted, uncounted (serving/accept.py).
+        self._listener = await Listener.open(host, port, self._on_accepted, log)
+        self._port = self._listener.address[1]
         if self._tls is not None:
             mutual = self.settings.tls_ca is not None
             log.info("links use TLS%s", ", mutual (certificates checked)" if mutual else "")
@@ -350,20 +348,17 @@ class PeerLinks:
 
         return made
 
-    def _on_accepted(self, protocol: LinkProtocol) -> None:
+    def _on_accepted(self, incoming: Incoming) -> None:
         """A connection was accepted: admitted (perhaps evicting a pending one to make
-        room) at once, in the order connections come, or refused."""
-        self._connection(dialer=False)(protocol)
-        conn = protocol.conn
-        assert conn is not None
-        source = source_of(conn.transport.get_extra_info("peername"))
-        task: asyncio.Task[None] | None = None
+        room) at once, in the order connections come and before any byte of it is read
+        (its TLS handshake included), or refused."""
+        source = incoming.source
 
         def evict(why: str) -> None:  # the table makes room for a newcomer
-            self._refused(source, "link connection from %s closed: %s", conn.address, why)
-            conn.close()
-            if task is not None:
-                task.cancel()  # it logs nothing more: this line said why
+            self._refused(source, "link connection from %s closed: %s", incoming.address, why)
+            # At once, in its TLS handshake too; with a FIN, as links always closed these.
+            # Its task logs nothing more.
+            incoming.drop(reset=False)
 
         slot = self.admission.admit(source, evict)
         if slot is None:
@@ -371,14 +366,44 @@ class PeerLinks:
                 source,
                 "link connection from %s refused: all %d link connections are authenticated "
                 "(--link-max-connections)",
-                conn.address,
+                incoming.address,
                 self.settings.max_connections,
             )
-            conn.close()
+            incoming.drop(reset=False)
             return
-        task = asyncio.create_task(self._accepted(conn, slot, source))
+        task = incoming.start(self._connected(incoming, slot))
         self._accepting.add(task)
         task.add_done_callback(self._accepting.discard)
+
+    async def _connected(self, incoming: Incoming, slot: Slot) -> None:
+        """An admitted connection: its TLS handshake if links use TLS (done within the
+        handshake timeout of accept), then the link's own start and life (_accepted)."""
+        timeout = self.settings.handshake_timeout_s
+        level = logging.WARNING
+        try:
+            _, protocol = await incoming.connect(
+                lambda: LinkProtocol(self._connection(dialer=False)),
+                self._tls[0] if self._tls else None,
+                timeout,
+            )
+        except TimeoutError:
+            why = f"no TLS handshake within {timeout:g} s"
+        except ssl.SSLError as exc:  # a peer TLS refuses (certificate, version, ...)
+            why = f"TLS failed: {exc}"
+        except (ConnectionError, OSError) as exc:
+            why, level = str(exc) or type(exc).__name__, logging.INFO
+        else:
+            assert protocol.conn is not None  # made as the protocol connected
+            await self._accepted(protocol.conn, slot, incoming.source)
+            return
+        self.admission.release(slot)
+        self._refused(
+            incoming.source,
+            "link from an unknown peer at %s closed: %s",
+            incoming.address,
+            why,
+            level=level,
+        )
 
     async def _accepted(self, conn: LinkConn, slot: Slot, source: str) -> None:
         settings = self.settings
@@ -532,8 +557,8 @@ class PeerLinks:
         if self._commit_timer is not None:
             self._commit_timer.cancel()
             self._commit_timer = None
-        if self._server is not None:
-            self._server.close()
+        if self._listener is not None:
+            self._listener.close()
         for conn in list(self._inbound.values()):
             conn.close()
         tasks = [*self._outbound.values(), *self._accepting]

@@ -24,8 +24,10 @@ not read until answers go out.
 Connections are admitted through one :class:`~ambrosia_py.serving.Admission`: a client
 is pending until it proved the secret, and a newcomer that finds every slot taken
 evicts the oldest pending one, so connections that send nothing cannot lock out a
-client that proves itself within a round trip. Refusals and closes a client can cause
-at will are logged through one :class:`~ambrosia_py.serving.RefusalLog`.
+client that proves itself within a round trip. A connection is admitted as it is
+accepted (:class:`~ambrosia_py.serving.Listener`), before its TLS handshake, so that
+connections that never finish TLS count and are evicted too. Refusals and closes a
+client can cause at will are logged through one :class:`~ambrosia_py.serving.RefusalLog`.
 """
 
 from __future__ import annotations
@@ -42,13 +44,14 @@ from ..binding.errors import BindingError
 from ..serving import (
     Admission,
     ConnectionLimits,
+    Incoming,
+    Listener,
     OutputStalled,
     RefusalLog,
     Slot,
     buffered_output,
     limit_output,
     reset,
-    source_of,
     wait_for_room,
 )
 from .connection import ConnectionState, ServerConnection
@@ -105,12 +108,14 @@ class IngressSettings:
     ``keep_count`` and ``keep_seconds`` (0: no limit of that kind) are the key table's
     retention; they change what handlers do, so they reach it as a logged impulse.
 
-    ``max_connections`` bounds the connections open at once; past it a newcomer evicts
-    the oldest that has not proved the secret yet, and is refused only when all have.
-    ``max_pending_per_source``: connections from one address that have not proved it
-    (past it that address's oldest goes). ``handshake_timeout_s``: the time a client has
-    to prove it. ``max_buffered_output``: unsent answers a connection may have before it
-    is not read; ``output_stall_s``: how long it may stay over that before it is closed.
+    ``max_connections`` bounds the connections open at once, from accept on (TLS
+    handshake included); past it a newcomer evicts the oldest that has not proved the
+    secret yet, and is refused only when all have. ``max_pending_per_source``:
+    connections from one address that have not proved it (past it that address's oldest
+    goes). ``handshake_timeout_s``: the time a client has to finish its TLS handshake
+    (from accept), and then as long to prove the secret. ``max_buffered_output``: unsent
+    answers a connection may have before it is not read; ``output_stall_s``: how long it
+    may stay over that before it is closed.
     """
 
     host: str = DEFAULT_HOST
@@ -194,36 +199,30 @@ class IngressServer:
         self.tls = tls  # the links' server context (run --tls-cert): calls in TLS too
         self.admission = Admission(self.limits)
         self._refused = RefusalLog(log, "ingress connections refused or closed")
-        self._server: asyncio.Server | None = None
+        self._listener: Listener | None = None
         self._dispatcher: Dispatcher | None = None
         self._info: ServiceInfo | None = None
         self._clients: set[_Client] = set()
         # (key, method id) -> the connections and request ids waiting for its outcome
         self._waiting: dict[tuple[bytes, int], list[tuple[_Client, int]]] = {}
-        self._starting: asyncio.Future[None] | None = None
+        self._connections: set[Incoming] = set()  # accepted, until their task ends
 
     @property
     def address(self) -> tuple[str, int]:
-        if self._server is None or not self._server.sockets:
+        if self._listener is None or not self._listener.sockets:
             raise RuntimeError("the ingress is not bound")
-        host, port = self._server.sockets[0].getsockname()[:2]
-        return str(host), int(port)
+        return self._listener.address
 
     async def bind(self) -> tuple[str, int]:
         """Listen on the configured address; accept nothing until :meth:`attach`."""
-        self._server = await asyncio.start_server(
-            self._serve,
-            self.settings.host,
-            self.settings.port,
-            ssl=self.tls,
-            ssl_handshake_timeout=self.settings.handshake_timeout_s if self.tls else None,
-            start_serving=False,
+        self._listener = await Listener.open(
+            self.settings.host, self.settings.port, self._accept, log, start=False
         )
         return self.address
 
     def attach(self, dispatcher: Dispatcher) -> None:
         """Start serving calls to ``dispatcher``'s immortal (it must be primary)."""
-        if self._server is None:
+        if self._listener is None:
             raise RuntimeError("bind the ingress before attaching it")
         self._dispatcher = dispatcher
         self._info = ServiceInfo(
@@ -233,16 +232,19 @@ class IngressServer:
         wanted = self.settings.retention
         if dispatcher.keys.retention != wanted:  # logged before any call of this incarnation
             dispatcher.ingress_impulse(encode_retention_envelope(wanted))
-        self._starting = asyncio.ensure_future(self._server.start_serving())
+        self._listener.start()
 
     def close(self) -> None:
         if self._dispatcher is not None:
             self._dispatcher.ingress_answer = None
-        if self._server is not None:
-            self._server.close()
+        if self._listener is not None:
+            self._listener.close()
         for client in list(self._clients):
             client.closed = True
             client.writer.close()
+        for incoming in list(self._connections):
+            if incoming.transport is None:  # still in its TLS handshake
+                incoming.drop()
         self._refused.flush()
 
     # -- the effect ----------------------------------------------------------------------
@@ -257,16 +259,14 @@ class IngressServer:
 
     # -- connections ---------------------------------------------------------------------
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        peer = _peer(writer)
-        source = source_of(writer.get_extra_info("peername"))
-        client: _Client | None = None
+    def _accept(self, incoming: Incoming) -> None:
+        """A connection was accepted: admitted (perhaps evicting a pending one to make
+        room) at once, before any byte of it is read, TLS included, or refused."""
+        source, peer = incoming.source, incoming.address
 
         def evict(why: str) -> None:  # the table makes room for a newcomer
             self._refused(source, "closing the ingress connection from %s: %s", peer, why)
-            if client is not None:
-                client.closed = True
-            reset(writer)
+            incoming.drop()  # at once, in its TLS handshake too; its task ends
 
         slot = self.admission.admit(source, evict)
         if slot is None:
@@ -277,12 +277,60 @@ class IngressServer:
                 peer,
                 self.limits.max_connections,
             )
-            reset(writer)
+            incoming.drop()
             return
-        assert self._info is not None
-        client = _Client(ServerConnection(self._secret, self._info), writer, peer, source)
-        self._clients.add(client)
+        self._connections.add(incoming)
+        task = incoming.start(self._serve(incoming, slot))
+        task.add_done_callback(lambda _: self._connections.discard(incoming))
+
+    async def _connect(
+        self, incoming: Incoming
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+        """The connection as streams, in TLS if the ingress has it (its handshake done
+        within the handshake timeout of accept); None if that failed (said why)."""
+        reader = asyncio.StreamReader()
+        timeout = self.settings.handshake_timeout_s
         try:
+            transport, protocol = await incoming.connect(
+                lambda: asyncio.StreamReaderProtocol(reader), self.tls, timeout
+            )
+        except TimeoutError:
+            self._refused(
+                incoming.source,
+                "closing the ingress connection from %s: no TLS handshake within %g s",
+                incoming.address,
+                timeout,
+            )
+            return None
+        except ssl.SSLError as exc:  # a client TLS refuses (certificate, version, ...)
+            self._refused(
+                incoming.source, "TLS with the ingress client %s failed: %s", incoming.address, exc
+            )
+            return None
+        except (ConnectionError, OSError) as exc:
+            self._refused(
+                incoming.source,
+                "ingress connection from %s lost: %s",
+                incoming.address,
+                exc,
+                level=logging.INFO,
+            )
+            return None
+        writer = asyncio.StreamWriter(transport, protocol, reader, asyncio.get_running_loop())
+        return reader, writer
+
+    async def _serve(self, incoming: Incoming, slot: Slot) -> None:
+        peer, source = incoming.address, incoming.source
+        client: _Client | None = None
+        writer: asyncio.StreamWriter | None = None
+        try:
+            streams = await self._connect(incoming)
+            if streams is None:
+                return
+            reader, writer = streams
+            assert self._info is not None
+            client = _Client(ServerConnection(self._secret, self._info), writer, peer, source)
+            self._clients.add(client)
             writer.write(client.conn.data_to_send())  # HELLO
             calls = await self._authenticate(client, reader)
             if calls is None:
@@ -311,13 +359,15 @@ class IngressServer:
             log.info("closing the ingress connection from %s: %s", peer, exc)
         except OutputStalled as exc:  # before OSError: it is a TimeoutError
             self._closed(slot, "closing the ingress connection from %s: %s", peer, exc)
+            assert writer is not None
             reset(writer)  # a close would wait, for ever, to send what it does not read
         except (ConnectionError, OSError) as exc:
             self._closed(slot, "ingress connection from %s lost: %s", peer, exc, level=logging.INFO)
         finally:
             self.admission.release(slot)
             self._forget(client)
-            writer.close()
+            if writer is not None:
+                writer.close()
 
     async def _authenticate(
         self, client: _Client, reader: asyncio.StreamReader
@@ -402,10 +452,3 @@ class IngressServer:
             if not waiters:
                 del self._waiting[(key, method_id)]
         client.waiting.clear()
-
-
-def _peer(writer: asyncio.StreamWriter) -> str:
-    name = writer.get_extra_info("peername")
-    if isinstance(name, tuple) and len(name) >= 2:
-        return f"{name[0]}:{name[1]}"
-    return str(name)

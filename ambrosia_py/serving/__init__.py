@@ -1,12 +1,16 @@
 """What every server of the project shares at its edge: which connections it admits
-(:class:`Admission`, :class:`ConnectionLimits`), back-pressure on what it writes
-(:func:`wait_for_room`), and refusal logs a flood cannot grow (:class:`RefusalLog`).
+(:class:`Admission`, :class:`ConnectionLimits`), accepting them so that each counts from
+accept on, TLS handshake included (:class:`Listener`, :class:`Incoming`), back-pressure
+on what it writes (:func:`wait_for_room`), and refusal logs a flood cannot grow
+(:class:`RefusalLog`).
 
 The links, the ingress, the Ockam hub and the Wallaroo worker use these, so one rule
-holds on every port; each server chooses its limits' defaults in one place. Nothing
-here touches a socket but through the asyncio writer it is given.
+holds on every port; each server chooses its limits' defaults in one place. Only the
+listener touches sockets (it accepts them and hands them to the loop); the rest works
+through the asyncio writer or transport it is given.
 """
 
+from .accept import Incoming, Listener
 from .admission import Admission, ConnectionLimits, Slot, source_of
 from .output import OutputStalled, buffered_output, limit_output, reset, wait_for_room
 from .refusals import RefusalLog
@@ -14,6 +18,8 @@ from .refusals import RefusalLog
 __all__ = [
     "Admission",
     "ConnectionLimits",
+    "Incoming",
+    "Listener",
     "OutputStalled",
     "RefusalLog",
     "Slot",
