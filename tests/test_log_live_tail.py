@@ -5,6 +5,7 @@ find the records' end, keep every whole write and cut a write a crash cut short.
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -211,3 +212,78 @@ def test_a_clean_live_tail_is_truncated_only_by_a_repairing_scan(tmp_path: Path)
     assert files.log_path(1).read_bytes() == rec
     location = resolve(files.log_path(1))
     assert whole_end(location, 0, location.data_size()) == len(rec)
+
+
+# --- a reader beside the writer -------------------------------------------------------------
+
+
+class Moving:
+    """A file that becomes ``after`` once ``reads`` preads of ``before`` were served: a
+    writer truncating or growing it between a reader's reads."""
+
+    def __init__(self, before: bytes, after: bytes, reads: int) -> None:
+        self.data, self.after, self.left = before, after, reads
+
+    def pread(self, n: int, at: int) -> bytes:
+        got = self.data[at : at + n]
+        self.left -= 1
+        if self.left == 0:
+            self.data = self.after
+        return got
+
+    def size(self) -> int:
+        return len(self.data)
+
+
+def test_a_log_closed_while_its_end_is_read_keeps_its_last_record() -> None:
+    # Records end in zero bytes; the writer's close truncates the live tail away. Read
+    # after the truncation, the zeros skipped backwards reach into the last record.
+    data = record(0, b"a") + record(1, bytes(40))
+    live = data + logfile.END_MARKER + bytes(100) + logfile.TRAILER
+    for reads in range(1, 6):
+        unsettled = Moving(live, data, reads)
+        end = logfile.data_end(unsettled.pread, unsettled.size())
+        settled = Moving(live, data, reads)
+        end_now, size = logfile.settled_data_end(settled.pread, settled.size)
+        assert end_now == len(data) and size in {len(live), len(data)}
+        if reads == 1:  # the trailer read, then the truncation: the race itself
+            assert end < len(data)
+
+
+def test_a_log_grown_while_its_end_is_read_ends_at_its_records() -> None:
+    first = record(0, b"a")
+    data = first + record(1, b"b")
+    live = first + logfile.END_MARKER + bytes(40) + logfile.TRAILER
+    # Grown: the new trailer written at the new end, the old one zeroed.
+    grown = data + logfile.END_MARKER + bytes(len(live) - len(data) - 24 + 64) + logfile.TRAILER
+    for reads in range(1, 6):
+        moving = Moving(live, grown, reads)
+        end, size = logfile.settled_data_end(moving.pread, moving.size)
+        assert (end, size) in {(len(first), len(live)), (len(data), len(grown))}
+        assert size == len(moving.data)
+
+
+def test_a_file_that_never_holds_still_is_refused() -> None:
+    a = record(0, b"a") + logfile.END_MARKER + bytes(100) + logfile.TRAILER
+    sizes = iter(range(len(a), len(a) + 100))
+    with pytest.raises(logfile.FileMovedError, match="changed size"):
+        logfile.settled_data_end(pread_of(a), lambda: next(sizes))
+
+
+def test_a_scan_beside_a_writer_that_closes_sees_every_record(tmp_path: Path) -> None:
+    """A real writer and a real scan, the writer closing while the scan looks for the end:
+    the scan finds every record, never a torn tail. A large preallocation makes the scan
+    skip zeros for a while, so that the close falls in the middle of its look."""
+    files = InstanceFiles(tmp_path, "x", 0)
+    files.create()
+    for attempt in range(8):
+        path = files.log_path(attempt + 1)
+        writer = LogWriter(path, index_every_bytes=0, preallocate=64 * 2**20)
+        writer.append([record(0, b"a"), record(1, bytes(40))])
+        closer = threading.Thread(target=writer.close)
+        closer.start()
+        scan = files.scan_log(
+            attempt + 1, committer_id=COMMITTER, next_seq=0, last=True, repair=False
+        ).drain()
+        closer.join()
+        assert (scan.records, scan.damage) == (2, None)

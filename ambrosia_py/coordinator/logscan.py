@@ -156,10 +156,9 @@ class LogScan:
         except FileNotFoundError:
             raise StorageError(f"no log file {self.path}") from None
         try:
-            on_disk = os.fstat(fd).st_size
             # Where the records end: a log still written, or left by a crash, has a live
             # tail after them (wire.logfile); it is read up to there, like a log at rest.
-            size = records_end(fd, on_disk)
+            size, on_disk = records_end(fd)
             reader = wire.RecordReader(
                 on_disk=True,
                 committer_id=self.committer_id,
@@ -268,10 +267,16 @@ class LogScan:
             _truncate(self.path, start)
 
 
-def records_end(fd: int, size: int) -> int:
-    """Where the records of the open log file ``fd`` (``size`` bytes) end: its size, less
-    a live tail (``wire.logfile``)."""
-    return logfile.data_end(lambda n, at: os.pread(fd, n, at), size)
+def records_end(fd: int) -> tuple[int, int]:
+    """Where the records of the open log file ``fd`` end (its size, less a live tail:
+    ``wire.logfile``), and its size: read while the file held still, since a coordinator
+    may be closing it. StorageError if it never did."""
+    try:
+        return logfile.settled_data_end(
+            lambda n, at: os.pread(fd, n, at), lambda: os.fstat(fd).st_size
+        )
+    except logfile.FileMovedError as exc:
+        raise StorageError(f"cannot read where the log ends: {exc}") from None
 
 
 def _pread(fd: int, n: int, at: int, size: int) -> bytes:

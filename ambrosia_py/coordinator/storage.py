@@ -123,8 +123,7 @@ class LogWriter:
         except OSError as exc:
             raise StorageError(f"cannot open log {path}: {exc.strerror}") from exc
         fd = self._fd
-        on_disk = os.fstat(fd).st_size
-        self.size = records_end(fd, on_disk)
+        self.size, on_disk = records_end(fd)
         if on_disk > self.size:  # a live tail a crash left: cut, as close() would have
             os.ftruncate(fd, self.size)
         self._step = preallocate if _CAN_PREALLOCATE else 0
@@ -446,7 +445,7 @@ def log_data_size(path: Path) -> int:
     (:mod:`ambrosia_py.wire.logfile`)."""
     fd = os.open(path, os.O_RDONLY)
     try:
-        return records_end(fd, os.fstat(fd).st_size)
+        return records_end(fd)[0]
     finally:
         os.close(fd)
 

@@ -128,7 +128,13 @@ class LogInput:
 
     def data_size(self) -> int:
         """Where the records end (:meth:`Location.data_size`)."""
-        return logfile.data_end(self.pread, self.size())
+        return logfile.settled_data_end(self.pread, self._size_now)[0]
+
+    def _size_now(self) -> int:
+        """The size on disk now (an open file's ``size()`` is the one at open): a
+        coordinator may be closing the log while it is read (``wire.logfile``)."""
+        loc = self.location
+        return int(loc.filesystem.get_file_info(loc.path).size)
 
     def close(self) -> None:
         self._file.close()

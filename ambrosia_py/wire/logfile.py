@@ -40,6 +40,13 @@ trailer between zeros) are dropped; then:
   written whole whose marker is missing reads as cut: its write never finished, so it
   was never synced, acknowledged or forwarded.
 
+A reader may run beside the writer (``replay`` or ``analyze`` on a live instance, or
+just after a crash of the binding while its coordinator closes the log). The writer's
+close truncates the file, and a growth zeros the old trailer, between two of the
+reader's reads: :func:`settled_data_end` reads the end again until the file held still
+while it looked, so a reader never takes a record cut by the truncation for a torn
+write.
+
 Sans-IO: the caller passes how to read the file (``pread(size, offset)``).
 """
 
@@ -48,14 +55,28 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Final
 
-__all__ = ["END_MARKER", "TRAILER", "cut_over_marker", "data_end", "has_live_tail"]
+__all__ = [
+    "END_MARKER",
+    "TRAILER",
+    "FileMovedError",
+    "cut_over_marker",
+    "data_end",
+    "has_live_tail",
+    "settled_data_end",
+]
 
 END_MARKER: Final = b"#ambrosia-py: end of log"
 TRAILER: Final = b"@ambrosia-py: free space"
 _SIZE = 24
 _PROBE = 64 * 1024  # bytes read per step while skipping zeros backwards
 
+_SETTLE_TRIES = 8  # a writer truncates once, at close, and grows rarely: this is plenty
+
 Pread = Callable[[int, int], bytes]  # (size, offset) -> bytes, short at the end
+
+
+class FileMovedError(Exception):
+    """The file kept changing size while its end was read (:func:`settled_data_end`)."""
 
 
 def has_live_tail(pread: Pread, size: int) -> bool:
@@ -77,6 +98,35 @@ def data_end(pread: Pread, size: int) -> int:
         if last.endswith(END_MARKER[:k]):
             return end - k
     return end
+
+
+def settled_data_end(pread: Pread, size: Callable[[], int]) -> tuple[int, int]:
+    """:func:`data_end` and the file size it holds for, read while the file held still.
+
+    A read that comes back short inside the size just taken, or a size that differs
+    after the look, means the writer truncated or grew the file meanwhile: look again.
+    :class:`FileMovedError` if it never held still in a few tries.
+    """
+    for _ in range(_SETTLE_TRIES):
+        before = size()
+        end, held = _look(pread, before)
+        if held and size() == before:
+            return end, before
+    raise FileMovedError(f"the file changed size {_SETTLE_TRIES} times while it was read")
+
+
+def _look(pread: Pread, size: int) -> tuple[int, bool]:
+    """:func:`data_end` for ``size`` bytes, and whether every read inside them was whole."""
+    whole = True
+
+    def exact(n: int, at: int) -> bytes:
+        nonlocal whole
+        got = pread(n, at)
+        if len(got) < min(n, max(0, size - at)):
+            whole = False
+        return got
+
+    return data_end(exact, size), whole
 
 
 def cut_over_marker(head: bytes) -> int | None:
