@@ -1,7 +1,8 @@
 """The scan's fast path (frames.py's walk, calls.py's numpy reading of calls and return
-values) against the wire decoder, the reference: same frames, same values, on random
-messages with payloads of 0, 1, 12, 13, 100 and 64 KiB bytes, alone, mixed with every
-other RPC form, and in uniform records (the stride check) with one message changed."""
+values) against the test oracle (tests/log_oracle.py, written from reference/ambrosia.md
+with nothing from ``ambrosia_py``): same frames, same values, on random messages with
+payloads of 0, 1, 12, 13, 100 and 64 KiB bytes, alone, mixed with every other RPC form,
+and in uniform records (the stride check) with one message changed."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from ambrosia_py import wire
 from ambrosia_py.spark import calls, read_rows
 from ambrosia_py.spark.calls import call_rows
 from ambrosia_py.spark.frames import frame_ends
+from tests import log_oracle as oracle
 from tests import strategies
 from tests.test_spark_rows import _log_of, normal, reference_rows
 
@@ -35,27 +37,25 @@ def framed(messages: Sequence[wire.Message]) -> list[bytes]:
 
 
 def decoded_rows(body: bytes) -> dict[str, list[object]]:
-    """What the wire decoder says each call or return value holds, as columns."""
+    """What the test oracle reads in each call or return value, as columns."""
     out: dict[str, list[object]] = {
         k: [] for k in ("method_id", "rpc_type", "sender", "call_seq", "payload", "return_type")
     }
-    for m in wire.decode_messages(body, 0, len(body)):
-        if isinstance(m, wire.IncomingRpc):
-            is_async = m.rpc_type == wire.RpcType.ASYNC_AWAIT
-            out["method_id"].append(m.method_id)
-            out["rpc_type"].append(("async", "fork", "impulse")[m.rpc_type])
-            out["sender"].append(m.sender if is_async else None)
-            out["call_seq"].append(m.call_seq if is_async else None)
-            out["payload"].append(bytes(m.args))
+    for m in oracle.messages(body):
+        assert m.name == "RPC", m
+        f = m.fields
+        out["sender"].append(f["sender"])
+        out["call_seq"].append(f["call_seq"])
+        if f["call"]:
+            out["method_id"].append(f["method_id"])
+            out["rpc_type"].append(f["rpc_type"])
+            out["payload"].append(f["args"])
             out["return_type"].append(None)
         else:
-            assert isinstance(m, wire.IncomingReturnValue)
             out["method_id"].append(None)
             out["rpc_type"].append("return")
-            out["sender"].append(m.sender)
-            out["call_seq"].append(m.call_seq)
-            out["payload"].append(bytes(m.value))
-            out["return_type"].append(("value", "no_value", "exception")[m.return_type - 1])
+            out["payload"].append(f["value"])
+            out["return_type"].append(f["return_type"])
     return out
 
 
@@ -87,7 +87,7 @@ def test_frame_ends_are_the_wire_decoder_s_frames(messages: list[wire.Message], 
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(forks | others, min_size=1, max_size=12), st.binary(max_size=20))
-def test_call_rows_equal_the_wire_decoder_s(messages: list[wire.Message], pad: bytes) -> None:
+def test_call_rows_equal_the_oracle_s(messages: list[wire.Message], pad: bytes) -> None:
     body = b"".join(framed(messages))
     rows = _columns(pad + body + pad, len(pad), len(pad) + len(body))
     # Call seqs of ten varint bytes are left to the general path (and only they).
