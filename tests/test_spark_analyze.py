@@ -150,7 +150,8 @@ def report(spark: Any, recorded: Path, tmp_path_factory: pytest.TempPathFactory)
     """``ambrosia-py analyze`` run on the recorded data dir, on the shared session."""
     out = tmp_path_factory.mktemp("report")
     services = ["server:HelloServer", "client:HelloClient", "immortals.ockam.hub"]
-    argv = ["analyze", str(recorded), "--out", str(out)]
+    # The size at which the run's coordinators rolled their logs (the fixture's option).
+    argv = ["analyze", str(recorded), "--out", str(out), "--log-trigger-mb", "0.001"]
     for service in [*services, "immortals.wallaroo.worker"]:
         argv += ["--service", service]
     with pytest.MonkeyPatch.context() as patch:
@@ -286,7 +287,8 @@ def test_log_files_checkpoints_and_control_messages(report: Path, recorded: Path
         mine = [r for r in rows if r["log_file"] == log.path]
         assert row["records"] == len({r["offset"] for r in mine})
         assert row["messages"] == len(mine)
-        assert row["start"] == ("first start" if log.number == 1 else "new log")
+        if log.number == 1:
+            assert row["start"] == "first start"
         checkpoint = Path(log.path).parent / f"serverchkpt{log.number}"
         assert row["checkpoint"] == checkpoint.exists()
         if mine:
@@ -294,6 +296,21 @@ def test_log_files_checkpoints_and_control_messages(report: Path, recorded: Path
     # The hello logs rolled (checkpoints while running), the server's also at its recovery.
     per_instance = logs.groupby("instance")["log_number"].max().to_dict()
     assert per_instance["client"] >= 2 and per_instance["server"] >= 3, per_instance
+    # A log rolls once past 0.001 MB here (as a coordinator counts it), so a new log after
+    # a smaller one is the restart, and the files cannot tell the others; only the server
+    # restarted, once. The worker logs a new incarnation at every start: its new logs are
+    # all checkpoints.
+    trigger = int(0.001 * 1024 * 1024)
+    for row in logs[logs["log_number"] > 1].to_dict("records"):
+        size = Path(row["log_file"]).with_name(f"serverlog{row['log_number'] - 1}").stat().st_size
+        if row["instance"] == "worker":
+            assert row["start"] == "checkpoint", row
+        else:
+            assert row["start"] == ("restart" if size < trigger else "checkpoint or restart"), row
+    restarts = logs[logs["start"] == "restart"]
+    assert set(restarts["instance"]) <= {"server"} and len(restarts) <= 1
+    starts = table(report, "starts")
+    assert list(starts["log_file"]) == list(logs[logs["start"] != "checkpoint"]["log_file"])
     control = table(report, "control_messages")
     expected = collections.Counter(
         (r["log_file"], r["msg_type"]) for r in rows if r["msg_type"] not in (None, "RPC")
@@ -416,9 +433,9 @@ def test_decoding_unpickles_no_global_but_the_services_configs(tmp_path: Path) -
     decoder.feed(service_method_ids()["frames"], hostile, "log L, offset 7, message 0")
     assert not marker.exists()
     [row] = decoder.rows("svc", 0)
-    assert row[:3] == ("svc", 0, "unknown") and row[6:8] == ("undecodable", 1)
-    assert row[9].startswith("log L, offset 7, message 0: arguments not decoded")
-    assert "is not allowed here" in row[9]
+    assert row[:4] == ("svc", 0, "unknown", None) and row[7:9] == ("undecodable", 1)
+    assert row[10].startswith("log L, offset 7, message 0: arguments not decoded")
+    assert "is not allowed here" in row[10]
 
 
 def test_services_are_decoded_by_default_only_from_this_user_s_private_logs(

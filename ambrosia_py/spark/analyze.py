@@ -1,11 +1,13 @@
 """``ambrosia-py analyze DATA_DIR --out DIR``: a report over every recorded log.
 
-One Spark batch (a local session, the ``ambrosia`` data source) scans the logs once; the
+One Spark batch (a local session, the ``ambrosia`` data source) scans the logs once, an
+ingress call's method read from its envelope on the way (:mod:`.report_ingress`); the
 report's tables are queries over that scan (:mod:`.report_tables`), the Ockam and
 Wallaroo streams are decoded from the logged transport impulses
-(:mod:`.report_services`), the charts are drawn with matplotlib (:mod:`.report_charts`)
-and the page is written with its tables as Parquet (:mod:`.report_page`). See
-docs/spark.md, *Analytics report*.
+(:mod:`.report_services`), starts and restarts are told from the files
+(:mod:`.report_starts`), the charts are drawn with matplotlib (:mod:`.report_charts`)
+and the page, with the sections that apply (:mod:`.report_sections`), is written with its
+tables as Parquet (:mod:`.report_page`). See docs/spark.md, *Analytics report*.
 
 PySpark, PyArrow, pandas and matplotlib are the ``spark`` extra: the command checks for
 them (and for Java) before anything else and says in one line what to install
@@ -37,6 +39,7 @@ STEPS = (
     "calls between instances",
     "log files and checkpoints",
     "Ockam and Wallaroo streams",
+    "starts and restarts",
     "charts",
     "page and tables",
 )
@@ -63,7 +66,8 @@ class Report:
     page: Path
     totals: dict[str, int]
     tables: dict[str, Any]  # name -> pandas DataFrame, as written to tables/<name>.parquet
-    decoded: bool  # whether the services' payloads were decoded
+    decoded: bool  # whether the services' payloads were decoded (allowed, and some logged)
+    sections: tuple[str, ...] = ()  # the titles of the sections on the page
 
 
 def build_report(
@@ -73,23 +77,33 @@ def build_report(
     *,
     names: dict[int, str] | None = None,
     decode_services: bool | None = None,
+    log_trigger_mb: float | None = None,
     step: Callable[[str], None] = lambda _: None,
 ) -> Report:
     """Analyse every log under ``data_dir`` on ``spark`` and write the report to ``out``.
 
     ``names``: method names by id (:func:`method_names`); without, ids show as ``#id``.
     ``decode_services``: unpickle the transport impulses of the Ockam hub and the Wallaroo
-    worker to count their streams (:mod:`.report_services`); ``None`` decodes when every
-    log file belongs to this user and is writable by no other (this machine's own
-    coordinators' logs). ``step`` is called with each of :data:`STEPS` as it begins.
+    worker and connector to count their streams (:mod:`.report_services`); ``None``
+    decodes when every log file belongs to this user and is writable by no other (this
+    machine's own coordinators' logs). ``log_trigger_mb``: the size at which the logs'
+    coordinators rolled their logs (:mod:`.report_starts`; ``None``: their default).
+    ``step`` is called with each of :data:`STEPS` as it begins.
     """
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
     from . import report_tables as rt
+    from .report_ingress import with_ingress
     from .report_page import write_tables
+    from .report_sections import notes, sections, transport_calls
     from .report_services import own_logs, service_counts, service_method_ids
+    from .report_starts import classify
 
+    if log_trigger_mb is None:
+        from ..coordinator.ic_config import DEFAULT_LOG_TRIGGER_MB
+
+        log_trigger_mb = float(DEFAULT_LOG_TRIGGER_MB)
     names = names or {}
     files = find_logs(data_dir)
     if decode_services is None:
@@ -98,7 +112,7 @@ def build_report(
     else:
         how = "as asked (--decode-services)" if decode_services else "as asked"
     step(STEPS[0])
-    source = spark.read.format("ambrosia").load(str(data_dir))
+    source = with_ingress(spark.read.format("ambrosia").load(str(data_dir)))
     # One scan, kept: payloads only where the services' decoding needs them.
     keep = (
         (F.col("msg_type") == "RPC")
@@ -126,6 +140,10 @@ def build_report(
         tables["logs"] = rt.logs(msgs, files)
         tables["control_messages"] = rt.control_messages(msgs)
         step(STEPS[7])
+        roles: dict[tuple[str | None, int | None], str] = {}
+        start_logs: set[str] = set()
+        # Nothing to decode (no transport impulses): no job, no tables, no sections.
+        decode_services = decode_services and transport_calls(tables) > 0
         if decode_services:
             services = service_counts(rows)
             _service_totals(totals, services)
@@ -134,21 +152,47 @@ def build_report(
             tables["undecoded"] = services[services["request"] == "undecodable"]
             for name in ("ockam_streams", "wallaroo_streams", "undecoded"):
                 tables[name] = tables[name].reset_index(drop=True)
+            roles = _roles(services)
+            if roles:
+                start = service_method_ids()["start"]
+                logged = msgs.where(
+                    (F.col("method_id") == start) & (F.col("rpc_type") == "impulse")
+                ).select("log_file")
+                start_logs = {r["log_file"] for r in logged.distinct().collect()}
+        step(STEPS[8])
+        trigger = int(log_trigger_mb * 1024 * 1024)  # as the coordinator counts it
+        tables["logs"], tables["starts"] = classify(tables["logs"], roles, start_logs, trigger)
+        kinds = tables["starts"]["start"]
+        totals["restarts"] = int((kinds == "restart").sum())
+        if (kinds == "checkpoint or restart").any():
+            totals["maybe_restarts"] = int((kinds == "checkpoint or restart").sum())
     finally:
         rows.unpersist()
     import pandas as pd  # type: ignore[import-untyped]
 
     tables["totals"] = pd.DataFrame({"name": list(totals), "value": list(totals.values())})
     out.mkdir(parents=True, exist_ok=True)
-    step(STEPS[8])
-    _charts(out, tables)
+    shown = sections(tables)
     step(STEPS[9])
+    _charts(out, tables, {chart for section in shown for chart in section.charts})
+    step(STEPS[10])
     write_tables(out, tables)
-    notes = _notes(tables, decode_services, how)
+    lines = notes(tables, decode_services, how, log_trigger_mb)
     from .report_page import write_page
 
-    page = write_page(out, data_dir, totals, _sections(tables), tables, notes)
-    return Report(page, totals, tables, decode_services)
+    page = write_page(out, data_dir, totals, shown, tables, lines)
+    return Report(page, totals, tables, decode_services, tuple(s.title for s in shown))
+
+
+def _roles(services: Any) -> dict[tuple[str | None, int | None], str]:
+    """The instance versions whose service logs a new incarnation at every start, and
+    their role (:data:`.report_services.STARTS_LOGGED`)."""
+    from .report_services import STARTS_LOGGED
+    from .report_starts import version_of
+
+    known = services[services["role"].isin(STARTS_LOGGED)]
+    pairs = zip(known["instance"], known["version"], known["role"], strict=True)
+    return {(i, version_of(v)): str(role) for i, v, role in pairs}
 
 
 def _service_totals(totals: dict[str, int], services: Any) -> None:
@@ -159,127 +203,28 @@ def _service_totals(totals: dict[str, int], services: Any) -> None:
     totals["undecoded_frames"] = int(undecoded["frames"].sum())
 
 
-def _charts(out: Path, tables: dict[str, Any]) -> None:
+def _charts(out: Path, tables: dict[str, Any], shown: set[str]) -> None:
+    """Draw the charts the page shows (``shown``: their file names)."""
     from . import report_charts as rc
 
-    rc.calls_over_time_chart(tables["calls_over_time"], out / "calls_over_time.png")
-    rc.message_sizes_chart(tables["message_sizes"], out / "message_sizes.png")
-    rc.call_kinds_chart(tables["call_kinds"], out / "call_kinds.png")
-    rc.calls_between_chart(tables["calls_between"], out / "calls_between.png")
-    rc.logs_chart(tables["logs"], out / "logs.png")
-    if "ockam_streams" in tables:
-        rc.streams_chart(tables["ockam_streams"], out / "ockam_streams.png", "Ockam", "PushRequest")
-        rc.streams_chart(
-            tables["wallaroo_streams"], out / "wallaroo_streams.png", "Wallaroo", "Message"
-        )
-
-
-def _notes(tables: dict[str, Any], decoded: bool, how: str) -> list[str]:
-    axes = tables["calls_over_time"].drop_duplicates(["instance", "version"])
-    untimed = sorted(str(i) for i in axes[axes["axis"] == "seq"]["instance"])
-    notes = [
-        "Calls over time are counted by commit_time (from the sidecar index)"
-        + (f", except per record seq for {', '.join(untimed)} (no index)." if untimed else ".")
-    ]
-    if decoded:
-        notes.append(
-            "Ockam and Wallaroo payloads were decoded by unpickling the logged arguments "
-            f"({how}), with an unpickler that builds built-in values and the services' "
-            "configuration classes only. Decode only logs you trust."
-        )
-    else:
-        notes.append(
-            "Ockam and Wallaroo payloads were not decoded: that unpickles the logged "
-            f"arguments ({how}; the default for logs not all this user's own). Run with "
-            "--decode-services for logs you trust."
-        )
-    return notes
-
-
-def _sections(tables: dict[str, Any]) -> list[Any]:
-    from .report_page import Section
-
-    sections = [
-        Section(
-            "Instances",
-            "Per instance version: log files, records, messages, calls by type, returns, "
-            "damaged rows, payload bytes and the span of commit times and seqs.",
-            (),
-            ("instances",),
+    draw: dict[str, Callable[[Path], None]] = {
+        "calls_over_time.png": lambda p: rc.calls_over_time_chart(
+            tables["calls_over_time"], p, tables["starts"]
         ),
-        Section(
-            "Calls over time",
-            "Calls (async, fork and impulse RPCs) per instance and method, per second of "
-            "commit_time, in buckets of `width` seconds (or, for logs without a sidecar "
-            "index, per `width` record seqs: the axis column says which). Calls without a "
-            "commit time in a timed instance have an empty bucket.",
-            ("calls_over_time.png",),
-            ("calls_over_time",),
+        "message_sizes.png": lambda p: rc.message_sizes_chart(tables["message_sizes"], p),
+        "call_kinds.png": lambda p: rc.call_kinds_chart(tables["call_kinds"], p),
+        "calls_between.png": lambda p: rc.calls_between_chart(tables["calls_between"], p),
+        "logs.png": lambda p: rc.logs_chart(tables["logs"], p),
+        "ockam_streams.png": lambda p: rc.streams_chart(
+            tables["ockam_streams"], p, "Ockam", "PushRequest"
         ),
-        Section(
-            "Message sizes",
-            "Payload bytes per message (a call's arguments, a returned value, an "
-            "InitialMessage's data, a Checkpoint's blob), in power-of-two bins per kind; "
-            "percentiles are approximate (Spark's percentile_approx).",
-            ("message_sizes.png",),
-            ("message_size_stats", "message_sizes"),
+        "wallaroo_streams.png": lambda p: rc.streams_chart(
+            tables["wallaroo_streams"], p, "Wallaroo", "Message"
         ),
-        Section(
-            "Impulses versus replayable calls",
-            "Impulses come from outside the system (a client, a transport); replayable "
-            "calls (async and fork) are instances calling instances. Per instance and method.",
-            ("call_kinds.png",),
-            ("call_kinds",),
-        ),
-        Section(
-            "Calls between instances",
-            "Calls and returns from sender to destination (the instance whose log holds "
-            "them). The wire names the caller of async calls only; fork and impulse calls "
-            "show '(not logged)' as their sender. A return's sender ran the call.",
-            ("calls_between.png",),
-            ("calls_between",),
-        ),
-        Section(
-            "Log files, checkpoints and restarts",
-            "One row per log file. A coordinator begins a new log, with a checkpoint for it, "
-            "both when it checkpoints while running and when it recovers after a restart; "
-            "the files do not tell which, so both count as 'new log'. 'first start' is log 1 "
-            "of version 0, 'upgrade' log 1 of a later version. "
-            "checkpoint: serverchkpt<N> (the state at the start of log N) is still on disk; "
-            "torn_copies: tails a recovery cut after a crash mid-write. Control messages "
-            "(not calls: InitialMessage, Checkpoint, TakeCheckpoint, BecomingPrimary, ...) "
-            "are counted per log below.",
-            ("logs.png",),
-            ("logs", "control_messages"),
-        ),
-    ]
-    if "ockam_streams" in tables:
-        sections += [
-            Section(
-                "Ockam streams",
-                "Frames the Ockam hub received, decoded from its logged frames impulses: "
-                "per stream and partition and request (PushRequest: messages stored; "
-                "bytes: their data).",
-                ("ockam_streams.png",),
-                ("ockam_streams",),
-            ),
-            Section(
-                "Wallaroo streams",
-                "Frames the Wallaroo worker received, decoded in the dialect of its logged "
-                "start: per stream (named by its NOTIFY) and frame (Message: messages with a "
-                "payload; bytes: their payloads).",
-                ("wallaroo_streams.png",),
-                ("wallaroo_streams",),
-            ),
-            Section(
-                "Not decoded",
-                "Transport calls or frames that did not decode, with the first reason and "
-                "where (log file, offset, message).",
-                (),
-                ("undecoded",),
-            ),
-        ]
-    return sections
+    }
+    for name, chart in draw.items():
+        if name in shown:
+            chart(out / name)
 
 
 def _session(cores: int) -> tuple[Any, bool]:
@@ -309,12 +254,26 @@ def _session(cores: int) -> tuple[Any, bool]:
 @click.option(
     "--decode-services/--no-decode-services",
     default=None,
-    help="Unpickle the Ockam hub's and Wallaroo worker's logged frames to count their "
-    "streams (for logs you trust). Default: only if every log file is this user's own.",
+    help="Unpickle the Ockam hub's and the Wallaroo worker's and connector's logged frames "
+    "to count their streams (for logs you trust). Default: only if every log file is this "
+    "user's own.",
+)
+@click.option(
+    "--log-trigger-mb",
+    type=click.FloatRange(min=0, min_open=True),
+    envvar="AMBROSIA_LOG_TRIGGER_MB",  # as `run` and `coordinator` take it
+    show_envvar=True,
+    help="The --log-trigger-mb the logs' coordinators ran with (default: theirs): a new "
+    "log after a smaller one is a restart.",
 )
 @click.option("--cores", default=2, show_default=True, help="Spark local[N].")
 def analyze(
-    data_dir: Path, out: Path, services: tuple[str, ...], decode_services: bool | None, cores: int
+    data_dir: Path,
+    out: Path,
+    services: tuple[str, ...],
+    decode_services: bool | None,
+    log_trigger_mb: float | None,
+    cores: int,
 ) -> None:
     """Write a report (HTML, PNG charts, Parquet tables) over the logs in DATA_DIR."""
     require(*EXTRAS["spark"])
@@ -341,7 +300,13 @@ def analyze(
 
         try:
             report = build_report(
-                spark, data_dir, out, names=names, decode_services=decode_services, step=step
+                spark,
+                data_dir,
+                out,
+                names=names,
+                decode_services=decode_services,
+                log_trigger_mb=log_trigger_mb,
+                step=step,
             )
         finally:
             if owned:

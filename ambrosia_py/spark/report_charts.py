@@ -47,9 +47,11 @@ def _empty(path: Path, title: str, why: str) -> None:
     _save(fig, path)
 
 
-def calls_over_time_chart(table: Any, path: Path) -> None:
+def calls_over_time_chart(table: Any, path: Path, starts: Any = None) -> None:
     """One panel per instance (the busiest first), a line per method: calls per second
-    (axis ``commit_time``, seconds from the panel's first call) or per seq bucket."""
+    (axis ``commit_time``, seconds from the panel's first call) or per seq bucket; the
+    instance's restarts, upgrades and unclear new logs from ``starts`` (the table of
+    :mod:`.report_starts`) marked across it (:func:`_mark_starts`)."""
     title = "Calls over time"
     timed = table[table["bucket"].notna()]
     if timed.empty:
@@ -90,9 +92,58 @@ def calls_over_time_chart(table: Any, path: Path) -> None:
         else:
             ax.set_xlabel("record seq (no sidecar index: no commit_time)")
             ax.set_ylabel(f"calls / {width:g} seqs")
+        if starts is not None:
+            mine = starts[starts["instance"] == instance]
+            _mark_starts(ax, mine, axis, origin)
         ax.set_title(str(instance))
         ax.legend(fontsize="small", loc="upper right")
     _save(fig, path)
+
+
+# How each kind of start is drawn: (colour, line style, label).
+# Black and grey: the methods' lines take the colour cycle.
+_START_LINES = {
+    "restart": ("black", "-", "restart (recovery)"),
+    "upgrade": ("black", "--", "upgrade"),
+    "checkpoint or restart": ("grey", ":", "new log: checkpoint or restart"),
+}
+
+
+def _mark_starts(ax: Any, starts: Any, axis: str, origin: float) -> None:
+    """A vertical line at each start of ``starts`` (one instance's), and before each
+    restart the span in which the instance wrote nothing (killed or stopped in it)."""
+    import pandas as pd  # type: ignore[import-untyped]
+
+    epoch = pd.Timestamp("1970-01-01")
+    xs = []
+    labelled: set[str] = set()
+    for r in starts.to_dict("records"):
+        style = _START_LINES.get(r["start"])
+        if style is None:
+            continue
+        color, line, label = style
+        if axis == "commit_time":
+            if pd.isna(r["time"]):
+                continue
+            x = (r["time"] - epoch).total_seconds() - origin
+        elif pd.notna(r["first_seq"]):
+            x = float(r["first_seq"])
+        else:
+            continue
+        ax.axvline(x, color=color, linestyle=line, linewidth=1.2,
+                   label=None if label in labelled else label)  # fmt: skip
+        labelled.add(label)
+        xs.append(x)
+        if r["start"] == "restart" and axis == "commit_time" and pd.notna(r["quiet_since"]):
+            since = (r["quiet_since"] - epoch).total_seconds() - origin
+            quiet = "no records: killed or stopped, then recovered"
+            ax.axvspan(since, x, color="black", alpha=0.1,
+                       label=None if quiet in labelled else quiet)  # fmt: skip
+            labelled.add(quiet)
+            xs.append(since)
+    if xs:  # a start after the last call, or before the first, stays in view
+        low, high = ax.get_xlim()
+        ax.set_xlim(min(low, min(xs)), max(high, max(xs)))
 
 
 def _utc(seconds: float) -> str:
@@ -203,8 +254,8 @@ def _cells(matrix: Any) -> list[tuple[tuple[int, int], int]]:
 
 def logs_chart(table: Any, path: Path) -> None:
     """Log files over time, one row per instance version: where each log begins (its
-    first commit time, else its first seq), marked by how it began, and whether its
-    checkpoint file is still on disk."""
+    first commit time, else its first seq), marked by how it began (the ``start`` column
+    of :mod:`.report_starts`), and whether its checkpoint file is still on disk."""
     title = "Log files, checkpoints and (re)starts"
     rows = table[table["records"] > 0]
     if rows.empty:
@@ -220,13 +271,19 @@ def logs_chart(table: Any, path: Path) -> None:
     lanes = sorted(set(labels))
     y = [lanes.index(label) for label in labels]
     fig, ax = plt.subplots(figsize=(9, 0.7 * len(lanes) + 2))
-    styles = {"first start": ("*", 160), "upgrade": ("D", 70), "new log": ("o", 60)}
-    for start, (marker, size) in styles.items():
+    styles = {
+        "first start": ("*", 160, "tab:blue"),
+        "upgrade": ("D", 70, "tab:purple"),
+        "restart": ("X", 130, "tab:red"),
+        "checkpoint": ("o", 50, "tab:green"),
+        "checkpoint or restart": ("o", 60, "grey"),
+    }
+    for start, (marker, size, color) in styles.items():
         pick = (rows["start"] == start).to_numpy()
         if pick.any():
             ax.scatter(
                 x[pick], [v for v, p in zip(y, pick, strict=True) if p], marker=marker, s=size,
-                label=f"log begins: {start}",
+                color=color, label=f"log begins: {start}",
             )  # fmt: skip
     kept = rows["checkpoint"].to_numpy()
     if kept.any():

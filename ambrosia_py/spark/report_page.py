@@ -37,6 +37,8 @@ TOTAL_LABELS = {
     "ockam_frames": "Ockam frames decoded",
     "wallaroo_frames": "Wallaroo frames decoded",
     "undecoded_frames": "transport calls or frames not decoded",
+    "restarts": "restarts (recoveries) the logs show",
+    "maybe_restarts": "new logs that were a checkpoint or a restart (the files do not say)",
 }
 
 _STYLE = """

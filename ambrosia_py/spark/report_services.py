@@ -1,25 +1,30 @@
 """The analytics report's view into the services of ``immortals/``: messages per Ockam
 stream and per Wallaroo stream, decoded from the logged impulses.
 
-The Ockam hub (:mod:`immortals.ockam.hub`) and the Wallaroo worker
-(:mod:`immortals.wallaroo.worker`) log every read from a TCP peer as one impulse
+The Ockam hub (:mod:`immortals.ockam.hub`), the Wallaroo worker
+(:mod:`immortals.wallaroo.worker`) and the Wallaroo connector
+(:mod:`immortals.wallaroo.connector`) log every read from a TCP peer as one impulse
 ``frames(peer_or_conn, now_ms, frames)``, the raw frames of their protocols; the hub also
-logs ``configure(HubConfig)`` (its service names) and the worker ``start(incarnation,
-WorkerConfig)`` (its dialect). Their arguments are pickled by the binding
-(:mod:`ambrosia_py.binding.codec`), so decoding them means unpickling what the log holds.
-That runs only when asked (``ambrosia-py analyze --decode-services``, or by default for
-logs this user's coordinators wrote: see :func:`own_logs`), and then through
-:class:`_Unpickler`, which refuses every global but the two configuration classes and
-the dialect enum: the arguments are strings, integers and lists of bytes, so nothing
-else is ever needed, and a hostile pickle cannot name a function to call. Unpickling
-untrusted bytes is still parsing untrusted input: decode only logs you trust.
+logs ``configure(HubConfig)`` (its service names), the worker ``start(incarnation,
+WorkerConfig)`` (its dialect) and the connector ``start(incarnation, ConnectorConfig)``
+(its dialect and stream names), these two at every start. Their arguments are pickled by
+the binding (:mod:`ambrosia_py.binding.codec`), so decoding them means unpickling what
+the log holds. That runs only when asked (``ambrosia-py analyze --decode-services``, or
+by default for logs this user's coordinators wrote: see :func:`own_logs`), and then
+through :class:`_Unpickler`, which refuses every global but the three configuration
+classes and the dialect enum (:data:`_ALLOWED_GLOBALS`, each by module and name): the
+arguments are strings, integers and lists of bytes, so nothing else is ever needed, and
+a hostile pickle cannot name a function to call. Unpickling untrusted bytes is still
+parsing untrusted input: decode only logs you trust.
 
 Which service an instance runs is read from the log itself, in log order: a
-``configure`` carrying a ``HubConfig`` makes it an Ockam hub, a ``start`` carrying a
-``WorkerConfig`` a Wallaroo worker of that dialect. Before either (a log whose start
-was pruned), the first ``frames`` call that decodes whole as Ockam routing messages, or
-as Wallaroo frames of exactly one dialect, decides. Calls named like these of other
-services are reported as not decoded, never guessed at.
+``configure`` carrying a ``HubConfig`` makes it an Ockam hub (role ``hub``), a ``start``
+carrying a ``WorkerConfig`` a Wallaroo worker (``worker``) of that dialect, one carrying
+a ``ConnectorConfig`` a Wallaroo connector (``connector``), whose received frames are the
+worker's answers, its streams named from the config. Before any (a log whose start was
+pruned), the first ``frames`` call that decodes whole as Ockam routing messages, or as
+Wallaroo frames of exactly one dialect, decides the protocol (the role stays unknown).
+Calls named like these of other services are reported as not decoded, never guessed at.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from typing import Any
 
 __all__ = [
     "SERVICE_COLUMNS",
+    "STARTS_LOGGED",
     "ServiceDecoder",
     "decode_partition",
     "load_args",
@@ -41,20 +47,28 @@ __all__ = [
     "service_method_ids",
 ]
 
-# The classes a transport impulse may carry (module, name); nothing else is unpickled.
+# The classes a transport impulse may carry (module, name), all of them this project's
+# own value classes (attrs, frozen; unpickling one sets its fields and calls nothing
+# else); nothing else is unpickled, and no module is allowed whole.
 _ALLOWED_GLOBALS = frozenset(
     {
         ("immortals.ockam.service", "HubConfig"),
         ("immortals.wallaroo.worker_core", "WorkerConfig"),
+        ("immortals.wallaroo.connector_actions", "ConnectorConfig"),
         ("immortals.wallaroo.codec", "Dialect"),
     }
 )
+
+# The role of each instance whose service logs a new incarnation at every start (its
+# ``start`` impulse): :mod:`.report_starts` tells its restarts from its checkpoints.
+STARTS_LOGGED = ("worker", "connector")
 
 # (name, Spark SQL type): one row per (instance, version, service, stream, request).
 SERVICE_COLUMNS: tuple[tuple[str, str], ...] = (
     ("instance", "STRING"),
     ("version", "INT"),
     ("service", "STRING"),  # ockam, wallaroo, or unknown (calls not decoded)
+    ("role", "STRING"),  # hub, worker, connector; null where no start or configure said
     ("stream", "STRING"),  # the stream's name; null for frames of no stream
     ("stream_id", "STRING"),  # Wallaroo's u64 stream id, in decimal (over a BIGINT)
     ("partition", "INT"),  # Ockam's partition
@@ -94,12 +108,17 @@ def load_args(data: bytes) -> tuple[tuple[Any, ...], dict[str, Any]]:
 def service_method_ids() -> dict[str, int]:
     """The method ids of the transport impulses, read from the immortals' classes."""
     from immortals.ockam.hub import OckamHub
+    from immortals.wallaroo.connector import WallarooConnector
     from immortals.wallaroo.worker import WallarooWorker
 
     hub = OckamHub.rpc_methods_by_name()
     worker = WallarooWorker.rpc_methods_by_name()
-    if hub["frames"].id != worker["frames"].id:  # both transports call it "frames"
-        raise AssertionError("the hub's and the worker's frames impulses differ in id")
+    connector = WallarooConnector.rpc_methods_by_name()
+    # The transports share their impulses' names, so their ids (hashes of the names).
+    if not hub["frames"].id == worker["frames"].id == connector["frames"].id:
+        raise AssertionError("the services' frames impulses differ in id")
+    if worker["start"].id != connector["start"].id:
+        raise AssertionError("the worker's and the connector's start impulses differ in id")
     return {
         "frames": hub["frames"].id,
         "configure": hub["configure"].id,
@@ -127,6 +146,7 @@ class ServiceDecoder:
 
     def __init__(self) -> None:
         self.kind: str | None = None  # "ockam" or "wallaroo", once known
+        self.role: str | None = None  # "hub", "worker" or "connector", once a config says
         self.hub_config: Any = None
         self.dialect: Any = None
         self.names: dict[int, str] = {}  # Wallaroo stream id -> name (from NOTIFY)
@@ -168,17 +188,33 @@ class ServiceDecoder:
         from immortals.ockam.service import HubConfig
 
         if len(args) == 1 and isinstance(args[0], HubConfig):
-            self.kind, self.hub_config = "ockam", args[0]
+            self.kind, self.role, self.hub_config = "ockam", "hub", args[0]
         else:
             self._problem(self.kind or "unknown", where, "configure without a HubConfig")
 
     def _start(self, args: tuple[Any, ...], where: str) -> None:
+        from immortals.wallaroo.codec import Dialect, stream_id_for
+        from immortals.wallaroo.connector_actions import ConnectorConfig
         from immortals.wallaroo.worker_core import WorkerConfig
 
-        if len(args) == 2 and isinstance(args[1], WorkerConfig):
-            self.kind, self.dialect = "wallaroo", args[1].dialect
-        else:
-            self._problem(self.kind or "unknown", where, "start without a WorkerConfig")
+        config = args[1] if len(args) == 2 else None
+        # Unpickling sets fields without the classes' validators: check what is used.
+        if not isinstance(config, WorkerConfig | ConnectorConfig) or not isinstance(
+            config.dialect, Dialect
+        ):
+            problem = "start without a WorkerConfig or ConnectorConfig"
+            self._problem(self.kind or "unknown", where, problem)
+            return
+        self.kind, self.dialect = "wallaroo", config.dialect
+        if isinstance(config, WorkerConfig):
+            self.role = "worker"
+            return
+        self.role = "connector"
+        streams = config.streams if isinstance(config.streams, tuple | list) else ()
+        for name in streams:
+            if isinstance(name, str):
+                # The connector sends the NOTIFYs; its config names the streams.
+                self.names.setdefault(stream_id_for(name), name)
 
     def _frames(self, args: tuple[Any, ...], where: str) -> None:
         if not (
@@ -297,7 +333,9 @@ class ServiceDecoder:
         """The counts as rows of :data:`SERVICE_COLUMNS`."""
         for (service, stream, sid, partition, request), (n, size) in self.counts.items():
             problem = self.problems.get(service) if request == "undecodable" else None
-            yield (instance, version, service, stream, sid, partition, request, n, size, problem)
+            role = self.role if service == self.kind else None
+            yield (instance, version, service, role, stream, sid, partition, request, n, size,
+                   problem)  # fmt: skip
 
 
 def decode_partition(batches: Iterator[Any]) -> Iterator[Any]:

@@ -15,6 +15,9 @@ counted, once, for all of them:
 * **time**: ``commit_time``, which the sidecar index gives (docs/spark.md). An instance
   version with no commit time at all (logs without an index) is counted per record
   ``seq`` instead, and its rows say so (``axis``).
+* a call's **method** is the one it runs: a client's call through the ingress counts
+  under the method its envelope carries, not the ingress's reserved id (``msgs`` has
+  the ``ingress`` and ``called_id`` columns of :mod:`.report_ingress`).
 """
 
 from __future__ import annotations
@@ -113,7 +116,8 @@ def instances(msgs: Any) -> Any:
 
 
 def calls_over_time(msgs: Any, names: dict[int, str], per_instance: Any) -> Any:
-    """Calls per bucket per instance version, method and ``rpc_type``: ``axis``
+    """Calls per bucket per instance version, method called (``method_id``: an ingress
+    call's carried id; ``ingress`` beside it), and ``rpc_type``: ``axis``
     ``commit_time`` (``bucket`` in seconds since the epoch, ``start`` the same as a UTC
     time, ``width`` seconds) or ``seq`` (``bucket`` the first seq, ``width`` seqs). Rows
     without a time in a timed instance version have a null ``bucket``, so the calls add
@@ -144,17 +148,20 @@ def calls_over_time(msgs: Any, names: dict[int, str], per_instance: Any) -> Any:
     value = F.when(F.col("axis") == "commit_time", F.col("t")).otherwise(F.col("seq"))
     # Rounded to the width's own precision: floor(x / w) * w leaves float noise.
     bucket = F.floor(value / F.col("width")) * F.col("width")
+    keys = ("instance", "version", "method_id", "ingress", "rpc_type")
     df = (
         joined.withColumn("bucket", F.round(bucket, 3))
-        .groupBy("instance", "version", "method_id", "rpc_type", "axis", "width", "bucket")
+        .withColumn("method_id", F.col("called_id"))
+        .groupBy(*keys, "axis", "width", "bucket")
         .agg(F.count(F.lit(1)).alias("calls"))
-        .orderBy("instance", "version", "method_id", "rpc_type", "bucket")
+        .orderBy(*keys, "bucket")
     )
     out = to_pandas(df)
-    out.insert(3, "method", [method_name(i, names) for i in out["method_id"]])
+    methods = zip(out["method_id"], out["ingress"], strict=True)
+    out.insert(3, "method", [method_name(i, names, via) for i, via in methods])
     # The bucket's start as a UTC time too, for people reading the table.
     timed = out["bucket"].where(out["axis"] == "commit_time")
-    out.insert(8, "start", pd.to_datetime(timed, unit="s"))
+    out.insert(out.columns.get_loc("bucket") + 1, "start", pd.to_datetime(timed, unit="s"))
     return out
 
 
@@ -174,8 +181,13 @@ def _width(span: float, *, seqs: bool = False) -> float:
     return math.ceil(span / _MAX_BUCKETS / 86400.0) * 86400.0
 
 
-def method_name(method_id: Any, names: dict[int, str]) -> str:
-    """A method's name from ``--service``, else ``#id``."""
+def method_name(method_id: Any, names: dict[int, str], ingress: Any = None) -> str:
+    """A method's name from ``--service``, else ``#id``; an ingress impulse that is not a
+    call (``ingress`` of :mod:`.report_ingress`) says what it is."""
+    if ingress == "retention":
+        return "(ingress retention setting)"
+    if ingress == "undecodable":
+        return "(ingress: not an envelope)"
     if method_id is None or (isinstance(method_id, float) and math.isnan(method_id)):
         return "(none)"
     return names.get(int(method_id), f"#{int(method_id)}")
@@ -244,9 +256,9 @@ def size_stats(msgs: Any) -> Any:
 
 
 def call_kinds(over_time: Any) -> Any:
-    """Calls per instance, method and ``rpc_type``, with ``replayable`` (async, fork):
-    the :func:`calls_over_time` table summed over versions and buckets."""
-    keys = ["instance", "method_id", "method", "rpc_type"]
+    """Calls per instance, method, ``ingress`` and ``rpc_type``, with ``replayable``
+    (async, fork): the :func:`calls_over_time` table summed over versions and buckets."""
+    keys = ["instance", "method_id", "method", "ingress", "rpc_type"]
     out = over_time.groupby(keys, as_index=False, dropna=False)["calls"].sum()
     out["replayable"] = out["rpc_type"] != "impulse"
     return out.sort_values(keys, ignore_index=True)
@@ -292,8 +304,9 @@ def logs(msgs: Any, files: list[LogFile]) -> Any:
     ``start``: ``first start`` for log 1 of version 0 (or of a directory without a
     version), ``upgrade`` for log 1 of a later version, otherwise ``new log``. A
     coordinator opens log N+1 both when it takes a checkpoint while running and when it
-    recovers after a restart, and writes checkpoint N+1 for it either way; the log files
-    do not say which. ``checkpoint``: ``serverchkpt<N>`` (the state at the
+    recovers after a restart, and writes checkpoint N+1 for it either way; no record
+    says which (:func:`.report_starts.classify` tells them apart where the files do).
+    ``checkpoint``: ``serverchkpt<N>`` (the state at the
     start of log N) is still on disk, and ``checkpoint_time`` its modification time;
     ``torn_copies``: tails a recovery cut from this log and kept beside it
     (``serverlog<N>.torn-*``), the traces a crash mid-write leaves.
