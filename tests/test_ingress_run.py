@@ -48,7 +48,10 @@ def test_a_port_in_use_is_one_line_before_anything_starts(tmp_path: Path) -> Non
         code, out = invoke(EXAMPLE, "--data-dir", str(tmp_path), "--ingress", str(port))
     assert code == 1
     assert out.strip() == (
-        f"Error: the ingress cannot listen on 127.0.0.1:{port}: Address already in use"
+        f"Error: the ingress cannot listen on 127.0.0.1:{port}: Address already in use; no "
+        f"running instance of the data dir {tmp_path} uses it (another program does, or an "
+        "instance of another data dir): stop it, or give --ingress another port (0: any free "
+        "one)"
     )
     assert not (tmp_path / "registry.sqlite3").exists()  # no coordinator was started
 

@@ -67,7 +67,7 @@ MEMBERS = {
         "version",
     ],
     ImmortalRunner: ["close", "start"],
-    RunningImmortal: ["impulse", "kill", "state", "stop", "wait_until"],
+    RunningImmortal: ["impulse", "kill", "state", "stop", "wait_logged", "wait_until"],
     ServiceProcess: [
         "alive",
         "argv",

@@ -292,6 +292,11 @@ def test_a_state_attribute_that_cannot_be_pickled_is_named(tmp_path: Path) -> No
     (error,) = error_lines(run.text)
     assert "Locked: state attribute 'guard' (of type lock) cannot be pickled" in error
     assert "--verbose shows the traceback" in error
+    # The coordinator saw the binding go first; it says so as a log line, not as an
+    # error of its own that would read as the cause.
+    assert not [line for line in run.text.splitlines() if line.startswith("ambrosia-py:")]
+    assert "disconnected" not in run.text
+    assert "the binding went away during start-up" in run.text
     with running(path, "--data-dir", tmp_path / "data", "--verbose") as run:
         assert run.finish() == ExitStatus.SERVICE_FAILED
     assert "Traceback" in run.text and "state attribute 'guard'" in run.text

@@ -231,6 +231,30 @@ def test_a_file_and_a_generator_exactly_once_through_sigkills(
         replay_verify(c)
 
 
+@pytest.mark.parametrize("dialect", ["draft", "v3"])
+def test_the_duplicates_of_a_run_with_no_crash(
+    tmp_path: Path, processes: list[Service], dialect: str
+) -> None:
+    """With no crash, no reconnect and no NACK nothing is re-sent; the worker's
+    ``duplicates`` (ids at or below the stream's point, dropped) is then the draft's end
+    of stream alone: a MESSAGE flagged EOS, no payload, at the last id sent. v3's
+    EOS_MESSAGE has no id. Nothing is applied twice either way."""
+    lines = text(300, 7)
+    path = tmp_path / "words.txt"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    worker = Worker(tmp_path / "w", "worker", dialect)
+    conn = Connector(tmp_path / "c", "files", worker, f"file://{path}", dialect)
+    processes += [worker, conn]
+    worker.start()
+    conn.start()
+    wait_for("the stream to end", lambda: finished(worker, f"file://{path}", len(lines)))
+    status = worker.status()
+    assert status["applied"] == status["app_state"]["messages"] == len(lines)
+    assert worker.counts() == words(lines)
+    assert status["duplicates"] == (1 if dialect == "draft" else 0)
+    assert worker.starts == conn.starts == 1  # no crash, no restart
+
+
 def test_v3_generator_exactly_once_through_sigkills(
     tmp_path: Path, processes: list[Service]
 ) -> None:

@@ -104,6 +104,11 @@ def coordinator_ended(pid: int, status: int) -> str:
             f"the coordinator (pid {pid}) was killed by {name}; "
             "run the same command again to recover"
         )
+    if status == 2:  # ambrosia-py coordinator's refusals: said in one line, with a fix
+        return (
+            f"the coordinator (pid {pid}) refused to go on (exit status 2): its "
+            "'ambrosia-py:' line above says why and what to do"
+        )
     return (
         f"the coordinator (pid {pid}) exited with status {status} (its log above says why); "
         "run the same command again to recover"

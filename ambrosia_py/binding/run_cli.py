@@ -48,6 +48,7 @@ from ..coordinator.ic_cli import (
     pop_link_security,
 )
 from ..coordinator.link_config import LinkSetupError, load_secret, tls_contexts
+from ..coordinator.port_users import PortTakenError, cannot_listen, publish_ingress
 from ..hashseed import instance_seed, run_under_seed
 from ..ingress.keys import DEFAULT_KEEP_COUNT, DEFAULT_KEEP_SECONDS
 from ..ingress.server import IngressServer, IngressSettings, parse_address
@@ -252,32 +253,40 @@ async def _run(launch: _Launch, on_primary: Callable[[Dispatcher], None] | None 
 
 
 async def _run_with_ingress(
-    ingress: IngressServer | None, main: Callable[..., Awaitable[int]]
+    ingress: IngressServer | None, main: Callable[..., Awaitable[int]], launch: _Launch
 ) -> int:
     """``main`` (:func:`_run`), with the ingress bound before anything starts (a port in
-    use is one line) and serving once the immortal is primary. SIGTERM, what process
-    managers send to stop a service, stops it as Ctrl-C does: the task is cancelled, the
-    coordinator makes what it holds durable and exits, and ``run`` exits 0."""
+    use is one line, naming the instance that holds it if the registry can tell) and
+    serving once the immortal is primary, its address in the registry meanwhile. SIGTERM,
+    what process managers send to stop a service, stops it as Ctrl-C does: the task is
+    cancelled, the coordinator makes what it holds durable and exits, and ``run`` exits 0."""
     task = asyncio.current_task()
     assert task is not None
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
     if ingress is None:
         return await main()
-    wanted = f"{ingress.settings.host}:{ingress.settings.port}"
     try:
         host, port = await ingress.bind()
     except OSError as exc:
-        why = os.strerror(exc.errno) if exc.errno else str(exc)
-        raise click.ClickException(f"the ingress cannot listen on {wanted}: {why}") from None
+        taken = PortTakenError("ingress", ingress.settings.host, ingress.settings.port, exc)
+        why = cannot_listen(taken, launch.data_dir, instance=launch.instance)
+        raise click.ClickException(why) from None
+    published: list[asyncio.Task[None]] = []
 
     def attach(d: Dispatcher) -> None:
         ingress.attach(d)
         click.echo(f"ingress listening on {host}:{port}", err=True)
+        # The instance is registered by now (its coordinator is ready).
+        where = (launch.data_dir, launch.instance, (host, port))
+        published.append(asyncio.ensure_future(asyncio.to_thread(publish_ingress, *where)))
 
     try:
         return await main(on_primary=attach)
     finally:
         ingress.close()
+        if published:
+            await asyncio.gather(*published, return_exceptions=True)
+            publish_ingress(launch.data_dir, launch.instance, None)
         await _connections_closed()
 
 
@@ -450,7 +459,7 @@ def run(
     )
     try:
         with use_state_files(files):
-            status = eventloop.run(_run_with_ingress(ingress, partial(_run, launch)))
+            status = eventloop.run(_run_with_ingress(ingress, partial(_run, launch), launch))
     except (ConnectionRefusedError, BindingTokenError) as exc:
         raise click.ClickException(str(exc)) from None
     except BackgroundTaskError as exc:  # its traceback is logged already

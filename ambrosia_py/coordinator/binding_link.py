@@ -27,6 +27,7 @@ from ..iov import IOV_MAX, nbytes, send_all, unsent
 from ..serving import RefusalLog, source_of
 from ..wire import CONTROL_SEQ, Message
 from .binding_auth import PREAMBLE_SIZE, Socket, TokenGate
+from .port_users import PortTakenError
 
 __all__ = ["BindingGoneError", "BindingLink", "Listener", "connect_binding"]
 
@@ -74,10 +75,10 @@ class Listener:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 sock.bind((h, port))
-            except OSError:
+            except OSError as exc:
                 sock.close()
-                if h == host:
-                    raise
+                if h == host:  # the caller says which port, and whose it is
+                    raise PortTakenError(f"{self.name} port", host, port, exc) from None
                 continue  # no IPv6 loopback here, or its port is taken: IPv4 only
             sock.listen(8)
             sock.setblocking(False)

@@ -27,6 +27,12 @@ class CoordinatorError(Exception):
     """A condition that stops the coordinator; the message says what and where."""
 
 
+class BindingLeftError(CoordinatorError):
+    """The binding went away during start-up, before this start's first checkpoint: it
+    failed (and says why itself: a state that cannot be pickled, ...) or was killed.
+    Nothing of this start is committed; the coordinator just stops."""
+
+
 @attrs.frozen
 class CoordinatorConfig:
     """How to run one coordinator."""

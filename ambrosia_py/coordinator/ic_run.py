@@ -9,9 +9,16 @@ import signal
 from collections.abc import Callable
 
 from ..allocator import prime_allocator
-from .ic_config import CoordinatorConfig, CoordinatorError, print_ready, resolve_start
+from .ic_config import (
+    BindingLeftError,
+    CoordinatorConfig,
+    CoordinatorError,
+    print_ready,
+    resolve_start,
+)
 from .ic_server import Coordinator
 from .link_config import load_secret, tls_contexts
+from .port_users import PortTakenError, cannot_listen
 from .registry_files import clear_interrupted_first_start, prepare_start
 from .storage import CorruptLogError, InstanceFiles
 
@@ -55,6 +62,9 @@ async def run_coordinator(
         files = InstanceFiles(config.data_dir, config.instance, version)
         files.create()
         files.acquire_lock()
+        # An earlier incarnation's ingress address is dead (its run process publishes the
+        # new one once serving): left, it would name this instance for another's port.
+        registry.clear_ingress_address(config.instance)
         coordinator = Coordinator(config, registry, files)
         try:
             info = registry.get(config.instance)
@@ -63,6 +73,14 @@ async def run_coordinator(
             return await _with_signals(asyncio.create_task(coordinator.run(ready)), coordinator)
         except CorruptLogError as exc:
             raise CoordinatorError(f"recovery stopped: {exc}") from None
+        except PortTakenError as exc:  # its receive, send or link port
+            why = cannot_listen(exc, config.data_dir, registry, config.instance)
+            raise CoordinatorError(why) from None
+        except BindingLeftError as exc:
+            # Not the coordinator's error to report: a line of its own here would come
+            # before the binding's, which names the cause, and read as the cause.
+            log.info("%s; stopping", exc)
+            return 1
         finally:
             coordinator.files.release_lock()
     finally:

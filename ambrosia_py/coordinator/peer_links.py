@@ -48,6 +48,7 @@ from .link_auth import TAG_SIZE, LinkAuthError, LinkHandshake, Role, name_digest
 from .link_config import PRE_AUTH_FRAME_LIMIT, LinkSettings, load_secret, tls_contexts
 from .link_conn import LinkConn, LinkProtocol
 from .links import Hello, LinkError, Outbox
+from .port_users import PortTakenError
 
 __all__ = ["PeerLinks"]
 
@@ -134,7 +135,10 @@ class PeerLinks:
         """Accept links on ``host``:``port`` (0: a free port); return the port."""
         # Accepted here, not by create_server(ssl=...): that would run the TLS handshake
         # before the connection is admitted, uncounted (serving/accept.py).
-        self._listener = await Listener.open(host, port, self._on_accepted, log)
+        try:
+            self._listener = await Listener.open(host, port, self._on_accepted, log)
+        except OSError as exc:  # the coordinator says whose the port is
+            raise PortTakenError("link port", host, port, exc) from None
         self._port = self._listener.address[1]
         if self._tls is not None:
             mutual = self.settings.tls_ca is not None

@@ -3,7 +3,9 @@
 An embedded SQLite database at ``<data dir>/registry.sqlite3`` (reference ambrosia.md,
 Files on disk: "ours keeps it in an embedded store on local disk") holds, per instance,
 its two loopback ports (receive, send), its current version and committer id, and per
-version the last committed checkpoint and the log file that goes with it.
+version the last committed checkpoint and the log file that goes with it; and where a
+running instance accepts links and ingress calls (published at start-up, so a port
+another start cannot take can be said to be that instance's: ``port_users.py``).
 
 Several coordinator processes on one machine may share a data directory, so the database
 runs in WAL mode with a busy timeout, every change is one short ``BEGIN IMMEDIATE``
@@ -67,6 +69,11 @@ CREATE TABLE IF NOT EXISTS versions (
     PRIMARY KEY (name, version)
 );
 CREATE TABLE IF NOT EXISTS links (
+    name TEXT PRIMARY KEY REFERENCES instances(name),
+    host TEXT NOT NULL,
+    port INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS ingresses (
     name TEXT PRIMARY KEY REFERENCES instances(name),
     host TEXT NOT NULL,
     port INTEGER NOT NULL
@@ -288,7 +295,9 @@ class Registry:
             for port, what in ((receive_port, "receive port"), (send_port, "send port")):
                 if port is not None and port in used:
                     raise RegistryError(
-                        f"{what} {port} for {name!r} is already used by instance {used[port]!r}"
+                        f"{what} {port} for {name!r} is already used by instance "
+                        f"{used[port]!r}: give another --{what.replace(' ', '-')}, or none "
+                        "(a free one is allocated)"
                     )
             if existing is not None:
                 receive_port = existing.receive_port if receive_port is None else receive_port
@@ -399,6 +408,39 @@ class Registry:
             except sqlite3.Error as exc:
                 raise self._error("cannot read", exc) from exc
         return None if row is None else (str(row[0]), int(row[1]))
+
+    def set_ingress_address(self, name: str, host: str, port: int) -> None:
+        """Where the instance's ingress (``run --ingress``) listens now."""
+        _check_port(port, "ingress port")
+        with self._write() as db:
+            self._require(db, name)
+            db.execute(
+                "INSERT INTO ingresses (name, host, port) VALUES (?, ?, ?) "
+                "ON CONFLICT (name) DO UPDATE SET host = excluded.host, port = excluded.port",
+                (name, host, port),
+            )
+
+    def clear_ingress_address(self, name: str) -> None:
+        """The instance's ingress stopped listening."""
+        with self._write() as db:
+            db.execute("DELETE FROM ingresses WHERE name = ?", (name,))
+
+    def port_users(self, port: int) -> list[tuple[str, str, str]]:
+        """Who registered ``port``, as (instance, what, host): its receive or send port,
+        or the port it accepts links or ingress calls on. Registered is not running: an
+        instance keeps its ports while stopped, and one killed leaves its addresses."""
+        query = (
+            "SELECT name, 'receive port', '127.0.0.1' FROM instances WHERE receive_port = ? "
+            "UNION ALL SELECT name, 'send port', '127.0.0.1' FROM instances WHERE send_port = ? "
+            "UNION ALL SELECT name, 'link port', host FROM links WHERE port = ? "
+            "UNION ALL SELECT name, 'ingress', host FROM ingresses WHERE port = ?"
+        )
+        with self._lock:
+            try:
+                rows = self._conn().execute(query, (port,) * 4).fetchall()
+            except sqlite3.Error as exc:
+                raise self._error("cannot read", exc) from exc
+        return [(str(name), str(what), str(host)) for name, what, host in rows]
 
     def restore(
         self, name: str, version: int, committer_id: int | None, checkpoints: dict[int, int]

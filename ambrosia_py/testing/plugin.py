@@ -3,6 +3,10 @@
 ``ambrosia`` gives an :class:`ImmortalRunner` on a fresh data directory; everything it
 started is killed when the test ends, pass or fail. ``ambrosia_replay`` replays an
 instance's recorded history (see :func:`ambrosia_py.binding.replay.replay_instance`).
+
+An impulse a test sends is durable only once its coordinator has logged it: a test that
+kills an instance right after sending impulses calls ``running.wait_logged()`` first, or
+loses those not logged yet (:mod:`.impulses`).
 """
 
 from __future__ import annotations

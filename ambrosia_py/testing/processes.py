@@ -173,7 +173,10 @@ class ServiceProcess:
             self.check_alive()
             return False
 
-        wait_for(f"{self.instance} to print {text!r}", seen, timeout, self.tail)
+        def last_lines() -> str:
+            return f"{self.log} ends:\n" + "\n".join(self.tail().splitlines()[-20:])
+
+        wait_for(f"{self.instance} to print {text!r}", seen, timeout, last_lines)
 
     def coordinator_pid(self) -> int | None:
         """The coordinator child, whichever of the service's threads started it."""
