@@ -122,6 +122,15 @@ def test_a_checkpoint_with_nothing_in_flight_has_no_tail() -> None:
     assert restored.checkpoint() == d.checkpoint()  # same state, same call counter
 
 
+def test_negative_method_ids_are_reserved_for_the_system() -> None:
+    """Seed 002, *Incoming RPC*: "Negative method ID's are reserved for system use"."""
+    with pytest.raises(ValueError, match="negative ids are reserved"):
+        rpc(id=-1)
+    assert rpc(id=0x7FFF_FFFF) is not None
+    with pytest.raises(ValueError, match=r"outside 0\.\.2"):
+        rpc(id=0x8000_0000)
+
+
 def test_method_ids_are_stable_and_collisions_fail_at_class_definition() -> None:
     assert Chain.rpc_methods_by_name()["double"].id == method_id_for("double")
     assert method_id_for("double") == method_id_for("double") >= 0

@@ -11,6 +11,7 @@ import pickle
 import struct
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import pytest
 import xxhash
@@ -45,6 +46,18 @@ class Svc(Immortal):
         y: int = await self.me.double(x)
         self.log.append(y)
         return y
+
+    @rpc(id=7)
+    def tell(self, x: object) -> None:
+        self.proxy("server", Svc).note.fork(x)
+
+
+class SvcV1(Svc):
+    version = 1
+
+    @classmethod
+    def upgrade_state(cls, state: dict[str, Any], from_version: int) -> dict[str, Any]:
+        return {"log": [*state["log"], f"upgraded from {from_version}"]}
 
 
 def record(seq: int, body: bytes) -> bytes:
@@ -183,6 +196,31 @@ async def test_fork_impulse_and_batch_dispatch_in_log_order() -> None:
     assert isinstance(d.immortal, Svc) and d.immortal.log == ["a", "b", "c"]
 
 
+async def test_a_count_replayable_batch_dispatches_its_calls_in_order() -> None:
+    """Type 13: ZigZagInt count, ZigZagInt count of non-impulse calls, the calls."""
+    d = Dispatcher(Svc, "svc")
+    async with running(d) as ic:
+        await first_start(ic)
+        batch = frame(13, zz(2) + zz(1) + call(3, 1, pickled("b")) + call(3, 2, pickled("c")))
+        await ic.send(record(1, call(3, 1, pickled("a")) + batch))
+        await ic.send(record(2, call(4, 0, pickled(21), "caller", 9)))
+        await ic.message()  # the return value: everything before it was handled
+    assert isinstance(d.immortal, Svc) and d.immortal.log == ["a", "b", "c"]
+
+
+async def test_attach_to_goes_once_before_the_first_call_to_another_instance() -> None:
+    """Seed 002, *Attach-before-send protocol*: AttachTo (type 1, the name in UTF-8) once,
+    before the first RPC to that instance; later calls go without it."""
+    d = Dispatcher(Svc, "svc")
+    async with running(d) as ic:
+        await first_start(ic)
+        await ic.send(record(1, call(7, 1, pickled("a")) + call(7, 1, pickled("b"))))
+        assert await ic.message() == (1, b"server")
+        fork = zz(6) + b"server" + b"\x00" + zz(3) + b"\x01"
+        assert await ic.message() == (0, fork + pickled("a"))
+        assert await ic.message() == (0, fork + pickled("b"))
+
+
 async def test_return_values_and_exceptions_byte_for_byte() -> None:
     d = Dispatcher(Svc, "svc")
     async with running(d) as ic:
@@ -243,3 +281,39 @@ async def test_recovery_restores_then_replays_and_refuses_impulses_until_primary
         assert mtype == 8  # the checkpoint that makes it primary
     assert isinstance(d.immortal, Svc) and d.immortal.log == ["replayed"]
     assert d.mode.value == "primary"
+
+
+UPGRADE_TAKE_CHECKPOINT = record(-1, bytes.fromhex("020a"))  # size 1, type 10, no data
+UPGRADE_SERVICE = record(-1, bytes.fromhex("020c"))  # size 1, type 12, no data
+
+
+async def test_upgrade_take_checkpoint_after_a_replay_by_the_old_code() -> None:
+    """Seed 002, recovering and upgrading: Checkpoint, replay (by the old code),
+    UpgradeTakeCheckpoint; the binding upgrades and sends the new version's checkpoint."""
+    first = Dispatcher(Svc, "svc")
+    async with running(first) as ic:
+        blob = await first_start(ic)
+    d = Dispatcher(Svc, "svc", upgrade_to=SvcV1)
+    async with running(d) as ic:
+        await ic.send(record(-2, frame(8, zz(len(blob)))) + blob)
+        await ic.send(record(0, frame(9, b"")) + record(1, call(3, 1, pickled("old"))))
+        await ic.send(UPGRADE_TAKE_CHECKPOINT)
+        mtype, new_blob = await ic.message()
+        assert mtype == 8 and new_blob != blob
+    assert type(d.immortal) is SvcV1 and d.immortal.log == ["old", "upgraded from 0"]
+    assert d.mode.value == "primary"
+
+
+async def test_upgrade_service_before_the_replay_runs_it_on_the_new_code() -> None:
+    """Seed 002, upgrade what-if test: Checkpoint, UpgradeService, then the replay."""
+    first = Dispatcher(Svc, "svc")
+    async with running(first) as ic:
+        blob = await first_start(ic)
+    d = Dispatcher(Svc, "svc", upgrade_to=SvcV1)
+    async with running(d) as ic:
+        await ic.send(record(-2, frame(8, zz(len(blob)))) + blob + UPGRADE_SERVICE)
+        await ic.send(record(0, frame(9, b"")) + record(1, call(3, 1, pickled("new"))))
+        await ic.send(record(2, call(4, 0, pickled(1), "caller", 1)))
+        await ic.message()  # the return value: record 1 was handled
+    assert type(d.immortal) is SvcV1 and d.immortal.log == ["upgraded from 0", "new"]
+    assert d.mode.value == "recovering"  # a what-if test never becomes primary

@@ -176,7 +176,42 @@ def test_bad_peers_are_disconnected_and_nothing_of_theirs_is_logged(tmp_path: Pa
     assert "the hello names 'other', but the peer authenticated as another instance" in log
 
 
+def test_a_frame_for_a_token_that_differs_from_ours_in_first_closes_the_link(
+    tmp_path: Path,
+) -> None:
+    """Seed 004, *Endpoint / token / UID layout*: besides the endpoint index (the low 32
+    bits of ``second``), a receiver checks all 64 bits of ``first``. A frame whose token
+    is the link endpoint's but for one bit of ``first`` is not taken: the link closes
+    and nothing of it is logged (the reference answers on endpoint-not-found; see
+    docs/protocols.md)."""
+    good = incoming_fork(5, b"ok")
+    not_ours = struct.pack("<QQ", 0x7FFF_FFFF_FFFF_FFFF, 0x414D_4252)
+    with coordinator(tmp_path, "server") as (ic, binding):
+        first_start(binding)
+        peer = Peer(tmp_path, "server")
+        peer.open()
+        assert peer.control() == (REPLAY_FROM, 0, 0)
+        peer.send(good, token=not_ours)
+        assert peer.closed_by_peer()
+        peer.close()
+        peer = Peer(tmp_path, "server")
+        peer.open()
+        assert peer.control() == (REPLAY_FROM, 0, 0)  # nothing was logged
+        peer.send(good)
+        assert binding.record().body == good
+        peer.close()
+        binding.close()
+        assert ic.proc.wait(timeout=DEADLINE) == 0
+        assert "not the link endpoint" in ic.stderr()
+
+
 # --- the sending side: a raw receiver stands in for the destination's coordinator --------
+
+
+def attach_to(destination: str) -> bytes:
+    """AttachTo: the destination's name, UTF-8, no length (seed 002: sent before the first
+    call to an instance)."""
+    return frame(1, destination.encode())
 
 
 def fork_to(destination: str, method: int, args: bytes) -> bytes:
@@ -193,7 +228,8 @@ def test_the_sender_resends_from_where_the_receiver_asks_and_drops_what_it_has(
     try:
         with coordinator(tmp_path, "client") as (ic, binding):
             first_start(binding)
-            binding.send(b"".join(fork_to("server", 5, bytes([i])) for i in range(3)))
+            forks = b"".join(fork_to("server", 5, bytes([i])) for i in range(3))
+            binding.send(attach_to("server") + forks)
             peer = receiver.accept("client", "server", 0)
             expected = b"".join(calls[:3])  # in the receiver's incoming form, in order
             assert peer.messages(len(expected)) == expected
@@ -214,13 +250,15 @@ def test_the_sender_resends_from_where_the_receiver_asks_and_drops_what_it_has(
             ic.kill()
             assert "peer asks to replay from seq 1" in ic.stderr()
         # The sender crashes. Its checkpoint (first start) held no output; replay makes the
-        # binding regenerate all four calls, which the receiver already has but for none.
+        # binding regenerate all four calls, which the receiver already has but for none,
+        # and its AttachTo (that checkpoint holds none either).
         with coordinator(tmp_path, "client") as (ic, binding):
             rec = binding.record()
             assert rec.seq == -2
             assert binding.record().seq == 0
             assert binding.record().seq == -1
-            regenerated = b"".join(fork_to("server", 5, bytes([i])) for i in range(4))
+            forks = b"".join(fork_to("server", 5, bytes([i])) for i in range(4))
+            regenerated = attach_to("server") + forks
             binding.send(regenerated + checkpoint(b"recovered") + fork_to("server", 5, b"\x04"))
             peer = receiver.accept("client", "server", 4)
             assert peer.frame() == calls[4]  # only what the receiver does not have
@@ -242,7 +280,8 @@ def test_output_a_checkpoint_holds_is_sent_after_a_crash_though_replay_never_reg
     try:
         with coordinator(tmp_path, "client") as (ic, binding):
             first_start(binding)
-            binding.send(b"".join(fork_to("server", 5, bytes([i])) for i in range(3)))
+            forks = b"".join(fork_to("server", 5, bytes([i])) for i in range(3))
+            binding.send(attach_to("server") + forks)
             peer = receiver.accept("client", "server", 0)
             peer.messages(len(b"".join(calls)))  # sent, but never confirmed: no Commit
             peer.close()

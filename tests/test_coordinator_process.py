@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
+
+import pytest
 
 from tests.fake_binding import (
     FakeBinding,
@@ -158,8 +161,44 @@ def test_debug_replays_from_a_checkpoint_and_writes_nothing(tmp_path: Path) -> N
             incoming_fork(1, b"y"),
         ]
         binding.send(self_fork(9, b"what-if output is discarded"))
+        # Seed 002, upgrade what-if test: nothing follows the replay (no
+        # TakeBecomingPrimaryCheckpoint). The binding ends its side; the coordinator
+        # stops, having sent nothing more.
+        binding.to_ic.shutdown(socket.SHUT_WR)
+        assert ic.proc.wait(timeout=30) == 0
+        with pytest.raises(EOFError):
+            binding.record()
+    after = {p.name: (p.stat().st_size, p.stat().st_mtime_ns) for p in d.iterdir()}
+    assert after == before
+    assert (tmp_path / "registry.sqlite3").read_bytes() == registry_before
+
+
+def test_debug_ends_the_replay_with_take_becoming_primary_checkpoint(tmp_path: Path) -> None:
+    """Seed 002, *Starting up*: running a repro or what-if test, the binding receives the
+    Checkpoint, the logged records, then TakeBecomingPrimaryCheckpoint; it sends a
+    Checkpoint and goes on to normal processing, which the debug coordinator drops."""
+    with coordinator(tmp_path, "svc") as (ic, binding):
+        committer = first_start(binding, blob=b"cp1")
+        binding.send(self_fork(1, b"x"))
+        collect(binding, 1)
         binding.close()
         assert ic.proc.wait(timeout=30) == 0
+    d = tmp_path / "svc_0"
+    before = {p.name: (p.stat().st_size, p.stat().st_mtime_ns) for p in d.iterdir()}
+    registry_before = (tmp_path / "registry.sqlite3").read_bytes()
+    with coordinator(tmp_path, "svc", "--checkpoint", "1", command="debug") as (ic, binding):
+        rec = binding.record()
+        assert rec.seq == -2 and rec.blob == b"cp1"
+        assert binding.record().seq == 0
+        assert collect(binding, 1) == [(1, incoming_fork(1, b"x"))]
+        # The reference's record (committer id 1 there): length 26, XXH64 of 02 0b, seq -1.
+        tbpc = bytes.fromhex("1a000000 c7f179c2cb842dda ffffffffffffffff 02 0b")
+        assert binding._read(26) == committer.to_bytes(4, "little") + tbpc
+        binding.send(checkpoint(b"cp-debug") + self_fork(1, b"y") + frame(TAKE_CHECKPOINT))
+        binding.to_ic.shutdown(socket.SHUT_WR)
+        assert ic.proc.wait(timeout=30) == 0
+        with pytest.raises(EOFError):  # nothing logged, echoed or asked for
+            binding.record()
     after = {p.name: (p.stat().st_size, p.stat().st_mtime_ns) for p in d.iterdir()}
     assert after == before
     assert (tmp_path / "registry.sqlite3").read_bytes() == registry_before

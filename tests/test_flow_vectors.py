@@ -22,11 +22,20 @@ from ambrosia_py.flow import (
     TOKEN_STREAM_FLAG,
     VERSION_FLAGS_MASK,
     WIRE_PROTOCOL_VERSION,
+    ChecksumError,
+    ConnectionState,
     ConnectPacket,
+    ConnectPacketError,
+    FlowConnection,
+    FlowStateError,
+    FrameLengthError,
     FrameReader,
+    FrameReceived,
+    PeerConnected,
     Token,
     WellKnown,
     compatible,
+    connect_packet_size,
     encode_frame,
     encode_frame_bytes,
     frame_checksum,
@@ -62,6 +71,7 @@ def test_ipv4_is_little_endian() -> None:
     assert packet.encode()[22:26] == bytes.fromhex("0100007f")  # after 4 + 8 + 2 + 8
 
 
+OURS = ConnectPacket.current(canonical_port=1, connection_id=2, canonical_ipv4=LOCALHOST)
 CONNECT_BYTES = bytes.fromhex(
     "28000000"  # length 40
     "00000073b000db1f"  # protocol version 0x1FDB00B073000000
@@ -86,6 +96,45 @@ def test_connect_packet_vector() -> None:
     assert packet.encode() == CONNECT_BYTES
     assert ConnectPacket.decode(CONNECT_BYTES) == packet
     assert packet.version == 0x0FDB_00B0_7300_0000
+
+
+def test_a_connect_packet_longer_than_known_is_refused_from_its_first_14_bytes() -> None:
+    """Reference, *ConnectPacket*: wait for 14 bytes, read the length; one larger than
+    known (40) is a protocol error."""
+    prefix = bytes.fromhex("29000000 00000073b000db1f 9411")  # length 41
+    with pytest.raises(ConnectPacketError) as info:
+        connect_packet_size(prefix)
+    assert info.value.offset == 0
+    assert connect_packet_size(CONNECT_BYTES[:14]) == 44
+    conn = FlowConnection(OURS, dialer=False)
+    with pytest.raises(ConnectPacketError):
+        conn.receive_data(prefix)
+
+
+def test_an_incompatible_peers_bytes_are_ignored_and_it_is_sent_only_pings() -> None:
+    """Seed 004, *Protocol compatibility*: nothing sent after an incompatible peer's
+    ConnectPacket is looked at, and the connection stays open; the reference lets us
+    ping it. The peer is at version 0x0FDB00B074000000 (flag bit 60 set), we at
+    0x0FDB00B073000000: more than the low 16 bits differ."""
+    other = bytes.fromhex(
+        "28000000 00000074b000db1f 9411 0807060504030201 0100007f 0000" + "00" * 16
+    )
+    conn = FlowConnection(OURS, dialer=False)
+    ((connected,),) = [conn.receive_data(other)]
+    assert isinstance(connected, PeerConnected) and connected.compatible is False
+    assert connected.packet.version == 0x0FDB_00B0_7400_0000
+    assert conn.receive_data(FRAME_BYTES + b"\xff" * 5) == []  # a valid frame, not parsed
+    assert conn.state is ConnectionState.INCOMPATIBLE
+    assert conn.ignored_bytes == len(FRAME_BYTES) + 5
+    conn.connect_packet_bytes()  # kept open: the acceptor answers with its own
+    with pytest.raises(FlowStateError):
+        conn.send(TOKEN, b"hello")
+    ping = bytes.fromhex("ffffffffffffffff 0100000000000000")
+    expected = bytes.fromhex("10000000") + xxhash.xxh3_64_intdigest(ping).to_bytes(8, "little")
+    assert b"".join(conn.send(Token.well_known(WellKnown.PING), b"")) == expected + ping
+    same = FlowConnection(OURS, dialer=False)
+    same.receive_data(CONNECT_BYTES)  # our version, other flags: compatible
+    assert same.receive_data(FRAME_BYTES) == [FrameReceived(TOKEN, b"hello")]
 
 
 def test_legacy_connect_packet_vector() -> None:
@@ -121,6 +170,28 @@ def test_frame_vector() -> None:
     assert parts[0] == FRAME_BYTES[:28]
     (frame,) = FrameReader().frames(FRAME_BYTES)
     assert frame.token == TOKEN and bytes(frame.message) == b"hello"
+
+
+def test_tls_frame_vector() -> None:
+    """Over TLS (seed 004, *Framing*): u32 length | token | message, no checksum."""
+    tls = FRAME_BYTES[:4] + FRAME_BYTES[12:]
+    assert tls == bytes.fromhex("15000000 efcdab8967452301 0100000002000000 68656c6c6f")
+    assert encode_frame_bytes(TOKEN, b"hello", checksum=False) == tls
+    (frame,) = FrameReader(checksum=False).frames(tls)
+    assert frame.token == TOKEN and bytes(frame.message) == b"hello"
+
+
+def test_frames_too_short_too_long_or_with_a_bad_checksum_are_refused() -> None:
+    """A length under 16 or over 100 MiB is refused from the length alone; a flipped byte
+    fails the XXH3 checksum (reference, *Frames*: each closes the connection)."""
+    with pytest.raises(FrameLengthError) as info:
+        FrameReader().frames(bytes.fromhex("0f000000"))
+    assert info.value.offset == 0
+    with pytest.raises(FrameLengthError):
+        FrameReader().frames(bytes.fromhex("01004006"))  # 0x06400001 = 100 MiB + 1
+    assert (100 << 20) + 1 == 0x0640_0001
+    with pytest.raises(ChecksumError):
+        FrameReader().frames(FRAME_BYTES[:-1] + b"O")
 
 
 def test_empty_message_frame_vector() -> None:

@@ -36,7 +36,7 @@ from tests.link_peer import (
     flow_frame,
     hello,
 )
-from tests.test_coordinator_links import first_start, fork_to
+from tests.test_coordinator_links import attach_to, first_start, fork_to
 from tests.test_link_conn import _pair
 
 # u32 length 40 | u64 version 0x1FDB00B063000000 (flag bit 60 set; 0x63 where ours has
@@ -128,7 +128,7 @@ def test_a_dialer_keeps_one_connection_to_an_incompatible_acceptor_and_does_not_
     try:
         with coordinator(tmp_path, "client", "--link-idle-timeout", "0.3") as (ic, binding):
             first_start(binding)
-            binding.send(fork_to("server", 5, b"x"))  # output for "server": it dials
+            binding.send(attach_to("server") + fork_to("server", 5, b"x"))  # it dials
             for attempt in range(2):
                 sock, _ = listener.accept()  # within DEADLINE (the listener's timeout)
                 sock.settimeout(DEADLINE)

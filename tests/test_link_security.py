@@ -304,7 +304,8 @@ def test_a_listener_without_the_secret_gets_no_output(tmp_path: Path) -> None:
     its CONFIRM to nobody, and no call."""
     receiver = Receiver(tmp_path, "server")
     dest = b"server"
-    fork = frame(0, zz(len(dest)) + dest + b"\x00" + zz(5) + b"\x01" + b"secret!")
+    attach = frame(1, dest)  # AttachTo, before the first call (seed 002)
+    fork = attach + frame(0, zz(len(dest)) + dest + b"\x00" + zz(5) + b"\x01" + b"secret!")
     try:
         with coordinator(tmp_path, "client") as (ic, binding):
             _first_start(binding)
@@ -328,7 +329,8 @@ def test_a_receiver_that_confirms_nothing_is_left_and_dialed_again(tmp_path: Pat
     FIN) is closed after the idle timeout and dialed again; the call is sent again."""
     receiver = Receiver(tmp_path, "server")
     dest = b"server"
-    fork = frame(0, zz(len(dest)) + dest + b"\x00" + zz(5) + b"\x01" + b"again!")
+    attach = frame(1, dest)  # AttachTo, before the first call (seed 002)
+    fork = attach + frame(0, zz(len(dest)) + dest + b"\x00" + zz(5) + b"\x01" + b"again!")
     try:
         with coordinator(tmp_path, "client", "--link-idle-timeout", "1") as (ic, binding):
             _first_start(binding)

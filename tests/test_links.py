@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from ambrosia_py import wire
 from ambrosia_py.coordinator.ic_core import IcState, Intake, StateFormatError
 from ambrosia_py.coordinator.links import Hello, Inbox, LinkError, Outbox
-from ambrosia_py.wire import IncomingRpc, OutgoingRpc, RpcType, encode_message
+from ambrosia_py.wire import AttachTo, IncomingRpc, OutgoingRpc, RpcType, encode_message
 
 
 def test_hello_bytes_and_round_trip() -> None:
@@ -159,6 +159,7 @@ def test_bad_link_input_is_refused_whole(payload: bytes, reason: str) -> None:
 
 def test_output_for_another_instance_goes_to_its_outbox_in_incoming_form() -> None:
     intake = Intake("client")
+    intake.feed(encode_message(AttachTo("server")))
     intake.feed(encode_message(OutgoingRpc("server", 7, RpcType.FORK, b"\x01")))
     assert intake.pending == []
     assert intake.new_destinations == ["server"]

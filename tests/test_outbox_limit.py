@@ -32,7 +32,7 @@ from ambrosia_py.coordinator.links import Outbox, OutboxBudget
 from ambrosia_py.coordinator.logscan import LogScan
 from ambrosia_py.coordinator.storage import CorruptLogError, LogWriter, log_bytes_in
 from ambrosia_py.testing import ImmortalRunner
-from ambrosia_py.wire import OutgoingRpc, RpcType, encode_message
+from ambrosia_py.wire import AttachTo, OutgoingRpc, RpcType, encode_message
 from tests.fake_binding import DEADLINE, checkpoint, coordinator, frame, incoming_fork, self_fork
 from tests.link_peer import COMMIT, REPLAY_FROM, Peer
 
@@ -88,7 +88,7 @@ def test_the_binding_pauses_past_the_limit_and_resumes_below_three_quarters() ->
 def test_output_for_other_instances_pauses_the_intake_past_its_limit() -> None:
     intake = Intake("client", max_outbox_bytes=3 * 1024)
     call = encode_message(OutgoingRpc("server", 7, RpcType.FORK, bytes(1000)))
-    intake.feed(call * 3)
+    intake.feed(encode_message(AttachTo("server")) + call * 3)
     assert not intake.outbox_budget.paused
     intake.feed(call)
     assert intake.outbox_budget.paused

@@ -7,8 +7,10 @@ up to the chosen one (``to_seq``, else the log's last), and stops there, where t
 caller looks at the immortal (prints its state, or opens pdb). What the binding sends
 back is never written: there is nothing to send it to.
 
-The debug coordinator never says the replay is over, so where it ends is found first
-by reading the logs, the same way it will send them.
+Where the replay ends is found first by reading the logs, the same way the coordinator
+will send them (to stop at ``--to-seq``, and to say where the log ends); the coordinator's
+TakeBecomingPrimaryCheckpoint after the last record (seed 002: a repro test becomes
+primary then) ends it too, and is not handled: this binding never becomes primary.
 """
 
 from __future__ import annotations
@@ -27,11 +29,11 @@ from .. import eventloop
 from ..coordinator.binding_auth import BindingAuth, token_for_ready_line
 from ..coordinator.errors import StorageError
 from ..coordinator.ic_config import CoordinatorConfig, CoordinatorError
-from ..coordinator.ic_core import IcState, StateFormatError
 from ..coordinator.ic_debug import run_debug
+from ..coordinator.ic_state import IcState, StateFormatError
 from ..coordinator.storage import InstanceFiles
 from ..hashseed import instance_seed, run_under_seed
-from ..wire import RecordReader
+from ..wire import CONTROL_SEQ, RecordReader
 from .client import connect, record_failure
 from .dispatcher import Dispatcher
 from .errors import BindingError
@@ -154,6 +156,8 @@ async def _replay(
             )
         records.feed(data)
         for record in records:
+            if restored and record.seq == CONTROL_SEQ:
+                return point  # TakeBecomingPrimaryCheckpoint: all the records came
             try:
                 d.handle(record)  # the outputs go nowhere: nothing is written
             except Exception as exc:

@@ -28,7 +28,7 @@ import attrs
 import cloudpickle
 
 from .. import wire
-from ..coordinator.ic_core import IcState
+from ..coordinator.ic_state import IcState
 from ..coordinator.registry import REGISTRY_FILE, RegistryError
 from ..coordinator.registry_files import instance_directories, open_registry_for_start
 from ..coordinator.storage import InstanceFiles

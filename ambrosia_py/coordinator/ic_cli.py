@@ -15,9 +15,9 @@ from ..binding.exits import verbose_option
 from .binding_auth import BindingAuth
 from .data_dir import DataDirError, data_dir_option, debuggable_instance
 from .ic_config import DEFAULT_LOG_TRIGGER_MB, CoordinatorConfig, CoordinatorError
-from .ic_core import StateFormatError
 from .ic_debug import run_debug
 from .ic_run import run_coordinator
+from .ic_state import StateFormatError
 from .link_config import (
     DEFAULT_HANDSHAKE_TIMEOUT_S,
     DEFAULT_IDLE_TIMEOUT_S,

@@ -4,14 +4,12 @@ The binding sends bare messages (seed 002); the coordinator logs *input* — the
 return values addressed to its own instance — in the incoming form its binding will
 receive, and handles the rest itself. :class:`Intake` takes the binding's frames and
 sorts them into input to log, output for other instances, and control events. It owns no
-socket, file or clock; ``ic_server`` drives it.
-
-It also owns the byte format of the coordinator's checkpoint files (:class:`IcState`).
+socket, file or clock; ``ic_server`` drives it. The byte format of the coordinator's
+checkpoint files is :mod:`ic_state`'s.
 """
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Sequence
 
 import attrs
@@ -31,6 +29,7 @@ from ..wire import (
     RpcBatch,
     TakeCheckpoint,
 )
+from .ic_state import IcState, OutboxState, StateFormatError
 from .links import Inbox, LinkError, Outbox, OutboxBudget
 from .routing import (
     is_replayable,
@@ -57,177 +56,6 @@ __all__ = [
 # path of an awaited call and its reply), not through a message reader.
 _ONE_SMALL = 8 * 1024
 
-# --- the coordinator's checkpoint file -----------------------------------------------------
-
-_STATE_MAGIC = b"AMBRIC"
-_STATE_VERSION = 2
-# magic, format version u16, committer id i32, next seq i64, logged outputs i64,
-# binding outputs i64, blob length u64 (format 1, which had no links)
-_STATE_HEADER_V1 = struct.Struct("<6sHiqqqQ")
-# format 2 adds the link section's length before the blob length
-_STATE_HEADER = struct.Struct("<6sHiqqqQQ")
-_U32 = struct.Struct("<I")
-_I64 = struct.Struct("<q")
-_I32 = struct.Struct("<i")
-
-OutboxState = tuple[int, list[tuple[int, bytes]]]  # next seq, unconfirmed (seq, frame)
-
-
-class StateFormatError(ValueError):
-    """A checkpoint file that is not in the coordinator's format."""
-
-
-@attrs.frozen
-class IcState:
-    """What ``serverchkpt<N>`` holds: the coordinator's own state and the binding's blob.
-
-    ``next_seq`` is the sequence id of the first record of log N (checkpoint N is the
-    state at the start of log N). ``logged_outputs`` counts the binding's replayable
-    outputs logged before log N; ``binding_outputs`` counts the replayable outputs the
-    binding had sent when it sent this checkpoint (see :class:`Intake` for why both).
-    ``inbox`` is, per sender instance, the seq of the first message not logged before log
-    N; ``outboxes`` per destination the next seq and the messages not yet confirmed by it
-    when the binding sent this checkpoint; ``senders`` the incarnation (committer id) of
-    each sender that has linked (see :mod:`links`).
-
-    Layout, little-endian: ``b"AMBRIC" | u16 format version (2) | i32 committer id | i64
-    next seq | i64 logged outputs | i64 binding outputs | u64 link section length | u64
-    blob length | link section | blob``. The link section: ``u32 n`` then n times ``name |
-    i64 seq`` (inbox); ``u32 m`` then m times ``name | i64 next seq | u32 k`` and k times
-    ``i64 seq | u32 length | frame`` (outboxes); ``u32 s`` then s times ``name | i32
-    committer id`` (senders); a name is ``u32 length | UTF-8``. Format 1 (no link
-    section) is still read.
-    """
-
-    committer_id: int
-    next_seq: int
-    logged_outputs: int
-    binding_outputs: int
-    blob: wire.Payload = attrs.field(repr=lambda b: f"<{len(b)} bytes>")
-    inbox: dict[str, int] = attrs.field(factory=dict)
-    outboxes: dict[str, OutboxState] = attrs.field(factory=dict)
-    senders: dict[str, int] = attrs.field(factory=dict)
-
-    def encode_parts(self) -> list[wire.Payload]:
-        links = self._encode_links()
-        header = _STATE_HEADER.pack(
-            _STATE_MAGIC,
-            _STATE_VERSION,
-            self.committer_id,
-            self.next_seq,
-            self.logged_outputs,
-            self.binding_outputs,
-            len(links),
-            len(self.blob),
-        )
-        return [header, links, self.blob]
-
-    def _encode_links(self) -> bytes:
-        out = bytearray(_U32.pack(len(self.inbox)))
-        for name, seq in sorted(self.inbox.items()):
-            out += _name(name) + _I64.pack(seq)
-        out += _U32.pack(len(self.outboxes))
-        for name, (next_seq, frames) in sorted(self.outboxes.items()):
-            out += _name(name) + _I64.pack(next_seq) + _U32.pack(len(frames))
-            for seq, frame in frames:
-                out += _I64.pack(seq) + _U32.pack(len(frame)) + frame
-        out += _U32.pack(len(self.senders))
-        for name, incarnation in sorted(self.senders.items()):
-            out += _name(name) + _I32.pack(incarnation)
-        return bytes(out)
-
-    @classmethod
-    def decode(cls, data: bytes, where: str) -> IcState:
-        if len(data) < 8:
-            raise StateFormatError(f"{where}: {len(data)} bytes, shorter than a state header")
-        magic, version = struct.unpack_from("<6sH", data)
-        if magic != _STATE_MAGIC:
-            raise StateFormatError(f"{where}: not a coordinator checkpoint (magic {magic!r})")
-        if version == 1:
-            header, links_len = _STATE_HEADER_V1, 0
-            if len(data) < header.size:
-                raise StateFormatError(f"{where}: {len(data)} bytes, shorter than its header")
-            _, _, committer, next_seq, logged, sent, length = header.unpack_from(data)
-        elif version == _STATE_VERSION:
-            header = _STATE_HEADER
-            if len(data) < header.size:
-                raise StateFormatError(f"{where}: {len(data)} bytes, shorter than its header")
-            _, _, committer, next_seq, logged, sent, links_len, length = header.unpack_from(data)
-        else:
-            raise StateFormatError(f"{where}: unknown checkpoint format version {version}")
-        if len(data) != header.size + links_len + length:
-            raise StateFormatError(
-                f"{where}: {links_len} + {length} bytes of links and blob stated, "
-                f"{len(data) - header.size} present"
-            )
-        mv = memoryview(data)
-        inbox, outboxes, senders = (
-            _decode_links(mv[header.size : header.size + links_len], where)
-            if version >= 2
-            else ({}, {}, {})  # format 1 had no links
-        )
-        blob = mv[header.size + links_len :]
-        return cls(committer, next_seq, logged, sent, blob, inbox, outboxes, senders)
-
-
-def _name(name: str) -> bytes:
-    raw = name.encode()
-    return _U32.pack(len(raw)) + raw
-
-
-def _decode_links(
-    mv: memoryview, where: str
-) -> tuple[dict[str, int], dict[str, OutboxState], dict[str, int]]:
-    pos = 0
-
-    def unpack(st: struct.Struct, what: str) -> int:
-        nonlocal pos
-        if pos + st.size > len(mv):
-            raise StateFormatError(f"{where}: link section truncated in {what} at {pos}")
-        (value,) = st.unpack_from(mv, pos)
-        pos += st.size
-        return int(value)
-
-    def raw(n: int, what: str) -> bytes:
-        nonlocal pos
-        if n < 0 or pos + n > len(mv):
-            raise StateFormatError(f"{where}: link section truncated in {what} at {pos}")
-        out = bytes(mv[pos : pos + n])
-        pos += n
-        return out
-
-    def name(what: str) -> str:
-        try:
-            return raw(unpack(_U32, what), what).decode()
-        except UnicodeDecodeError:
-            raise StateFormatError(f"{where}: {what} name is not UTF-8 at {pos}") from None
-
-    inbox = {}
-    for _ in range(unpack(_U32, "inbox count")):
-        sender = name("inbox")
-        inbox[sender] = unpack(_I64, "inbox seq")
-    outboxes: dict[str, OutboxState] = {}
-    for _ in range(unpack(_U32, "outbox count")):
-        dest = name("outbox")
-        next_seq = unpack(_I64, "outbox next seq")
-        frames = []
-        for _ in range(unpack(_U32, "outbox message count")):
-            seq = unpack(_I64, "outbox message seq")
-            frames.append((seq, raw(unpack(_U32, "outbox message length"), "outbox message")))
-        if [seq for seq, _ in frames] != list(range(next_seq - len(frames), next_seq)):
-            raise StateFormatError(
-                f"{where}: outbox {dest!r} holds seqs that do not run up to {next_seq - 1}"
-            )
-        outboxes[dest] = (next_seq, frames)
-    senders = {}
-    for _ in range(unpack(_U32, "sender count")):
-        sender = name("sender")
-        senders[sender] = unpack(_I32, "sender committer id")
-    if pos != len(mv):
-        raise StateFormatError(f"{where}: {len(mv) - pos} bytes after the link section")
-    return inbox, outboxes, senders
-
-
 # --- routing (the byte-level steps are in routing.py) -----------------------------------
 
 
@@ -243,13 +71,15 @@ class CheckpointArrived:
     ``binding_outputs`` is the index of the binding's next replayable output at that
     point; ``enqueued`` how many messages had been queued for logging before it: the
     checkpoint may only be committed once all of those are durable, since replay from it
-    will not regenerate them.
+    will not regenerate them. ``attached``: the instances attached to by then (None: not
+    recorded, see :meth:`Intake.restore_attached`).
     """
 
     blob: wire.Payload = attrs.field(repr=lambda b: f"<{len(b)} bytes>")
     binding_outputs: int = 0
     enqueued: int = 0
     outboxes: dict[str, OutboxState] = attrs.field(factory=dict)
+    attached: frozenset[str] | None = None
 
 
 @attrs.frozen
@@ -284,6 +114,12 @@ class Intake:
     Input from other instances' links arrives through :meth:`link_input`, numbered per
     sender by :attr:`inbox`.
 
+    Attach before send (seed 002, *Attach-before-send protocol*): a call for another
+    instance is refused unless the binding sent AttachTo for that instance first, in this
+    run or before the checkpoint it was restored from (:attr:`attached`). A return value
+    goes back to an instance that called this one and needs none: neither ours nor the
+    released bindings attach to their callers. Attaching again is harmless.
+
     ``feed`` returns the control events in order; input for this instance accumulates in
     :attr:`pending` (framed incoming messages as buffers, ready to be packed into a record
     without copying).
@@ -297,7 +133,8 @@ class Intake:
         # for input from a link its sender and the sender's seq after it.
         self.pending: list[tuple[list[wire.Payload], bool, str | None, int]] = []
         self.pending_bytes = 0
-        self.attached: set[str] = set()
+        self.attached: set[str] = set()  # instances the binding sent AttachTo for
+        self.require_attach = True  # see restore_attached
         self.outboxes: dict[str, Outbox] = {}
         self.inbox = Inbox()
         self.new_destinations: list[str] = []  # destinations seen for the first time
@@ -346,6 +183,20 @@ class Intake:
 
     def outbox_snapshot(self) -> dict[str, OutboxState]:
         return {dest: (box.next_seq, box.buffered) for dest, box in self.outboxes.items()}
+
+    def restore_attached(self, attached: frozenset[str] | None) -> None:
+        """Recovery: the instances attached to before the checkpoint, which the binding,
+        restored from the same checkpoint, may call without attaching again. None: the
+        checkpoint did not record them (it was written before they were kept), so calls
+        are not checked for an AttachTo on this instance, now or after later checkpoints
+        (:meth:`attached_snapshot` passes the None on)."""
+        if attached is None:
+            self.require_attach = False
+        else:
+            self.attached.update(attached)
+
+    def attached_snapshot(self) -> frozenset[str] | None:
+        return frozenset(self.attached) if self.require_attach else None
 
     def link_input(self, sender: str, payload: bytes | memoryview) -> int:
         """Queue the messages of one link frame from ``sender``; return how many.
@@ -482,13 +333,22 @@ class Intake:
             self.queued_outputs += 1
         self._queue(parts, replayable)
 
-    def _output(self, destination: str, frame: bytes, replayable: bool, offset: int) -> None:
-        """Queue a call or return value (``frame``, in its incoming form) for another
-        instance."""
+    def _output(
+        self, destination: str, frame: bytes, replayable: bool, offset: int, *, call: bool
+    ) -> None:
+        """Queue a call (``call``) or return value (``frame``, in its incoming form) for
+        another instance."""
         if not replayable:
             raise wire.MalformedMessageError(
                 f"an impulse for instance {destination!r}: impulses are input from the "
                 "outside world to the instance itself and are never sent to another",
+                offset=offset,
+            )
+        if call and self.require_attach and destination not in self.attached:
+            raise wire.MalformedMessageError(
+                f"a call for instance {destination!r} before any AttachTo {destination!r}: "
+                "a binding attaches to each instance before its first call to it (seed 002, "
+                "Attach-before-send protocol)",
                 offset=offset,
             )
         box = self.outboxes.get(destination)
@@ -503,7 +363,8 @@ class Intake:
         if destination in ("", self.instance):
             self._input([prefix, body], is_replayable(body))
         else:
-            self._output(destination, prefix + bytes(body), is_replayable(body), offset)
+            replayable = is_replayable(body)
+            self._output(destination, prefix + bytes(body), replayable, offset, call=not body[0])
         return destination
 
     def _small_rpcs(self, frames: list[bytes], offset: int) -> None:
@@ -518,6 +379,7 @@ class Intake:
         instance = self.instance
         outboxes = self.outboxes
         pending = self.pending
+        attached = self.attached if self.require_attach else None
         for raw in frames:
             n = len(raw)
             at = 1 if raw[0] < 0x80 else 2  # after the size varint: the type byte
@@ -563,14 +425,14 @@ class Intake:
                 pending.append(([frame], replayable, None, 0))
                 self.enqueued += 1
                 self.pending_bytes += len(frame)
-            elif replayable:
+            elif replayable and (attached is None or raw[body_at] or dest in attached):
                 box = outboxes.get(dest)
                 if box is None:
                     box = outboxes[dest] = Outbox(budget=self.outbox_budget)
                     self.new_destinations.append(dest)
                 box.add(frame)
-            else:
-                self._output(dest, frame, replayable, offset)  # raises: an impulse
+            else:  # raises: an impulse, or a call before its AttachTo
+                self._output(dest, frame, replayable, offset, call=not raw[body_at])
             offset += n
 
     def _frame(self, frame: RawMessage) -> IntakeEvent | None:
@@ -590,7 +452,11 @@ class Intake:
             return CheckpointRequested()
         if isinstance(msg, Checkpoint):
             return CheckpointArrived(
-                msg.blob, self.received_outputs, self.enqueued, self.outbox_snapshot()
+                msg.blob,
+                self.received_outputs,
+                self.enqueued,
+                self.outbox_snapshot(),
+                self.attached_snapshot(),
             )
         if isinstance(msg, InitialMessage):
             return InitialArrived(bytes(frame.raw))
@@ -613,4 +479,5 @@ class Intake:
         if msg.destination in ("", self.instance):
             self._input([frame], is_replayable(body))
         else:
-            self._output(msg.destination, frame, is_replayable(body), offset)
+            call = isinstance(msg, OutgoingRpc)
+            self._output(msg.destination, frame, is_replayable(body), offset, call=call)

@@ -1,5 +1,12 @@
 """``ambrosia-py debug``'s coordinator: a checkpoint and the records after it, served to a
-binding from an instance's files, writing nothing (what-if replay)."""
+binding from an instance's files, writing nothing (what-if replay).
+
+The order is seed 002's (*Starting up*). A repro or what-if test: the Checkpoint, the
+logged records, then TakeBecomingPrimaryCheckpoint, after which the binding sends its
+checkpoint and goes on to normal processing. An upgrade what-if test (``test_upgrade``):
+the Checkpoint, UpgradeService, the logged records, and nothing after them. Whatever the
+binding sends is read and dropped: nothing is logged, forwarded or written.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +14,11 @@ import contextlib
 from collections.abc import Callable
 
 from .. import wire
-from ..wire import CHECKPOINT_SEQ, Checkpoint, UpgradeService
+from ..wire import CHECKPOINT_SEQ, Checkpoint, TakeBecomingPrimaryCheckpoint, UpgradeService
 from .binding_auth import open_gate
 from .binding_link import connect_binding
 from .ic_config import CoordinatorConfig, CoordinatorError, print_ready, resolve_start
-from .ic_core import IcState
+from .ic_state import IcState
 from .log_replay import replay_log
 from .registry_files import prepare_start
 from .storage import CorruptLogError, InstanceFiles
@@ -58,6 +65,8 @@ async def run_debug(
             await replay_log(files, binding, state, checkpoint, repair=False)
         except CorruptLogError as exc:
             raise CoordinatorError(f"replay stopped: {exc}") from None
+        if not test_upgrade:  # the replay is over; what follows goes nowhere
+            await binding.control(state.committer_id, TakeBecomingPrimaryCheckpoint())
         # Whatever the binding sends now is what-if output: read and discard it.
         with contextlib.suppress(ConnectionError, OSError):
             while await binding.recv():

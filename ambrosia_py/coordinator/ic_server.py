@@ -54,8 +54,9 @@ from .binding_auth import open_gate
 from .binding_link import BindingLink, connect_binding
 from .commit import CommitPipeline
 from .forwarding import Forwarded, Forwarder, LogPlace, OutboxGate
-from .ic_config import CoordinatorConfig, CoordinatorError, resolve_start
-from .ic_core import CheckpointArrived, CheckpointRequested, IcState, InitialArrived, Intake
+from .ic_config import BindingLeftError, CoordinatorConfig, resolve_start
+from .ic_core import CheckpointArrived, CheckpointRequested, InitialArrived, Intake
+from .ic_state import IcState
 from .links import Inbox
 from .log_replay import replay_log
 from .peer_links import PeerLinks
@@ -183,7 +184,12 @@ class Coordinator:
             self._wake.set()
             for fut in (self._startup_checkpoint, self._initial):
                 if fut is not None and not fut.done():
-                    fut.set_exception(CoordinatorError("the binding disconnected during start-up"))
+                    fut.set_exception(
+                        BindingLeftError(
+                            "the binding went away during start-up, before this start's "
+                            "first checkpoint (the service's own output says why)"
+                        )
+                    )
                     # Only the first of the two is awaited; the other must not warn.
                     fut.add_done_callback(lambda f: f.exception())
 
@@ -285,6 +291,7 @@ class Coordinator:
             start.inbox,
             arrived.outboxes,
             dict(self.intake.inbox.incarnations),
+            arrived.attached,
         )
         await asyncio.to_thread(self.files.write_checkpoint, n, state.encode_parts())
         crashpoints.reach("ic.checkpoint.before_commit")
@@ -338,6 +345,13 @@ class Coordinator:
         self.intake.skip_below = self.logged_outputs
         self.intake.inbox = Inbox(replayed.inbox, state.senders)
         self.intake.restore_outboxes(state.outboxes)
+        self.intake.restore_attached(state.attached)
+        if state.attached is None:
+            log.info(
+                "checkpoint %d does not record the binding's AttachTo messages (an older "
+                "format): its calls to other instances are not checked for them",
+                checkpoint,
+            )
         self._startup_checkpoint = asyncio.get_running_loop().create_future()
         self._reader_task = asyncio.create_task(self.read_binding())
         upgrade = self.config.upgrade_version

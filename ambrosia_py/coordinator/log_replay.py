@@ -16,7 +16,7 @@ import attrs
 
 from .. import accel, wire
 from .binding_link import BindingLink
-from .ic_core import IcState
+from .ic_state import IcState
 from .routing import count_replayable
 from .storage import InstanceFiles
 

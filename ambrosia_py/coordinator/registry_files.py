@@ -34,7 +34,7 @@ from pathlib import Path
 import attrs
 
 from .errors import StorageError
-from .ic_core import IcState, StateFormatError
+from .ic_state import IcState, StateFormatError
 from .modes import own_data_dir, tighten
 from .ownership import OwnershipError, Trusted, check_owned
 from .registry import REGISTRY_FILE, Registry, RegistryError, registry_paths
