@@ -38,10 +38,8 @@ from immortals.wallaroo import (
     Ok,
     Restart,
     encode,
-    stream_id_for,
 )
 from immortals.wallaroo.connector_actions import (
-    Action,
     Actions,
     Close,
     Commit,
@@ -57,78 +55,12 @@ from immortals.wallaroo.connector_actions import (
 )
 from immortals.wallaroo.connector_core import ConnectorCore
 from immortals.wallaroo.sources import SourceError
-from tests.wallaroo_harness import decode_all
-
-S1, S2 = "gen://100?seed=1", "gen://50?seed=2"
-ID1, ID2 = stream_id_for(S1), stream_id_for(S2)
-WORKER, OTHER = "127.0.0.1:7100", "127.0.0.1:7200"
+from tests.wallaroo_harness import ID1, ID2, OTHER, S1, S2, WORKER, Connector, kinds, nothing
 
 
 @pytest.fixture(params=[Dialect.DRAFT, Dialect.V3], ids=lambda d: d.value)
 def dialect(request: pytest.FixtureRequest) -> Iterator[Dialect]:
     yield request.param
-
-
-def nothing(dialect: Dialect) -> int:
-    """What NOTIFY carries for a stream with no point: the draft's 0, v3's NOTHING_SEEN."""
-    return 0 if dialect is Dialect.DRAFT else NOTHING_SEEN
-
-
-class Connector:
-    """A ConnectorCore driven with frames; its actions kept, its writes decoded."""
-
-    def __init__(self, dialect: Dialect, streams: tuple[str, ...] = (S1,)) -> None:
-        self.dialect = dialect
-        self.config = ConnectorConfig(
-            WORKER, streams, cookie=b"c", dialect=dialect, instance_name="conn"
-        )
-        self.core = ConnectorCore()
-        self.problems: list[str] = []
-        self.n = 0
-        self.start("i1")
-
-    def keep(self, actions: Actions) -> list[Action]:
-        self.problems += actions.problems
-        return list(actions.actions)
-
-    def start(self, incarnation: str) -> list[Action]:
-        return self.keep(self.core.start(incarnation, self.config))
-
-    def connect(self, dial: int, address: str = WORKER) -> tuple[str, list[Action]]:
-        self.n += 1
-        conn = f"c.{self.n}"
-        return conn, self.keep(self.core.connected(dial, conn, address))
-
-    def receive(self, conn: str, *frames: Frame) -> list[Action]:
-        raw = [encode(f, self.dialect)[4:] for f in frames]
-        return self.keep(self.core.frames(conn, raw))
-
-    def gen(self, sid: int = 0) -> int:
-        """A stream's generation now (``sid`` 0: the first stream's)."""
-        return self.core.streams[sid or stream_id_for(self.config.streams[0])].generation
-
-    def written(self, actions: list[Action], conn: str | None = None) -> list[Frame]:
-        out: list[Frame] = []
-        for a in actions:
-            if isinstance(a, Write) and (conn is None or a.conn == conn):
-                out += decode_all(b"".join(a.frames), self.dialect)
-        return out
-
-    def streaming(self, credits: int = 10) -> tuple[str, list[Action]]:
-        """Dial 1 connected and OK'd; the actions of the OK (its NOTIFYs)."""
-        conn, _ = self.connect(self.core.dials)
-        return conn, self.receive(conn, Ok(credits))
-
-    def open(self, point: int = NOTHING_SEEN) -> str:
-        """Streaming, and every stream acknowledged at ``point``."""
-        conn, _ = self.streaming()
-        for name in self.config.streams:
-            self.receive(conn, NotifyAck(True, stream_id_for(name), point))
-        return conn
-
-
-def kinds(actions: list[Action]) -> list[str]:
-    return [type(a).__name__ for a in actions]
 
 
 def test_public_names_are_exported() -> None:
@@ -168,21 +100,14 @@ def test_ok_notifies_every_stream(dialect: Dialect) -> None:
     assert isinstance(actions[0], Write) and actions[0].charged
 
 
-def test_a_stream_starts_when_its_notify_ack_comes(dialect: Dialect) -> None:
-    c = Connector(dialect, (S1, S2))
+def test_a_v3_stream_starts_when_its_notify_ack_comes() -> None:
+    c = Connector(Dialect.V3, (S1, S2))
     conn, _ = c.streaming()
     assert c.receive(conn, NotifyAck(True, ID1, NOTHING_SEEN)) == [
         Go(conn, ID1, S1, c.gen(ID1), None)
     ]
     assert c.receive(conn, NotifyAck(True, ID2, 41)) == [Go(conn, ID2, S2, c.gen(ID2), 41)]
     assert c.core.streams[ID2].acked == 41
-
-
-def test_the_draft_ok_points_are_hints_for_streams_without_a_point() -> None:
-    c = Connector(Dialect.DRAFT, (S1, S2))
-    conn, _ = c.connect(1)
-    actions = c.receive(conn, Ok(10, [(ID1, 12)]))
-    assert c.written(actions) == [Notify(ID1, S1, 12), Notify(ID2, S2, 0)]
 
 
 # --- acknowledgements and rewinds ---------------------------------------------------------
@@ -196,8 +121,8 @@ def test_ack_grants_and_records_points(dialect: Dialect) -> None:
     assert c.core.streams[ID1].acked == 30
 
 
-def test_an_ack_below_the_last_rewinds_the_reader(dialect: Dialect) -> None:
-    c = Connector(dialect)
+def test_a_v3_ack_below_the_last_rewinds_the_reader() -> None:
+    c = Connector(Dialect.V3)
     conn = c.open(10)
     c.receive(conn, Ack(0, [(ID1, 60)]))
     assert c.receive(conn, Ack(0, [(ID1, 45)])) == [Go(conn, ID1, S1, c.gen(ID1), 45)]
@@ -211,10 +136,11 @@ def test_a_nack_stops_the_stream_and_a_notify_answers_it() -> None:
     c = Connector(Dialect.DRAFT)
     conn = c.open(10)
     actions = c.receive(conn, Nack(4, ID1, 7))
-    assert kinds(actions) == ["Stop", "Write"]
+    assert kinds(actions) == ["Stop", "Write", "Go"]  # it resumes with the NOTIFY
     assert actions[0] == Stop(conn, ID1)
     assert c.written(actions) == [Notify(ID1, S1, 7)]
-    assert c.receive(conn, NotifyAck(True, ID1, 7)) == [Go(conn, ID1, S1, c.gen(ID1), 7)]
+    assert actions[2] == Go(conn, ID1, S1, c.gen(ID1), 7)
+    assert c.receive(conn, NotifyAck(True, ID1, 7)) == []
 
 
 def test_nacks_stack_and_each_needs_its_notify() -> None:
@@ -223,8 +149,8 @@ def test_nacks_stack_and_each_needs_its_notify() -> None:
     first = c.receive(conn, Nack(0, ID1, 7))
     second = c.receive(conn, Nack(0, ID1, 3))
     assert c.written(first + second) == [Notify(ID1, S1, 7), Notify(ID1, S1, 3)]
-    assert c.receive(conn, NotifyAck(True, ID1, 7)) == []  # one NOTIFY still unanswered
-    assert c.receive(conn, NotifyAck(True, ID1, 3)) == [Go(conn, ID1, S1, c.gen(ID1), 3)]
+    assert second[-1] == Go(conn, ID1, S1, c.gen(ID1), 3)  # the last NOTIFY's point wins
+    assert c.receive(conn, NotifyAck(True, ID1, 7), NotifyAck(True, ID1, 3)) == []
 
 
 def test_a_nack_of_a_closed_stream_reopens_it() -> None:
@@ -233,7 +159,7 @@ def test_a_nack_of_a_closed_stream_reopens_it() -> None:
     c.keep(c.core.halted(conn, ID1, c.gen(ID1), 100, True))
     actions = c.receive(conn, Nack(0, ID1, 50))
     assert c.written(actions) == [Notify(ID1, S1, 50)]
-    assert c.receive(conn, NotifyAck(True, ID1, 50)) == [Go(conn, ID1, S1, c.gen(ID1), 50)]
+    assert actions[-1] == Go(conn, ID1, S1, c.gen(ID1), 50)
 
 
 # --- end of stream ------------------------------------------------------------------------
@@ -270,7 +196,10 @@ def test_stale_reports_are_ignored(dialect: Dialect) -> None:
     c = Connector(dialect)
     conn = c.open(10)
     before = c.gen(ID1)
-    c.receive(conn, Ack(0, [(ID1, 20), (ID1, 15)]))  # a rewind: a new reader
+    if dialect is Dialect.V3:
+        c.receive(conn, Ack(0, [(ID1, 20), (ID1, 15)]))  # a rewind: a new reader
+    else:
+        c.receive(conn, Nack(0, ID1, 5))
     assert c.gen(ID1) > before
     assert c.core.halted(conn, ID1, before, 99, True) == Actions()
     assert c.core.failed(conn, ID1, before, "gone") == Actions()
@@ -288,8 +217,13 @@ def test_a_lost_connection_is_redialled_and_streams_resume_from_their_points(
     c.receive(conn, Ack(0, [(ID1, 70)]))
     assert c.keep(c.core.closed(conn)) == [Dial(2, WORKER, 0)]  # it had streamed: at once
     conn2, _ = c.connect(2)
-    assert c.written(c.receive(conn2, Ok(10))) == [Notify(ID1, S1, 70)]
-    assert c.receive(conn2, NotifyAck(True, ID1, 72)) == [Go(conn2, ID1, S1, c.gen(ID1), 72)]
+    actions = c.receive(conn2, Ok(10))
+    assert c.written(actions) == [Notify(ID1, S1, 70)]
+    if dialect is Dialect.V3:  # from where NOTIFY_ACK says
+        assert actions == actions[:1]
+        assert c.receive(conn2, NotifyAck(True, ID1, 72)) == [Go(conn2, ID1, S1, c.gen(ID1), 72)]
+    else:  # from the NOTIFY's point, at once
+        assert actions[1:] == [Go(conn2, ID1, S1, c.gen(ID1), 70)]
 
 
 def test_a_refused_cookie_backs_off(dialect: Dialect) -> None:
@@ -317,10 +251,12 @@ def test_a_restarted_connector_resumes_from_its_state(dialect: Dialect) -> None:
 def test_a_refused_notify_is_retried_after_a_back_off(dialect: Dialect) -> None:
     c = Connector(dialect)
     conn, _ = c.streaming()
-    assert c.receive(conn, NotifyAck(False, ID1, 9)) == [RetryLater(conn, ID1, 0)]
-    assert c.core.streams[ID1].acked == 9
+    # The draft's reader started with the NOTIFY: the refusal stops it.
+    stop = [Stop(conn, ID1)] if dialect is Dialect.DRAFT else []
+    assert c.receive(conn, NotifyAck(False, ID1, 9)) == [*stop, RetryLater(conn, ID1, 0)]
+    assert c.core.streams[ID1].acked == 9 and not c.core.streams[ID1].running
     assert c.written(c.keep(c.core.retry(conn, ID1))) == [Notify(ID1, S1, 9)]
-    assert c.receive(conn, NotifyAck(False, ID1, 9)) == [RetryLater(conn, ID1, 1)]
+    assert c.receive(conn, NotifyAck(False, ID1, 9)) == [*stop, RetryLater(conn, ID1, 1)]
     c.keep(c.core.retry(conn, ID1))
     assert c.core.retry(conn, ID1) == Actions()  # one NOTIFY is out already
     assert c.core.retry("c.99", ID1) == Actions()
@@ -432,8 +368,9 @@ def test_migration_in_the_addendum_order() -> None:
     actions = c.receive(old, Ack(0, [(ID1, 33)]))  # step 6
     assert c.written(actions, old) == [MigrationAck()]  # step 9, on the old connection
     assert c.written(actions, new) == [Notify(ID1, S1, 33)]  # step 11
+    assert actions[-1] == Go(new, ID1, S1, c.gen(ID1), 33)  # streaming with it (draft)
     assert (c.core.target, c.core.active, c.core.migration) == (OTHER, new, None)
-    assert c.receive(new, NotifyAck(True, ID1, 33)) == [Go(new, ID1, S1, c.gen(ID1), 33)]
+    assert c.receive(new, NotifyAck(True, ID1, 33)) == []
     # The old worker closes (step 10); late frames and the close change nothing.
     assert c.receive(old, Ack(5, [(ID1, 33)])) == []
     assert c.keep(c.core.closed(old)) == []
@@ -451,19 +388,26 @@ def test_migration_when_the_old_acks_come_first() -> None:
 
 
 def test_migration_settles_a_notify_in_flight_by_its_refusal() -> None:
+    """S2's NOTIFY crossed the MIGRATE: its reader, started with it, halts as S1's does
+    and ends with EOS, but the old worker (migrating) refused the NOTIFY and ignores what
+    followed, so no ACK comes for that EOS. The refusal settles S2 and carries the old
+    worker's point, which the new worker is given."""
     c = Connector(Dialect.DRAFT, (S1, S2))
     old, _ = c.streaming()
-    c.receive(old, NotifyAck(True, ID1, 10))
+    c.receive(old, NotifyAck(True, ID1, NOTHING_SEEN))
     assert c.receive(old, Migrate("127.0.0.1", 7200)) == [
         Dial(2, OTHER, 0),
         Halt(old, ID1, S1, c.gen(ID1)),
+        Halt(old, ID2, S2, c.gen(ID2)),
     ]
     c.keep(c.core.halted(old, ID1, c.gen(ID1), 10, False))
+    c.keep(c.core.halted(old, ID2, c.gen(ID2), 4, False))
     new, _ = c.connect(2, OTHER)
     c.receive(new, Ok(10))
     c.receive(old, Ack(0, [(ID1, 10)]))
-    assert c.core.migration is not None  # S2's NOTIFY is unanswered
+    assert c.core.migration is not None  # S2's EOS at 4 is not acknowledged
     actions = c.receive(old, NotifyAck(False, ID2, 17))
+    assert c.written(actions, old) == [MigrationAck()]
     assert c.written(actions, new) == [Notify(ID1, S1, 10), Notify(ID2, S2, 17)]
 
 

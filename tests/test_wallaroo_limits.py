@@ -382,6 +382,31 @@ async def test_idle_and_mid_frame_deadlines() -> None:
         transport.close()
 
 
+async def test_the_last_frames_go_out_before_a_fin_not_a_reset() -> None:
+    """The worker closes behind a RESTART (or an ERROR) while the connector's messages are
+    still unread: the connector must read that frame, then the end of the stream. A
+    close with unread input would reset the connection instead (RFC 2525, 2.17)."""
+    core = FakeCore()
+    transport = await _edge(core)
+    try:
+        reader, writer = await asyncio.open_connection(*transport.address)
+        writer.write(v3_hello(COOKIE))
+        assert await reader.readexactly(9) == encode(Ok(100), Dialect.V3)
+        writer.write(v3_message(1, 1, b"m" * 1000) * 1000)  # more than the edge will read
+        await _until("past its credits", lambda: len(core.events) > 2 and _reported(core) > 102)
+        restart = struct.pack(">IBI", 20, 7, 15) + b"127.0.0.1:65000"  # reference, by hand
+        transport.write("i.1", restart, True)
+        assert await reader.read() == restart  # then the end: no ConnectionResetError
+        writer.close()
+        await _until("the rest read and dropped", lambda: transport.stats()["open"] == 0)
+    finally:
+        transport.close()
+
+
+def _reported(core: FakeCore) -> int:
+    return sum(len(e[2]) for e in core.events if e[0] == "frames")
+
+
 async def test_the_operators_port_stops_reading_a_client_that_reads_nothing(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

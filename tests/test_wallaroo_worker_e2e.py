@@ -426,7 +426,7 @@ def test_draft_nack_and_migration(draft_worker: WorkerProcess) -> None:
         answer = request(worker.control, COOKIE, {"op": "nack", "stream": "eta", "point": 7})
         assert answer["ok"], answer
         assert client.expect(Nack) == Nack(11, sid, 7)  # the 11 frames spent
-        client.send(Notify(sid, "eta", 0))
+        client.send(Notify(sid, "eta", 7))  # the NACK's point (seed 000)
         assert client.expect(NotifyAck) == NotifyAck(True, sid, 7)
         client.send(*[Message(sid, i, b"w%d" % i) for i in range(8, 13)])
         while client.expect(Ack).acks != ((sid, 12),):

@@ -1,6 +1,8 @@
-"""A harness for the worker's sans-IO core: a :class:`WorkerCore` with its connections,
-driven as the immortal drives it (connection events and the frames of one read in) but
-speaking frames rather than bytes, its replies read back with the codec.
+"""Harnesses for the two sans-IO cores, driven as their immortals drive them but
+speaking frames rather than bytes: :class:`Worker`, a :class:`WorkerCore` with its
+connections (connection events and the frames of one read in, its replies read back with
+the codec), and :class:`Connector`, a :class:`ConnectorCore` whose actions are kept and
+whose writes are decoded.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from typing import Any
 
 from immortals.wallaroo import (
     DRAFT_VERSION,
+    NOTHING_SEEN,
     V3_VERSION,
     Dialect,
     Error,
@@ -16,10 +19,14 @@ from immortals.wallaroo import (
     FrameReader,
     Hello,
     Message,
+    NotifyAck,
     Ok,
     encode,
     end_of_stream,
+    stream_id_for,
 )
+from immortals.wallaroo.connector_actions import Action, Actions, ConnectorConfig, Write
+from immortals.wallaroo.connector_core import ConnectorCore
 from immortals.wallaroo.worker_core import Replies, WorkerConfig, WorkerCore
 
 APP = "tests.wallaroo_apps:record"
@@ -116,3 +123,76 @@ class Conn:
 def only_error(frames: list[Frame]) -> str:
     assert isinstance(frames[-1], Error), frames
     return frames[-1].reason
+
+
+# --- the connector's core --------------------------------------------------------------
+
+S1, S2 = "gen://100?seed=1", "gen://50?seed=2"
+ID1, ID2 = stream_id_for(S1), stream_id_for(S2)
+WORKER, OTHER = "127.0.0.1:7100", "127.0.0.1:7200"
+
+
+def nothing(dialect: Dialect) -> int:
+    """What NOTIFY carries for a stream with no point: the draft's 0, v3's NOTHING_SEEN."""
+    return 0 if dialect is Dialect.DRAFT else NOTHING_SEEN
+
+
+class Connector:
+    """A ConnectorCore driven with frames; its actions kept, its writes decoded."""
+
+    def __init__(self, dialect: Dialect, streams: tuple[str, ...] = (S1,)) -> None:
+        self.dialect = dialect
+        self.config = ConnectorConfig(
+            WORKER, streams, cookie=b"c", dialect=dialect, instance_name="conn"
+        )
+        self.core = ConnectorCore()
+        self.problems: list[str] = []
+        self.n = 0
+        self.start("i1")
+
+    def keep(self, actions: Actions) -> list[Action]:
+        self.problems += actions.problems
+        return list(actions.actions)
+
+    def start(self, incarnation: str) -> list[Action]:
+        return self.keep(self.core.start(incarnation, self.config))
+
+    def connect(self, dial: int, address: str = WORKER) -> tuple[str, list[Action]]:
+        self.n += 1
+        conn = f"c.{self.n}"
+        return conn, self.keep(self.core.connected(dial, conn, address))
+
+    def receive(self, conn: str, *frames: Frame) -> list[Action]:
+        raw = [encode(f, self.dialect)[4:] for f in frames]
+        return self.keep(self.core.frames(conn, raw))
+
+    def gen(self, sid: int = 0) -> int:
+        """A stream's generation now (``sid`` 0: the first stream's)."""
+        return self.core.streams[sid or stream_id_for(self.config.streams[0])].generation
+
+    def written(self, actions: list[Action], conn: str | None = None) -> list[Frame]:
+        out: list[Frame] = []
+        for a in actions:
+            if isinstance(a, Write) and (conn is None or a.conn == conn):
+                out += decode_all(b"".join(a.frames), self.dialect)
+        return out
+
+    def streaming(self, credits: int = 10) -> tuple[str, list[Action]]:
+        """Dial 1 connected and OK'd; the actions of the OK (its NOTIFYs)."""
+        conn, _ = self.connect(self.core.dials)
+        return conn, self.receive(conn, Ok(credits))
+
+    def open(self, point: int = NOTHING_SEEN) -> str:
+        """Streaming, every stream at ``point`` and running: in v3 from the NOTIFY_ACK;
+        in the draft from the OK's list (seed 000, C1), then a NOTIFY_ACK that agrees."""
+        conn, _ = self.connect(self.core.dials)
+        ids = [stream_id_for(name) for name in self.config.streams]
+        draft = self.dialect is Dialect.DRAFT and point != NOTHING_SEEN
+        self.receive(conn, Ok(10, [(sid, point) for sid in ids] if draft else []))
+        for sid in ids:
+            self.receive(conn, NotifyAck(True, sid, point))
+        return conn
+
+
+def kinds(actions: list[Action]) -> list[str]:
+    return [type(a).__name__ for a in actions]

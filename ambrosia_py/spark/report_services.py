@@ -53,7 +53,8 @@ __all__ = [
 _ALLOWED_GLOBALS = frozenset(
     {
         ("immortals.ockam.service", "HubConfig"),
-        ("immortals.wallaroo.worker_core", "WorkerConfig"),
+        ("immortals.wallaroo.worker_config", "WorkerConfig"),
+        ("immortals.wallaroo.worker_core", "WorkerConfig"),  # where logs before it say
         ("immortals.wallaroo.connector_actions", "ConnectorConfig"),
         ("immortals.wallaroo.codec", "Dialect"),
     }
@@ -195,7 +196,7 @@ class ServiceDecoder:
     def _start(self, args: tuple[Any, ...], where: str) -> None:
         from immortals.wallaroo.codec import Dialect, stream_id_for
         from immortals.wallaroo.connector_actions import ConnectorConfig
-        from immortals.wallaroo.worker_core import WorkerConfig
+        from immortals.wallaroo.worker_config import WorkerConfig
 
         config = args[1] if len(args) == 2 else None
         # Unpickling sets fields without the classes' validators: check what is used.

@@ -5,13 +5,14 @@ dialects (the seed's ``draft``, the default, and the released ``v3``), one table
 and layouts each, with :func:`encode` and :func:`decode`; ``framing`` the incremental
 :class:`FrameReader`; ``states`` the connection and stream state machines as transition
 tables; ``errors`` the error hierarchy. The worker: ``worker_core`` its sans-IO state and
-handlers, ``worker`` the immortal (``ambrosia-py run immortals.wallaroo.worker``),
-``transport`` its connectors' port, ``control`` its operators' port, ``worker_ctl`` the
-operators' client. ``docs/wallaroo.md`` tells the whole story. The connector:
-``connector_core`` its sans-IO state and handlers, ``connector_actions`` what they
+handlers, ``worker_config`` its configuration and the rule for a HELLO, ``worker`` the
+immortal (``ambrosia-py run immortals.wallaroo.worker``), ``transport`` its connectors'
+port, ``control`` its operators' port, ``worker_ctl`` the operators' client.
+``docs/wallaroo.md`` tells the whole story. The connector: ``connector_core`` its
+sans-IO handlers, ``connector_state`` what they keep, ``connector_actions`` what they
 return, ``connector`` the immortal (``ambrosia-py run immortals.wallaroo.connector``)
-and its edge, ``sources`` the replayable sources it reads. Everything public is
-re-exported here.
+and its edge, ``connector_link`` its connections, ``sources`` the replayable sources it
+reads. Everything public is re-exported here.
 """
 
 from __future__ import annotations

@@ -72,6 +72,7 @@ from .connector_actions import (
     granted,
 )
 from .connector_core import ConnectorCore
+from .connector_link import LinkReader, open_connection
 from .errors import EncodeError
 from .sources import Source, SourceError, open_source, stream_names
 from .transport import parse_host_port, split_frames
@@ -245,7 +246,7 @@ class ConnectorEdge:
         while True:
             try:
                 reader, writer = await asyncio.wait_for(
-                    asyncio.open_connection(host, port), _CONNECT_TIMEOUT
+                    open_connection(host, port), _CONNECT_TIMEOUT
                 )
                 break
             except (OSError, TimeoutError) as exc:
@@ -259,7 +260,7 @@ class ConnectorEdge:
         self._sink.connected(d.dial, conn, d.address)
         await self._read(link, reader)
 
-    async def _read(self, link: _Link, reader: asyncio.StreamReader) -> None:
+    async def _read(self, link: _Link, reader: LinkReader) -> None:
         conn, sink = link.conn, self._sink
         limit, dialect = self._config.max_frame_bytes, self._config.dialect
         buf = bytearray()
@@ -278,6 +279,8 @@ class ConnectorEdge:
                     log.warning("connection %s closed: nothing for %g s %s", conn, wait, what)
                     break
                 if not data or conn not in self._links:
+                    if reader.failure is not None:  # whatever came before it was read
+                        log.info("connection %s lost: %s", conn, reader.failure)
                     break
                 buf += data
                 frames, used, oversize = split_frames(buf, self._order, limit)
@@ -360,6 +363,8 @@ class ConnectorEdge:
             log.warning("connection %s closed: %s", link.conn, exc)
             link.writer.close()  # its reader sees the end and reports it closed
             return
+        except ConnectionError:  # the connection failed: its reader reports it closed
+            return
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a source's bug: halt its stream, never go on silently
@@ -392,6 +397,8 @@ class ConnectorEdge:
                 continue
             await wait_for_room(link.writer, LIMITS)
             n = await link.take(len(pending))
+            if link.writer.is_closing():  # a failed write ended it; writing on spins
+                raise ConnectionResetError(f"connection {link.conn} is closed")
             chunk = [pending.popleft() for _ in range(n)]
             link.writer.write(b"".join([encode(point, data) for point, data in chunk]))
             last = run.last = chunk[-1][0]

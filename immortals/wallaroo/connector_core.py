@@ -16,14 +16,24 @@ The worker is the system of record for points of reference (seed 000, *Handshake
 and, in our worker, NOTIFY_ACK give "points of reference that belonged to prior
 sessions"); the connector's durable progress is whatever the worker acknowledged. So
 the core decides, from logged input only: which streams to introduce and with which
-point, where each stream resumes (the point NOTIFY_ACK gives), where it rewinds (a NACK,
-or in v3 an ACK below the last one), when a stream ends (the reader reached the end of
-the source: EOS), where to connect and when to migrate. It does not see MESSAGE frames:
-the source reader (outside the determinism boundary) reads the payloads again from the
-source by point of reference and writes them while credits allow. Payloads are never
-logged; the source is replayable by point (a file by line, an Ockam stream by index, a
-generator by count). After a crash of either side the stream resumes after the worker's
-point, the worker drops anything at or below it, and nothing is lost or repeated.
+point, where each stream resumes, where it rewinds (a NACK, or in v3 an ACK below the
+last one), when a stream ends (the reader reached the end of the source: EOS), where to
+connect and when to migrate. It does not see MESSAGE frames: the source reader (outside
+the determinism boundary) reads the payloads again from the source by point of
+reference and writes them while credits allow. Payloads are never logged; the source is
+replayable by point (a file by line, an Ockam stream by index, a generator by count).
+After a crash of either side the stream resumes after the worker's point, and nothing
+is lost or repeated.
+
+Where a stream resumes differs by dialect, each true to its source. v3 waits for
+NOTIFY_ACK and resumes after its point (reference); the worker drops ids at or below its
+point. The draft starts a stream right after its NOTIFY (seed 000, *Overview*: once the
+notification has been sent, "the open stream can have any number of messages"), with
+the point the OK listed for it (seed 000, C1) or else the last acknowledged one, since
+the seed has no NOTIFY_ACK: ours is optional and never waited for. A worker that wants
+the stream elsewhere NACKs it (seed 000, *Acks and Nacks*), and ours does whenever a
+NOTIFY's point is not its own, which is what keeps a replay from being taken twice
+there: a draft worker assumes no order among ids, so it cannot drop them by id.
 
 Points of reference are message ids and count records consumed from the source: the
 record at position ``k`` (1-based) is sent with message id ``k``, and a stream at point
@@ -41,8 +51,6 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-import attrs
-
 from .codec import (
     DRAFT_VERSION,
     LENGTH_PREFIX_BYTES,
@@ -55,7 +63,6 @@ from .codec import (
     stream_id_for,
 )
 from .connector_actions import (
-    Action,
     Actions,
     Close,
     Commit,
@@ -69,6 +76,7 @@ from .connector_actions import (
     format_address,
     parse_address,
 )
+from .connector_state import MAIN, MIGRATION, Batch, Conn, Migration, Stream
 from .errors import FrameTooLargeError, ProtocolError, UnknownStreamError
 from .frames import (
     Ack,
@@ -83,101 +91,14 @@ from .frames import (
     Ok,
     Restart,
 )
-from .states import ConnectionMachine, ConnectionState, Role, StreamMachine, StreamState
+from .states import ConnectionState, StreamState
 
 __all__ = ["ConnectorCore", "UnknownStreamError"]  # the error lives in errors.py
 
-_C = Role.CONNECTOR
 _CS, _SS = ConnectionState, StreamState
 _MAX_REASON: Final = 2000  # characters of an ERROR reason we send (seed 000: "short")
-_MAIN, _MIGRATION = "main", "migration"
 _NOTHING: Final = Actions()
-
-
-# --- the state ---------------------------------------------------------------------------
-
-
-class _Conn:
-    __slots__ = ("address", "machine", "offset", "purpose", "streamed")
-
-    def __init__(self, address: str, purpose: str) -> None:
-        self.address = address
-        self.purpose = purpose  # _MAIN, or _MIGRATION until the migration completes
-        self.machine = ConnectionMachine(_C)
-        self.offset = 0  # stream offset of the next byte from the worker
-        self.streamed = False  # OK came: the session got going
-
-
-class _Stream:
-    __slots__ = (
-        "acked",
-        "broken",
-        "configured",
-        "conn",
-        "end",
-        "eos_at",
-        "generation",
-        "halting",
-        "machine",
-        "name",
-        "notifies",
-        "refusals",
-        "running",
-    )
-
-    def __init__(self, stream_id: int, name: str) -> None:
-        self.name = name
-        self.acked: int | None = None  # the worker's last acknowledged point; durable progress
-        self.end: int | None = None  # where the source ended (EOS), once the reader found it
-        self.configured = True  # in the source this incarnation reads
-        self.broken: str | None = None  # the source cannot resume it (seed 000, D5)
-        self.generation = 0  # bumped whenever a reader's reports must be ignored
-        self.machine = StreamMachine(_C, stream_id)
-        self.reset_session()
-
-    def reset_session(self) -> None:
-        """A new session: not introduced anywhere, no reader."""
-        self.machine = StreamMachine(_C, self.machine.stream_id)
-        self.conn: str | None = None  # where it was introduced
-        self.notifies = 0  # NOTIFYs not yet answered
-        self.running = False  # a reader sends it (a Go is out)
-        self.halting = False  # a Halt is out, its report not yet in
-        self.eos_at: int | None = None  # the point its EOS on ``conn`` carried
-        self.refusals = 0
-        self.generation += 1
-
-    @property
-    def finished(self) -> bool:
-        return self.end is not None and self.acked == self.end
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self.__slots__}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        for k, v in state.items():
-            setattr(self, k, v)
-
-
-@attrs.define
-class _Migration:
-    old: str
-    to: str
-    dial: int
-    new: str | None = None
-    failures: int = 0
-
-
-class _Batch:
-    __slots__ = ("actions", "problems")
-
-    def __init__(self) -> None:
-        self.actions: list[Action] = []
-        self.problems: list[str] = []
-
-    def done(self) -> Actions:
-        if not self.actions and not self.problems:
-            return _NOTHING
-        return Actions(tuple(self.actions), tuple(self.problems))
+_Conn, _Stream, _Migration = Conn, Stream, Migration  # what checkpoints before the split name
 
 
 class ConnectorCore:
@@ -190,12 +111,12 @@ class ConnectorCore:
         self.failures = 0  # sessions in a row that ended before OK
         self.dials = 0  # the last dial number handed out
         self.wanted: dict[int, str] = {}  # dial -> purpose, not yet connected
-        self.conns: dict[str, _Conn] = {}
+        self.conns: dict[str, Conn] = {}
         self.active: str | None = None
-        self.migration: _Migration | None = None
-        self.streams: dict[int, _Stream] = {}
+        self.migration: Migration | None = None
+        self.streams: dict[int, Stream] = {}
         self.moves = 0  # RESTARTs followed and migrations completed
-        self.hints: dict[int, int] = {}  # the draft OK's points, for streams without one
+        self.hints: dict[int, int] = {}  # the draft OK's points: where streams resume (C1)
 
     # -- the incarnation ----------------------------------------------------------------
 
@@ -220,13 +141,13 @@ class ConnectorCore:
             sid = stream_id_for(name)
             known = self.streams.get(sid)
             if known is None or known.name != name:
-                known = self.streams[sid] = _Stream(sid, name)
+                known = self.streams[sid] = Stream(sid, name)
             known.configured = True
             known.broken = None  # a restart is the operator's repair (seed 000, D5)
         for s in self.streams.values():
             s.reset_session()
-        batch = _Batch()
-        self._dial(batch, _MAIN, self.target, 0)
+        batch = Batch()
+        self._dial(batch, MAIN, self.target, 0)
         return batch.done()
 
     # -- the edge's reports -------------------------------------------------------------
@@ -237,11 +158,11 @@ class ConnectorCore:
         if purpose is None:  # no longer wanted (a migration abandoned meanwhile)
             return Actions((Close(conn),))
         cfg = self._config
-        c = self.conns[conn] = _Conn(address, purpose)
+        c = self.conns[conn] = Conn(address, purpose)
         version = DRAFT_VERSION if cfg.dialect is Dialect.DRAFT else V3_VERSION
         hello = Hello(version, cfg.cookie, cfg.program_name, cfg.instance_name)
         c.machine.send(hello)
-        if purpose == _MAIN:
+        if purpose == MAIN:
             self.active = conn
         elif self.migration is not None:
             self.migration.new = conn
@@ -252,7 +173,7 @@ class ConnectorCore:
         c = self.conns.pop(conn, None)
         if c is None:
             return _NOTHING
-        batch = _Batch()
+        batch = Batch()
         self._lost(batch, conn, c)
         return batch.done()
 
@@ -263,7 +184,7 @@ class ConnectorCore:
             return _NOTHING
         cfg = self._config
         err = FrameTooLargeError(cfg.dialect.value, offset, size, cfg.max_frame_bytes)
-        batch = _Batch()
+        batch = Batch()
         self._fail(batch, conn, c, str(err))
         return batch.done()
 
@@ -273,7 +194,7 @@ class ConnectorCore:
         if c is None:
             return _NOTHING
         dialect = self._config.dialect
-        batch = _Batch()
+        batch = Batch()
         for raw in frames:
             offset = c.offset
             c.offset += LENGTH_PREFIX_BYTES + len(raw)
@@ -302,7 +223,7 @@ class ConnectorCore:
         s.machine.send(eos)
         c.machine.send(eos)
         s.eos_at = point
-        batch = _Batch()
+        batch = Batch()
         batch.actions.append(Write(conn, (self._encode(eos),)))
         self._settle_migration(batch)
         return batch.done()
@@ -314,7 +235,7 @@ class ConnectorCore:
         if s is None:
             return _NOTHING
         s.broken = reason
-        batch = _Batch()
+        batch = Batch()
         self._fail(batch, conn, self.conns[conn], f"stream {s.name!r}: {reason}")
         return batch.done()
 
@@ -333,13 +254,13 @@ class ConnectorCore:
             or not self._eligible(s)
         ):
             return _NOTHING
-        batch = _Batch()
-        batch.actions.append(Write(conn, (self._encode(self._notify(c, s, conn)),)))
+        batch = Batch()
+        self._introduce(batch, conn, c, [s])
         return batch.done()
 
     # -- one frame from the worker ------------------------------------------------------
 
-    def _frame(self, batch: _Batch, conn: str, c: _Conn, frame: Frame, offset: int) -> None:
+    def _frame(self, batch: Batch, conn: str, c: Conn, frame: Frame, offset: int) -> None:
         c.machine.receive(frame)  # what a connector never receives, or not now, stops here
         if isinstance(frame, Ack):
             self._ack(batch, conn, c, frame, offset)
@@ -359,26 +280,42 @@ class ConnectorCore:
             del self.conns[conn]
             self._lost(batch, conn, c)
 
-    def _ok(self, batch: _Batch, conn: str, c: _Conn, ok: Ok) -> None:
+    def _ok(self, batch: Batch, conn: str, c: Conn, ok: Ok) -> None:
         c.streamed = True
-        if c.purpose == _MIGRATION:
+        if c.purpose == MIGRATION:
             self._settle_migration(batch)
             return
         self.failures = 0
         self.hints = dict(ok.points_of_reference)
         self._notify_all(batch, conn, c)
 
-    def _notify_all(self, batch: _Batch, conn: str, c: _Conn) -> None:
-        frames = [self._notify(c, s, conn) for s in self.streams.values() if self._eligible(s)]
-        if frames:
-            batch.actions.append(Write(conn, tuple(self._encode(f) for f in frames)))
+    def _notify_all(self, batch: Batch, conn: str, c: Conn) -> None:
+        self._introduce(batch, conn, c, [s for s in self.streams.values() if self._eligible(s)])
 
-    def _eligible(self, s: _Stream) -> bool:
+    def _introduce(
+        self, batch: Batch, conn: str, c: Conn, streams: list[Stream], point: int | None = None
+    ) -> None:
+        """NOTIFY ``streams`` on ``conn`` in one write. v3: each starts when its NOTIFY_ACK
+        comes. Draft: each starts now, after the point its NOTIFY carries (0: the seed's
+        "undefined", the source's origin), unless NACKs are still stacked on it."""
+        notifies = [self._notify(c, s, conn, point) for s in streams]
+        if not notifies:
+            return
+        batch.actions.append(Write(conn, tuple(self._encode(n) for n in notifies)))
+        if self._config.dialect is Dialect.DRAFT:
+            for s, n in zip(streams, notifies, strict=True):
+                if s.machine.state is _SS.OPEN:
+                    self._go(batch, conn, s, n.point_of_reference or None)
+
+    def _eligible(self, s: Stream) -> bool:
         return s.configured and s.broken is None and not s.finished
 
-    def _notify(self, c: _Conn, s: _Stream, conn: str, point: int | None = None) -> Notify:
+    def _notify(self, c: Conn, s: Stream, conn: str, point: int | None = None) -> Notify:
         if point is None:
-            point = s.acked if s.acked is not None else self.hints.get(s.machine.stream_id)
+            hint = self.hints.pop(s.machine.stream_id, None)
+            if hint is not None:  # the worker's own point, lower or higher (seed 000, C1)
+                s.acked = hint
+            point = s.acked
         if point is None:
             point = 0 if self._config.dialect is Dialect.DRAFT else NOTHING_SEEN
         notify = Notify(s.machine.stream_id, s.name, point)
@@ -388,7 +325,7 @@ class ConnectorCore:
         s.notifies += 1
         return notify
 
-    def _notify_ack(self, batch: _Batch, conn: str, c: _Conn, na: NotifyAck, offset: int) -> None:
+    def _notify_ack(self, batch: Batch, conn: str, c: Conn, na: NotifyAck, offset: int) -> None:
         s = self._named(conn, na.stream_id, "NotifyAck", offset)
         if not s.notifies:
             reason = f"stream {na.stream_id} has no NOTIFY awaiting a NOTIFY_ACK"
@@ -396,7 +333,14 @@ class ConnectorCore:
         s.machine.receive(na)
         s.notifies -= 1
         point = None if na.point_of_reference == NOTHING_SEEN else na.point_of_reference
+        draft = self._config.dialect is Dialect.DRAFT
         if not na.success:
+            if draft:  # it started with its NOTIFY: stop it (the worker ignored what it sent)
+                if s.running or s.halting:
+                    batch.actions.append(Stop(conn, na.stream_id))
+                s.running = s.halting = False
+                s.generation += 1
+                s.eos_at = None
             if point is not None:
                 s.acked = point  # the worker's own point: the one to resume from elsewhere
             if c.machine.state is _CS.MIGRATING:
@@ -407,27 +351,32 @@ class ConnectorCore:
                 s.refusals += 1
             return
         s.refusals = 0
+        if draft:  # it runs since its NOTIFY; a worker that wants another point NACKs
+            return
         s.acked = point
         if s.notifies == 0 and s.machine.state is _SS.OPEN:
             self._go(batch, conn, s, point)
 
-    def _go(self, batch: _Batch, conn: str, s: _Stream, start: int | None) -> None:
+    def _go(self, batch: Batch, conn: str, s: Stream, start: int | None) -> None:
         s.generation += 1
         s.running = True
         batch.actions.append(Go(conn, s.machine.stream_id, s.name, s.generation, start))
 
-    def _ack(self, batch: _Batch, conn: str, c: _Conn, ack: Ack, offset: int) -> None:
+    def _ack(self, batch: Batch, conn: str, c: Conn, ack: Ack, offset: int) -> None:
+        # A draft ACK lists ids processed, and ids have no order there (seed 000,
+        # *Streaming*); a draft worker rewinds with a NACK. Only v3 rewinds by ACK.
+        v3 = self._config.dialect is Dialect.V3
         for sid, point in ack.acks:
             s = self._named(conn, sid, "Ack", offset)
             s.machine.receive(ack)
-            if point == NOTHING_SEEN or (s.acked is not None and point < s.acked):
+            if v3 and (point == NOTHING_SEEN or (s.acked is not None and point < s.acked)):
                 self._rewind(batch, conn, s, None if point == NOTHING_SEEN else point)
             elif point != s.acked:
                 s.acked = point
                 batch.actions.append(Commit(s.name, point))
         self._settle_migration(batch)
 
-    def _rewind(self, batch: _Batch, conn: str, s: _Stream, point: int | None) -> None:
+    def _rewind(self, batch: Batch, conn: str, s: Stream, point: int | None) -> None:
         """v3's rewind: an ACK below the last one (reference, *What the released worker
         does*). Messages in flight past it are taken once by the worker; the reader
         starts again after ``point`` and the worker drops what it already has."""
@@ -436,7 +385,7 @@ class ConnectorCore:
         if s.running and s.conn == conn:
             self._go(batch, conn, s, point)
 
-    def _nack(self, batch: _Batch, conn: str, c: _Conn, nack: Nack, offset: int) -> None:
+    def _nack(self, batch: Batch, conn: str, c: Conn, nack: Nack, offset: int) -> None:
         s = self._named(conn, nack.stream_id, "Nack", offset)
         s.machine.receive(nack)  # RESET, one more on the stack
         if s.running:
@@ -446,10 +395,9 @@ class ConnectorCore:
         s.acked = nack.point_of_reference
         s.eos_at = None
         batch.problems.append(f"worker NACKed stream {s.name!r} to {nack.point_of_reference}")
-        notify = self._notify(c, s, conn, nack.point_of_reference)  # pops the one pushed
-        batch.actions.append(Write(conn, (self._encode(notify),)))
+        self._introduce(batch, conn, c, [s], nack.point_of_reference)  # pops the one pushed
 
-    def _restart(self, batch: _Batch, conn: str, c: _Conn, restart: Restart) -> None:
+    def _restart(self, batch: Batch, conn: str, c: Conn, restart: Restart) -> None:
         if conn != self.active or self.migration is not None:
             reason = "a RESTART while migrating"
             raise ProtocolError(self._config.dialect.value, "Restart", None, c.offset, reason)
@@ -466,25 +414,25 @@ class ConnectorCore:
         self._reset_streams(conn)
         self.active = None
         self.failures = 0
-        self._dial(batch, _MAIN, self.target, 0)
+        self._dial(batch, MAIN, self.target, 0)
 
     # -- migration (seed 001) -------------------------------------------------------------
 
-    def _migrate(self, batch: _Batch, conn: str, c: _Conn, m: Migrate) -> None:
+    def _migrate(self, batch: Batch, conn: str, c: Conn, m: Migrate) -> None:
         to = format_address(m.host, m.port)
         if conn != self.active or self.migration is not None:
             raise ProtocolError(
                 self._config.dialect.value, "Migrate", None, c.offset, "a MIGRATE while migrating"
             )
         batch.problems.append(f"worker {c.address} asked to MIGRATE to {to}")
-        self.migration = _Migration(conn, to, self._dial(batch, _MIGRATION, to, 0))
+        self.migration = Migration(conn, to, self._dial(batch, MIGRATION, to, 0))
         for sid, s in self.streams.items():
             if s.conn == conn and s.running:
                 s.running, s.halting = False, True
                 batch.actions.append(Halt(conn, sid, s.name, s.generation))
         self._settle_migration(batch)
 
-    def _settle_migration(self, batch: _Batch) -> None:
+    def _settle_migration(self, batch: Batch) -> None:
         """MIGRATION_ACK on the old connection once the new worker said OK and the old
         acknowledged every stream through its EOS (seed 001, steps 6 to 9); then the
         streams are introduced on the new connection (step 11)."""
@@ -494,7 +442,7 @@ class ConnectorCore:
         for s in self.streams.values():
             if s.conn != m.old:
                 continue
-            if s.running or s.halting or s.notifies:
+            if s.running or s.halting:  # a NOTIFY unanswered is not waited for (draft)
                 return
             if s.eos_at is not None and (s.acked is None or s.acked < s.eos_at):
                 return
@@ -503,10 +451,11 @@ class ConnectorCore:
         old.machine.send(ack)
         batch.actions.append(Write(m.old, (self._encode(ack),)))
         self._reset_streams(m.old)
+        self.hints.clear()  # the old worker's points (seed 000, C1), not the new one's
         self.migration = None
         self.target = m.to
         self.active = m.new
-        new.purpose = _MAIN
+        new.purpose = MAIN
         self.moves += 1
         self.failures = 0
         batch.problems.append(f"migrated to {m.to}")
@@ -514,7 +463,7 @@ class ConnectorCore:
 
     # -- losing a connection --------------------------------------------------------------
 
-    def _fail(self, batch: _Batch, conn: str, c: _Conn, reason: str) -> None:
+    def _fail(self, batch: Batch, conn: str, c: Conn, reason: str) -> None:
         """ERROR with ``reason`` and close (seed 000, *Protocol State Machine*)."""
         if len(reason) > _MAX_REASON:
             reason = reason[: _MAX_REASON - 3] + "..."
@@ -524,7 +473,7 @@ class ConnectorCore:
         self.conns.pop(conn, None)
         self._lost(batch, conn, c)
 
-    def _lost(self, batch: _Batch, conn: str, c: _Conn) -> None:
+    def _lost(self, batch: Batch, conn: str, c: Conn) -> None:
         """``conn`` is gone (already out of ``conns``): what now depends on its role."""
         self._reset_streams(conn)
         m = self.migration
@@ -539,21 +488,21 @@ class ConnectorCore:
         elif m is not None and conn == m.new:
             m.new = None
             m.failures += 1
-            m.dial = self._dial(batch, _MIGRATION, m.to, m.failures)
+            m.dial = self._dial(batch, MIGRATION, m.to, m.failures)
         elif conn == self.active:
             self.active = None
             self._redial(batch, c)
 
-    def _redial(self, batch: _Batch, c: _Conn) -> None:
+    def _redial(self, batch: Batch, c: Conn) -> None:
         self.failures = 0 if c.streamed else self.failures + 1
-        self._dial(batch, _MAIN, self.target, self.failures)
+        self._dial(batch, MAIN, self.target, self.failures)
 
     def _reset_streams(self, conn: str) -> None:
         for s in self.streams.values():
             if s.conn == conn:
                 s.reset_session()  # the reader's reports for it are ignored from now
 
-    def _dial(self, batch: _Batch, purpose: str, address: str, attempt: int) -> int:
+    def _dial(self, batch: Batch, purpose: str, address: str, attempt: int) -> int:
         self.dials += 1
         self.wanted[self.dials] = purpose
         batch.actions.append(Dial(self.dials, address, attempt))
@@ -567,13 +516,13 @@ class ConnectorCore:
             raise RuntimeError("the connector core has not been started")
         return self.config
 
-    def _named(self, conn: str, sid: int, frame: str, offset: int) -> _Stream:
+    def _named(self, conn: str, sid: int, frame: str, offset: int) -> Stream:
         s = self.streams.get(sid)
         if s is None or s.conn != conn:
             raise UnknownStreamError(self._config.dialect.value, frame, offset, sid)
         return s
 
-    def _current(self, conn: str, sid: int, generation: int) -> _Stream | None:
+    def _current(self, conn: str, sid: int, generation: int) -> Stream | None:
         """The stream a reader reports on, unless the report is stale."""
         s = self.streams.get(sid)
         if s is None or s.generation != generation or s.conn != conn or conn not in self.conns:

@@ -40,6 +40,10 @@ Where the seed and the addendum leave a gap we chose, and say so once here:
 - A NOTIFY in OPEN keeps the stream OPEN ("the state machine will always end up in the
   open state after a notification"); a NOTIFY_REFUSED moves it back to INTRO, since a
   refusal says the stream is not open on this connection.
+- NOTIFY_ACK and NOTIFY_REFUSED may also meet a CLOSED stream: a draft connector does
+  not wait for them (the seed has no NOTIFY_ACK; a stream starts with its NOTIFY), so a
+  short stream can send its EOS before the answer arrives. A refusal still means the
+  stream was never open here, so it leads back to INTRO.
 - NACKs stack (seed 000: "each NACK will require a NOTIFY"): a NACK in OPEN, CLOSED or
   RESET pushes one; a NOTIFY in RESET pops one and opens the stream only when none is
   left. The table says where a NOTIFY in RESET leads when it pops the last one;
@@ -283,7 +287,15 @@ STREAM_TRANSITIONS: Final[Mapping[StreamState, Mapping[FrameKind, StreamState]]]
                 K.NACK: SS.RESET,
             }
         ),
-        SS.CLOSED: MappingProxyType({K.NOTIFY: SS.OPEN, K.ACK: SS.CLOSED, K.NACK: SS.RESET}),
+        SS.CLOSED: MappingProxyType(
+            {
+                K.NOTIFY: SS.OPEN,
+                K.NOTIFY_ACK: SS.CLOSED,  # the answer came after the EOS (draft)
+                K.NOTIFY_REFUSED: SS.INTRO,
+                K.ACK: SS.CLOSED,
+                K.NACK: SS.RESET,
+            }
+        ),
         SS.RESET: MappingProxyType(
             {
                 K.NOTIFY: SS.OPEN,  # when it pops the last NACK; RESET while more remain

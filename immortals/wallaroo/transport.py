@@ -54,6 +54,15 @@ a connector ignoring credits cannot fill the log. One whose unsent output passes
 ``max_buffered_output`` is not read until it takes it, and is closed if it stays over
 for ``output_stall_s`` (:func:`~ambrosia_py.serving.wait_for_room`).
 
+**Closing when the worker says so** (behind its ERROR or RESTART, or after the
+connector's MIGRATION_ACK): the edge sends the last frames, then a FIN (``write_eof``),
+and reads on, dropping what the connector still sends, until the connector closes or
+``_LINGER_SECONDS`` pass. Closing at once
+would leave the connector's MESSAGEs in flight unread, and a socket closed with unread
+input resets the connection (RFC 2525, 2.17): the reset can overtake the last frames
+still queued, and a connector busy writing fails on it before it reads them, so a
+RESTART (reference) could send it back to the worker it was sent away from.
+
 Refusals and closes are logged through one :class:`~ambrosia_py.serving.RefusalLog`.
 The operators' port is :mod:`.control`.
 """
@@ -110,6 +119,7 @@ LIMITS: Final = ConnectionLimits(
 _READ_SIZE: Final = 256 * 1024
 _ANSWER_SECONDS: Final = 30.0  # how long a refused connection waits for the worker's ERROR
 _MAX_REASON: Final = 200  # characters of an ERROR the edge writes: a refusal, not a report
+_LINGER_SECONDS: Final = 5.0  # after the worker's last frames, for the connector to close
 
 
 def parse_host_port(text: str) -> tuple[str, int]:
@@ -170,6 +180,7 @@ class _Conn:
 
     __slots__ = (
         "buf",
+        "linger",
         "offset",
         "peer",
         "reported",
@@ -192,6 +203,7 @@ class _Conn:
         self.unanswered = 0  # frames delivered since the worker last wrote here
         self.wrote = asyncio.Event()
         self.why = ""  # why the edge ended it (evicted), once it has
+        self.linger: asyncio.TimerHandle | None = None  # the worker closed it: the deadline
 
     def end(self, why: str) -> None:
         self.why = why
@@ -267,6 +279,9 @@ class WorkerTransport:
         try:
             if await self._handshake(conn, me, reader):
                 await self._stream(conn, me, reader)
+            if me.linger is not None:  # the worker closed it: drop the rest (see the module)
+                while await reader.read(_READ_SIZE):
+                    pass
         except OutputStalled as exc:
             self._refuse("output_stalled", conn, me, exc)
         except ConnectionError as exc:
@@ -274,6 +289,8 @@ class WorkerTransport:
                 _key(me), "connection %s (%s) lost: %s", conn, peer, exc, level=logging.INFO
             )
         finally:
+            if me.linger is not None:
+                me.linger.cancel()
             self._admission.release(me.slot)
             if self._conns.pop(conn, None) is not None and me.reported:
                 self._sink.closed(conn)
@@ -377,7 +394,11 @@ class WorkerTransport:
         me.wrote.set()
         if close:
             del self._conns[conn]  # the worker has forgotten it already: no closed impulse
-            me.writer.close()
+            if me.writer.can_write_eof() and not me.writer.is_closing():
+                me.writer.write_eof()  # a FIN behind the last frames, not a reset
+                me.linger = asyncio.get_running_loop().call_later(_LINGER_SECONDS, me.writer.close)
+            else:
+                me.writer.close()
 
     def close(self) -> None:
         if self.server is not None:

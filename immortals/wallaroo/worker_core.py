@@ -9,7 +9,8 @@ It touches no socket, clock or randomness, so the worker immortal
 
 - HELLO must carry the dialect's version (draft: :data:`.codec.DRAFT_VERSION`; v3:
   ``"0.0.1"``) and the configured cookie, exactly; otherwise ERROR ("Unknown protocol
-  version: ..." / "Bad cookie") and a close. OK grants ``max_credits``; the draft's OK
+  version: ..." / "Bad cookie") and a close (the rule, with the configuration, is in
+  :mod:`.worker_config`). OK grants ``max_credits``; the draft's OK
   also lists (stream id, point of reference) for every stream with a point (seed 000,
   C1), as many as fit in a frame.
 - Every frame after OK costs one credit; a frame with none left is an ERROR. At the end
@@ -20,22 +21,32 @@ It touches no socket, clock or randomness, so the worker immortal
   dialects (the draft with the addendum's tag 4): ``(true, point)`` when the stream is
   free or already this connection's (a reintroduction, seed 000), ``(false, point)``
   when another connection holds it or the connection is migrating. The point is the
-  last message id the worker holds (durable, as everything it handled is), or
-  ``NOTHING_SEEN`` for a stream never seen; the connector resumes after it.
-- A MESSAGE whose id is at or below the stream's point is dropped (de-duplication); one
-  flagged EPHEMERAL or UNSTABLE_REFERENCE (draft) carries no identity, so it is applied
-  as it comes and leaves the point alone. A boundary (no payload) moves the point
-  without calling the application. A MESSAGE for a stream not open on this connection
-  (never notified, closed by EOS, held elsewhere) is an ERROR; for a stream this worker
-  NACKed, it is ignored until the NOTIFY (seed 000).
+  last message id the worker took (durable, as everything it handled is), or
+  ``NOTHING_SEEN`` for a stream never seen; the connector resumes after it. In the
+  draft NOTIFY_ACK is ours, not the seed's, so a connector need not wait for it: the
+  stream's MESSAGEs may follow its NOTIFY at once (seed 000, *Overview*). So a draft
+  NOTIFY that resumes from another point than the worker's (0 for a stream never seen,
+  the seed's "undefined") is answered with a NACK to the worker's point as well: the
+  stream ignores MESSAGEs until the NOTIFY at that point (seed 000, *Acks and Nacks*),
+  and the MESSAGEs of a refused NOTIFY are ignored, not an error.
+- The point is the last message id taken in transmission order. v3 drops a MESSAGE
+  whose id is at or below it (the released worker's de-duplication, reference); the
+  draft takes every one, since "Wallaroo does not make any assumptions around
+  monotonicity of message ids" (seed 000, *Streaming*): what keeps a replay out there
+  is the NACK above, by position rather than by id. One flagged EPHEMERAL or
+  UNSTABLE_REFERENCE (draft) carries no identity, so it is applied as it comes and
+  leaves the point alone. A boundary (no payload) moves the point without calling the
+  application. A MESSAGE for a stream not open on this connection (never notified,
+  closed by EOS, held elsewhere) is an ERROR; for a stream this worker NACKed, it is
+  ignored until the NOTIFY (seed 000).
 - EOS (draft: a MESSAGE flagged EOS, applied first; v3: EOS_MESSAGE) closes the stream,
   releases it and acknowledges its final point.
 - Any frame not valid in its connection's or stream's state (a second HELLO, a frame
   only a worker sends), a frame that does not decode or is over the size limit: ERROR
   naming what and where, then close. The ERROR is preceded by an ACK of whatever the
   read moved before the bad frame, so the connector knows what is safe.
-- :meth:`WorkerCore.nack` rewinds a stream to a point (draft: NACK; v3 has none, so an
-  ACK with the lower point, which the released connector takes as a rewind).
+- :meth:`WorkerCore.nack` resets a stream to a point (draft: NACK, to any point; v3 has
+  none, so an ACK with a lower point, which the released connector takes as a rewind).
   :meth:`WorkerCore.move` sends MIGRATE (draft, seed 001) or RESTART (v3) naming
   another worker; before RESTART an ACK gives every stream's final point.
 
@@ -45,19 +56,15 @@ the record holding the frames is durable: an ACKed point is never ahead of the l
 
 from __future__ import annotations
 
-import hmac
-import importlib
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any, Final
 
 import attrs
 
 from .codec import (
     DEFAULT_MAX_FRAME_BYTES,
-    DRAFT_VERSION,
     LENGTH_PREFIX_BYTES,
     NOTHING_SEEN,
-    V3_VERSION,
     Dialect,
     decode_tagged,
     encode,
@@ -88,6 +95,7 @@ from .states import (
     UnexpectedFrameError,
     kind_of,
 )
+from .worker_config import App, WorkerConfig, hello_refusal, load_app
 
 __all__ = [
     "App",
@@ -101,76 +109,12 @@ __all__ = [
     "load_app",
 ]
 
-App = Callable[[dict[str, Any], bytes], None]
-"""The application: called once per message, in log order, with the worker's app state."""
-
 _W = Role.WORKER
 _CS, _SS, _K = ConnectionState, StreamState, FrameKind
 _LIVE: Final = frozenset({_CS.STREAMING, _CS.MIGRATING})  # where frames cost credits
 _NO_IDENTITY: Final = MessageFlags.EPHEMERAL | MessageFlags.UNSTABLE_REFERENCE
 _MAX_REASON: Final = 2000  # characters of an ERROR reason (the seed: "a short reason")
 _OK_POINTS: Final = (DEFAULT_MAX_FRAME_BYTES - 5) // 16  # pairs that fit a default-size OK
-_U32: Final = 2**32 - 1
-
-
-def load_app(spec: str) -> App | None:
-    """The function ``module:function`` names; None for ``""`` (no application).
-
-    ValueError naming the spec for anything else.
-    """
-    if not spec:
-        return None
-    module_name, colon, name = spec.partition(":")
-    if not colon or not module_name or not name:
-        raise ValueError(f"--app {spec!r} is not module:function")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(f"--app {spec!r}: cannot import {module_name}: {exc}") from None
-    fn = getattr(module, name, None)
-    if not callable(fn):
-        raise ValueError(f"--app {spec!r}: {module_name} has no function {name!r}")
-    return fn  # type: ignore[no-any-return]
-
-
-def hello_refusal(hello: Hello, config: WorkerConfig) -> str | None:
-    """Why the worker refuses ``hello`` (its ERROR's reason), or None: one rule for the
-    core and for the edge, which refuses before anything is logged (:mod:`.transport`)."""
-    version = DRAFT_VERSION if config.dialect is Dialect.DRAFT else V3_VERSION
-    if hello.version != version:
-        shown = hex(hello.version) if isinstance(hello.version, int) else hello.version
-        return f"Unknown protocol version: {shown}"
-    if not hmac.compare_digest(hello.cookie, config.cookie):
-        return "Bad cookie"
-    return None
-
-
-def _positive(inst: object, attribute: attrs.Attribute[int], value: int) -> None:
-    if not 1 <= value <= _U32:
-        raise ValueError(f"{attribute.name} {value} must be 1..{_U32}")
-
-
-@attrs.frozen
-class WorkerConfig:
-    """What the worker is told at start (logged, so replay sees the same)."""
-
-    cookie: bytes = b""
-    dialect: Dialect = attrs.field(default=Dialect.DRAFT, converter=Dialect)
-    max_credits: int = attrs.field(default=1000, validator=_positive)
-    """Credits granted by OK and topped up to by each refill."""
-    refill_credits: int = attrs.field(default=500)
-    """A refill is due once a connection's credits have fallen to this."""
-    max_frame_bytes: int = attrs.field(default=DEFAULT_MAX_FRAME_BYTES, validator=_positive)
-    app: str = ""
-    """``module:function`` of the application; empty: messages are only tracked."""
-    adopt_points: bool = False
-    """A stream never seen here starts from the point its NOTIFY carries (a migration
-    target: the state of seed 001's step 5 travels through the connector)."""
-
-    @refill_credits.validator
-    def _refill_below_max(self, attribute: attrs.Attribute[int], value: int) -> None:
-        if not 0 <= value < self.max_credits:
-            raise ValueError(f"refill_credits {value} must be 0..max_credits-1")
 
 
 class NoCreditsError(ProtocolError):
@@ -218,7 +162,7 @@ _NOTHING: Final = Replies()
 
 
 class _Connection:
-    __slots__ = ("credits", "machine", "name", "offset", "peer")
+    __slots__ = ("credits", "machine", "name", "offset", "peer", "refused")
 
     def __init__(self, peer: str) -> None:
         self.peer = peer
@@ -226,12 +170,14 @@ class _Connection:
         self.credits = 0
         self.offset = 0  # stream offset of the next byte: errors name where
         self.name = ""  # HELLO's program and instance names, for operators
+        self.refused: set[int] = set()  # draft: streams whose NOTIFY was refused here
 
-    def __getstate__(self) -> tuple[str, ConnectionMachine, int, int, str]:
-        return (self.peer, self.machine, self.credits, self.offset, self.name)
+    def __getstate__(self) -> tuple[str, ConnectionMachine, int, int, str, set[int]]:
+        return (self.peer, self.machine, self.credits, self.offset, self.name, self.refused)
 
-    def __setstate__(self, s: tuple[str, ConnectionMachine, int, int, str]) -> None:
-        self.peer, self.machine, self.credits, self.offset, self.name = s
+    def __setstate__(self, s: tuple[Any, ...]) -> None:
+        self.peer, self.machine, self.credits, self.offset, self.name = s[:5]
+        self.refused = s[5] if len(s) > 5 else set()  # a checkpoint from before the set
 
 
 class _Stream:
@@ -366,14 +312,16 @@ class WorkerCore:
         """Rewind ``stream_id`` to ``point`` (None: to its start): later ids are taken again.
 
         Draft: a NACK to the connection holding the stream (it must NOTIFY again; seed
-        000, *Acks and Nacks*). v3: an ACK with the lower point (reference). A stream no
+        000, *Acks and Nacks*), to any point, since ids have no order there (seed 000,
+        *Streaming*). v3: an ACK with the lower point (reference). A stream no
         connection holds just resumes from ``point`` at its next NOTIFY. ValueError for
-        an unknown stream or a point ahead of the stream's.
+        an unknown stream, or in v3 a point ahead of the stream's.
         """
         s = self.streams.get(stream_id)
         if s is None:
             raise ValueError(f"no stream {stream_id}")
-        if point is not None and (s.point is None or point > s.point):
+        ahead = point is not None and (s.point is None or point > s.point)
+        if ahead and self.config.dialect is Dialect.V3:
             raise ValueError(f"stream {stream_id} is at {s.point}; cannot NACK ahead to {point}")
         owner = self.connections.get(s.owner) if s.owner is not None else None
         if owner is None or s.owner is None:
@@ -481,17 +429,21 @@ class WorkerCore:
 
     def _notify(self, conn: str, c: _Connection, notify: Notify, batch: _Batch) -> None:
         sid = notify.stream_id
+        draft = self.config.dialect is Dialect.DRAFT
         s = self.streams.get(sid)
         if s is None:
             s = self.streams[sid] = _Stream(sid, notify.stream_name)
-            nothing = 0 if self.config.dialect is Dialect.DRAFT else NOTHING_SEEN
+            nothing = 0 if draft else NOTHING_SEEN
             if self.config.adopt_points and notify.point_of_reference != nothing:
                 s.point = notify.point_of_reference
         if c.machine.state is _CS.MIGRATING or s.owner not in (None, conn):
             refusal = NotifyAck(False, sid, s.wire_point)
             c.machine.send(refusal)
             batch.frames.append(refusal)
+            if draft and s.owner != conn:  # its MESSAGEs may be on the way: ignored
+                c.refused.add(sid)
             return
+        c.refused.discard(sid)
         s.machine.receive(notify)
         s.owner = conn
         if notify.stream_name != s.name:
@@ -501,9 +453,19 @@ class WorkerCore:
         s.machine.send(ack)
         c.machine.send(ack)
         batch.frames.append(ack)
+        here = 0 if s.point is None else s.point  # the draft's 0: "undefined", the start
+        if draft and s.machine.state is _SS.OPEN and notify.point_of_reference != here:
+            # It resumes elsewhere than the worker's point, and its MESSAGEs follow at
+            # once: reset it there (seed 000, *Acks and Nacks*), so nothing is taken twice.
+            nack = Nack(0, sid, here)
+            s.machine.send(nack)
+            c.machine.send(nack)
+            batch.frames.append(nack)
 
     def _message(self, conn: str, m: Message, kind: FrameKind, offset: int, batch: _Batch) -> None:
         sid = m.stream_id
+        if sid in self.connections[conn].refused:  # sent before the refusal came (draft)
+            return
         s = self._owned(conn, sid, kind, offset)
         if s.machine.state is _SS.RESET:  # NACKed: ignored until the NOTIFY (seed 000)
             s.machine.receive(kind)
@@ -511,13 +473,17 @@ class WorkerCore:
         if m.flags and m.flags & _NO_IDENTITY:  # IntFlag's & is slow: most flags are 0
             if m.payload is not None:
                 self._apply(m.payload, batch)
-        elif s.point is None or m.message_id > s.point:
+        elif (
+            s.point is not None
+            and m.message_id <= s.point
+            and self.config.dialect is Dialect.V3  # the draft assumes no order (seed 000)
+        ):
+            self.duplicates += 1
+        else:
             if m.payload is not None:
                 self._apply(m.payload, batch)
             s.point = m.message_id
             batch.acks[sid] = m.message_id
-        else:
-            self.duplicates += 1
         if s.machine.receive(kind) is _SS.CLOSED:
             self._close_stream(sid, s, batch)
 
