@@ -136,10 +136,12 @@ def test_a_nack_stops_the_stream_and_a_notify_answers_it() -> None:
     c = Connector(Dialect.DRAFT)
     conn = c.open(10)
     actions = c.receive(conn, Nack(4, ID1, 7))
-    assert kinds(actions) == ["Stop", "Write", "Go"]  # it resumes with the NOTIFY
+    assert kinds(actions) == ["Stop", "Go"]  # it resumes with the NOTIFY
     assert actions[0] == Stop(conn, ID1)
-    assert c.written(actions) == [Notify(ID1, S1, 7)]
-    assert actions[2] == Go(conn, ID1, S1, c.gen(ID1), 7)
+    # The NOTIFY leaves with the reader, once the source could read from 7 (seed 000,
+    # D5: a connector that cannot resume there sends an error instead, not a NOTIFY).
+    lead = encode(Notify(ID1, S1, 7), Dialect.DRAFT)
+    assert actions[1] == Go(conn, ID1, S1, c.gen(ID1), 7, lead)
     assert c.receive(conn, NotifyAck(True, ID1, 7)) == []
 
 
@@ -148,8 +150,12 @@ def test_nacks_stack_and_each_needs_its_notify() -> None:
     conn = c.open(10)
     first = c.receive(conn, Nack(0, ID1, 7))
     second = c.receive(conn, Nack(0, ID1, 3))
-    assert c.written(first + second) == [Notify(ID1, S1, 7), Notify(ID1, S1, 3)]
-    assert second[-1] == Go(conn, ID1, S1, c.gen(ID1), 3)  # the last NOTIFY's point wins
+    leads = [a.lead for a in first + second if isinstance(a, Go)]
+    notifies = [Notify(ID1, S1, 7), Notify(ID1, S1, 3)]
+    assert leads == [encode(n, Dialect.DRAFT) for n in notifies]
+    # The last NOTIFY's point wins; the edge sends the first NOTIFY when it stops its
+    # reader, so that each NACK on the stack has its NOTIFY (seed 000).
+    assert second == [Stop(conn, ID1), Go(conn, ID1, S1, c.gen(ID1), 3, leads[1])]
     assert c.receive(conn, NotifyAck(True, ID1, 7), NotifyAck(True, ID1, 3)) == []
 
 
@@ -158,8 +164,8 @@ def test_a_nack_of_a_closed_stream_reopens_it() -> None:
     conn = c.open(0)
     c.keep(c.core.halted(conn, ID1, c.gen(ID1), 100, True))
     actions = c.receive(conn, Nack(0, ID1, 50))
-    assert c.written(actions) == [Notify(ID1, S1, 50)]
-    assert actions[-1] == Go(conn, ID1, S1, c.gen(ID1), 50)
+    lead = encode(Notify(ID1, S1, 50), Dialect.DRAFT)
+    assert actions == [Go(conn, ID1, S1, c.gen(ID1), 50, lead)]
 
 
 # --- end of stream ------------------------------------------------------------------------
@@ -178,18 +184,51 @@ def test_the_end_of_the_source_sends_eos(dialect: Dialect) -> None:
     assert c.core.status()["streams"][S1]["finished"]
 
 
-def test_a_finished_stream_is_not_introduced_again(dialect: Dialect) -> None:
+def test_a_finished_stream_is_introduced_again_once_to_be_sure_it_closed(
+    dialect: Dialect,
+) -> None:
     c = Connector(dialect, (S1, S2))
+    conn = c.open()
+    c.keep(c.core.halted(conn, ID1, c.gen(ID1), 100, True))
+    # This ACK may be the last MESSAGE's, sent before the worker read the EOS: if the
+    # worker crashed then, its stream was never closed.
+    c.receive(conn, Ack(0, [(ID1, 100)]))
+    assert c.core.status()["streams"][S1]["finished"]
+    c.keep(c.core.closed(conn))
+    conn2, _ = c.connect(c.core.dials)
+    notifies = c.written(c.receive(conn2, Ok(10)))
+    assert notifies == [Notify(ID1, S1, 100), Notify(ID2, S2, nothing(dialect))]
+    if dialect is Dialect.V3:
+        c.receive(conn2, NotifyAck(True, ID1, 100), NotifyAck(True, ID2, NOTHING_SEEN))
+    # Its reader starts at the end: it sends no MESSAGE, only the EOS.
+    eos = c.written(c.keep(c.core.halted(conn2, ID1, c.gen(ID1), 100, True)))
+    assert eos == [
+        Message(ID1, 100, None, MessageFlags.EOS) if dialect is Dialect.DRAFT else EosMessage(ID1)
+    ]
+    c.receive(conn2, Ack(0, [(ID1, 100)]))  # so this ACK can only be the EOS's
+    c.keep(c.core.closed(conn2))
+    conn3, _ = c.connect(c.core.dials)
+    assert c.written(c.receive(conn3, Ok(10))) == [Notify(ID2, S2, nothing(dialect))]
+    # After a restart too: what the worker acknowledged is state.
+    c.start("i2")
+    conn4, _ = c.connect(c.core.dials)
+    assert c.written(c.receive(conn4, Ok(10))) == [Notify(ID2, S2, nothing(dialect))]
+
+
+def test_an_ack_before_a_restart_does_not_prove_a_close() -> None:
+    c = Connector(Dialect.V3)
     conn = c.open()
     c.keep(c.core.halted(conn, ID1, c.gen(ID1), 100, True))
     c.receive(conn, Ack(0, [(ID1, 100)]))
     c.keep(c.core.closed(conn))
     conn2, _ = c.connect(c.core.dials)
-    assert c.written(c.receive(conn2, Ok(10))) == [Notify(ID2, S2, nothing(dialect))]
-    # After a restart too: the acknowledged end is state.
-    c.start("i2")
-    conn3, _ = c.connect(c.core.dials)
-    assert c.written(c.receive(conn3, Ok(10))) == [Notify(ID2, S2, nothing(dialect))]
+    c.receive(conn2, Ok(10), NotifyAck(True, ID1, 100))
+    c.keep(c.core.halted(conn2, ID1, c.gen(ID1), 100, True))
+    # A worker moving its connectors ACKs every stream's point, then RESTARTs: that ACK
+    # is no proof that it read the EOS.
+    c.receive(conn2, Ack(0, [(ID1, 100)]), Restart(OTHER))
+    conn3, _ = c.connect(c.core.dials, OTHER)
+    assert c.written(c.receive(conn3, Ok(10))) == [Notify(ID1, S1, 100)]
 
 
 def test_stale_reports_are_ignored(dialect: Dialect) -> None:
@@ -416,8 +455,21 @@ def test_a_migration_is_abandoned_when_the_old_worker_goes_first() -> None:
     c.receive(old, Migrate("127.0.0.1", 7200))
     new, _ = c.connect(2, OTHER)
     actions = c.keep(c.core.closed(old))
-    assert actions == [Close(new), Dial(3, WORKER, 0)]
+    # Back to the old worker, or the new one if the old does not answer (001, *Notes*).
+    assert actions == [Close(new), Dial(3, WORKER, 0, (OTHER,))]
     assert (c.core.target, c.core.migration) == (WORKER, None)
+
+
+def test_after_an_abandoned_migration_the_new_worker_may_answer_first() -> None:
+    c, old = migrating()
+    c.receive(old, Migrate("127.0.0.1", 7200))
+    c.keep(c.core.closed(old))
+    conn, actions = c.connect(3, OTHER)  # the edge found the old worker gone
+    assert [type(f).__name__ for f in c.written(actions)] == ["Hello"]
+    assert (c.core.target, c.core.alternate) == (OTHER, WORKER)
+    c.receive(conn, Ok(10))
+    # Lost again: both are tried, the one that answered last first.
+    assert c.keep(c.core.closed(conn)) == [Dial(4, OTHER, 0, (WORKER,))]
 
 
 def test_a_migration_dial_answered_after_it_was_abandoned_is_closed() -> None:

@@ -2,12 +2,16 @@
 
 A small simulated world: a :class:`ConnectorCore` with an edge that behaves as
 ``connector.py``'s does (impulses queue up and are handled in order, effects run at
-once, readers send records while credits allow), two :class:`WorkerCore` workers (the
-second takes over points, ``adopt_points``), and byte pipes between them. A random
-schedule interleaves deliveries, reads, and faults: connections cut, the connector or a
-worker crashing (its state is what it handled, as an immortal's log; what was in flight
-is lost) and the first worker sending the connector to the second (MIGRATE in the draft,
-RESTART in v3). Then the faults stop and the world runs until every stream is finished.
+once, readers send records while credits allow), two :class:`WorkerCore` workers with
+their default options, byte pipes between the connector and them, and the calls between
+the workers (a move's hand-off, ``handoff.py``), delivered in order and exactly once
+through crashes, as calls between immortals are. A random schedule interleaves
+deliveries, reads, calls, and faults: connections cut, the connector or a worker
+crashing (its state is what it handled, as an immortal's log; what was in flight is
+lost), a worker NACKing a stream to its own point (NACKs may stack), and the first
+worker moving its streams to the second at any moment (MIGRATE in the draft, RESTART in
+v3). Then the faults stop and the world runs until nothing is left
+to do: every stream finished at the connector and closed at the worker that has it.
 Each worker's application records what it applied: per stream, the first worker's
 records then the second's must be the source's records, each exactly once, in order.
 """
@@ -39,6 +43,7 @@ from immortals.wallaroo.connector_actions import (
     granted,
 )
 from immortals.wallaroo.connector_core import ConnectorCore
+from immortals.wallaroo.handoff import Call
 from immortals.wallaroo.sources import Batch
 from immortals.wallaroo.transport import split_frames
 from immortals.wallaroo.worker_core import Replies, WorkerConfig, WorkerCore
@@ -70,6 +75,7 @@ class Run:
         self.last = go.start or 0  # the simulated sources start at 0
         self.pending: collections.deque[tuple[int, bytes]] = collections.deque()
         self.end = False
+        self.lead = go.lead  # its NOTIFY after a NACK: written after the first read
 
 
 class Link:
@@ -90,6 +96,14 @@ class Link:
             self.c2w.append(self.queue.popleft())
         self.credits -= n
 
+    def stop(self, stream_id: int) -> Run | None:
+        """The reader gone; a NOTIFY it had not yet sent still answers its NACK."""
+        run = self.runs.pop(stream_id, None)
+        if run is not None and run.lead:
+            self.queue.append(run.lead)
+            self.flush()
+        return run
+
 
 class World:
     def __init__(self, dialect: Dialect, rng: random.Random, counts: dict[str, int]) -> None:
@@ -103,7 +117,6 @@ class World:
                 max_credits=6,
                 refill_credits=2,
                 app=APP,
-                adopt_points=address == B,
             )
             for address in (A, B)
         }
@@ -114,6 +127,7 @@ class World:
         self.inbox: collections.deque[tuple[str, tuple[Any, ...]]] = collections.deque()
         self.links: dict[str, Link] = {}
         self.dials: list[Dial] = []
+        self.calls: collections.deque[tuple[str, Call]] = collections.deque()  # (from, call)
         self.retries: list[RetryLater] = []
         self.incarnations = 0
         self.n = 0
@@ -148,11 +162,12 @@ class World:
                 else:
                     link.c2w.extend(a.frames)
             elif isinstance(a, Go):
+                link.stop(a.stream_id)
                 link.runs[a.stream_id] = Run(a)
             elif isinstance(a, Stop):
-                link.runs.pop(a.stream_id, None)
+                link.stop(a.stream_id)
             elif isinstance(a, Halt):
-                run = link.runs.pop(a.stream_id, None)
+                run = link.stop(a.stream_id)
                 if run is not None:
                     self.inbox.append(
                         ("halted", (a.conn, a.stream_id, a.generation, run.last, False))
@@ -171,6 +186,7 @@ class World:
             self.replies(link.worker, w.frames(link.wconn, [f[4:] for f in chunk]))
 
     def replies(self, worker: str, replies: Replies) -> None:
+        self.calls.extend((worker, call) for call in replies.calls)  # logged with the input
         for send in replies.sends:
             link = next(
                 (x for x in self.links.values() if x.wconn == send.conn and x.worker == worker),
@@ -194,6 +210,20 @@ class World:
             link.flush()
         if link.w_closing and not link.w2c:
             self.edge_lost(link)
+
+    def call(self) -> None:
+        """The next call between the workers, as the binding makes it."""
+        source, call = self.calls.popleft()
+        w = self.workers[call.peer]
+        if call.method == "expect":
+            replies = w.expect(source, *call.args)
+        elif call.method == "expecting":
+            replies = w.expecting()
+        elif call.method == "adopt":
+            replies = w.adopt(source, *call.args)
+        else:
+            replies = w.adopted(*call.args)
+        self.replies(call.peer, replies)
 
     def edge_lost(self, link: Link) -> None:
         if link.edge_open:
@@ -222,6 +252,10 @@ class World:
                 self.inbox.append(("halted", (g.conn, g.stream_id, g.generation, run.last, True)))
                 return
             batch = self.sources[run.go.name].read_now(run.last, most)
+            if run.lead:  # the source reads from the point: its NOTIFY first (D5)
+                link.queue.append(run.lead)
+                run.lead = b""
+                link.flush()
             run.pending.extend(batch.records)
             run.end = batch.end
             return
@@ -256,32 +290,32 @@ class World:
 
     def crash_worker(self, address: str) -> None:
         w = self.workers[address] = pickle.loads(pickle.dumps(self.workers[address]))
-        w.start(f"w{self.rng.random()}", self.wconfig[address])  # drops every connection
+        started = w.start(f"w{self.rng.random()}", self.wconfig[address])  # drops every connection
         for link in self.links.values():
             if link.worker == address:
                 link.worker_open = False
                 link.c2w.clear()
                 link.w2c.clear()
                 self.edge_lost(link)
+        self.replies(address, started)  # a move's hand-off may go on from here
 
-    def can_move(self) -> bool:
-        """Every stream not finished is running on the live connection to A. (A stream
-        whose NOTIFY is in flight or refused when the worker moves the connector resumes
-        on B from the connector's last acknowledged point, which may lag A's: the
-        limitation ``connector_core`` documents.)"""
-        core = self.core
-        link = self.links.get(core.active or "")
-        if link is None or link.worker != A or not (link.edge_open and link.worker_open):
-            return False
-        return all(
-            s.running and s.conn == core.active
-            for s in core.streams.values()
-            if s.configured and not s.finished
-        )
+    def nack(self) -> None:
+        """A worker resets a stream a connection holds to its own point (an operator's
+        nack that rewinds nothing): the NACK, then NOTIFYs, stacked if several come."""
+        held = [
+            (address, sid, s.point)
+            for address, w in self.workers.items()
+            for sid, s in w.streams.items()
+            if s.owner is not None and w.connections[s.owner].machine.state.value == "streaming"
+        ]
+        if held:
+            address, sid, point = self.rng.choice(held)
+            self.replies(address, self.workers[address].nack(sid, point))
 
     def move(self) -> None:
         self.moved = True
-        self.replies(A, self.workers[A].move(*B.split(":")[0:1], int(B.split(":")[1])))
+        host, port = B.split(":")
+        self.replies(A, self.workers[A].begin_move(host, int(port), B))
 
     # -- the schedule ----------------------------------------------------------------------
 
@@ -301,14 +335,18 @@ class World:
             choices.append(("dial", None))
         if self.retries:
             choices.append(("retry", None))
+        if self.calls:
+            choices.append(("call", None))
         if faults:
             choices += [("cut", link) for link in links if rng.random() < 0.02]
             if rng.random() < 0.01:
                 choices.append(("crash_connector", None))
             if rng.random() < 0.01:
                 choices.append(("crash_worker", rng.choice([A, B])))
-            if not self.moved and rng.random() < 0.05 and self.can_move():
+            if not self.moved and rng.random() < 0.01:
                 choices.append(("move", None))
+            if rng.random() < 0.02:
+                choices.append(("nack", None))
         if not choices:
             return False
         what, arg = rng.choice(choices)
@@ -322,6 +360,8 @@ class World:
             self.pump(*arg, most=rng.randint(1, 5))
         elif what == "dial":
             self.dial(self.dials.pop(rng.randrange(len(self.dials))))
+        elif what == "call":
+            self.call()
         elif what == "retry":
             r = self.retries.pop(0)
             if r.conn in self.links and self.links[r.conn].edge_open:
@@ -334,6 +374,8 @@ class World:
                 self.crash_connector()
             elif what == "crash_worker":
                 self.crash_worker(arg)
+            elif what == "nack":
+                self.nack()
             else:
                 self.move()
         return True
@@ -355,13 +397,17 @@ def run_world(dialect: Dialect, seed: int, counts: dict[str, int], chaos: int) -
     for _ in range(chaos):
         world.step(faults=True)
     for _ in range(200_000):
-        if world.finished() and not world.inbox:
+        if not world.step(faults=False):  # quiet: nothing in flight, nothing to do
             break
-        assert world.step(faults=False), f"stuck: {world.core.status()}"
     else:
-        raise AssertionError(f"not finished: {world.core.status()}")
+        raise AssertionError(f"not quiet: {world.core.status()}")
+    assert world.finished(), f"stuck: {world.core.status()}"
     for name, n in counts.items():
         assert world.applied(name) == [f"{name}:{k}" for k in range(1, n + 1)], (name, seed)
+        sid = stream_id_for(name)
+        held = B if sid in world.workers[B].streams else A  # where it went last
+        s = world.workers[held].streams[sid]
+        assert (s.machine.state.value, s.point) == ("closed", n), (name, seed, held)
     return world
 
 
@@ -373,16 +419,21 @@ def test_no_faults(dialect: Dialect) -> None:
 
 @pytest.mark.parametrize("dialect", list(Dialect), ids=lambda d: d.value)
 def test_a_move_without_other_faults(dialect: Dialect) -> None:
-    world = World(dialect, random.Random(5), {"s1": 60})
+    world = World(dialect, random.Random(5), {"s1": 60, "s2": 40})
     for _ in range(120):
         world.step(faults=False)
     world.move()
-    for _ in range(100_000):
-        if world.finished() and not world.inbox:
-            break
-        world.step(faults=False)
+    while world.step(faults=False):
+        pass
     assert world.applied("s1") == [f"s1:{k}" for k in range(1, 61)]
+    assert world.applied("s2") == [f"s2:{k}" for k in range(1, 41)]
     assert world.core.target == B and world.workers[B].app_state.get("seen")
+    assert world.workers[A].app_state.get("seen")  # it moved mid-stream
+    a = world.workers[A]
+    assert a.move is not None and a.move.done(len(a.streams))
+    for name, n in (("s1", 60), ("s2", 40)):
+        s = world.workers[B].streams[stream_id_for(name)]
+        assert (s.machine.state.value, s.point) == ("closed", n)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

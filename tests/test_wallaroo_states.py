@@ -486,3 +486,13 @@ def test_connection_machine_against_the_model(events: list[tuple[FrameKind | str
                     send(kind)
                 assert machine.state is before
             assert machine.state is state
+
+
+def test_a_notify_answered_after_the_streams_eos() -> None:
+    """A draft connector does not wait for NOTIFY_ACK, so a short stream may have sent its
+    EOS before the answer: accepted, it stays closed; refused, it was never open here."""
+    for answer, after in [(NotifyAck(True, 1, 0), SS.CLOSED), (NotifyAck(False, 1, 0), SS.INTRO)]:
+        s = StreamMachine(C, 1)
+        s.send(Notify(1, "s", 0))
+        assert s.send(Message(1, 3, None, MessageFlags.EOS)) is SS.CLOSED
+        assert s.receive(answer) is after

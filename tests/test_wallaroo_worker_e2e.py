@@ -36,6 +36,7 @@ from typing import Any
 
 import pytest
 
+from ambrosia_py.testing.processes import wait_for
 from immortals.wallaroo import (
     DRAFT_VERSION,
     Ack,
@@ -331,19 +332,33 @@ def test_operators_move_connectors_with_restart(worker: WorkerProcess) -> None:
         while client.acked.get(sid) != 5:
             assert time.monotonic() < deadline
             client.next_event()
-        answer = request(worker.control, COOKIE, {"op": "move", "target": "10.1.2.3:7000"})
-        assert answer == {"ok": True, "connections": 1}
-        frames = []
-        with contextlib.suppress(Closed):
-            while True:
-                frames.append(client.read_frame())
-        # The final points, then RESTART naming the other worker, then the close.
-        assert frames[-1] == (7, struct.pack(">I", 13) + b"10.1.2.3:7000")
-        assert client.sock.recv(1) == b""
+        # The other worker: in the same data dir, so the two find each other by name.
+        peer = WorkerProcess(worker.data_dir, dialect="v3", instance="peer")
+        peer.start()
+        try:
+            move = {"op": "move", "target": peer.address, "instance": "peer"}
+            answer = request(worker.control, COOKIE, move)
+            assert answer == {"ok": True, "streams": 1, "to": "peer"}
+            frames = []
+            with contextlib.suppress(Closed):
+                while True:
+                    frames.append(client.read_frame())
+            # The final points, then RESTART naming the other worker, then the close.
+            where = peer.address.encode()
+            assert frames[-1] == (7, struct.pack(">I", len(where)) + where)
+            assert client.sock.recv(1) == b""
+            # The stream's point went there: a connector resumes after it.
+            wait_for(
+                "the stream at the other worker",
+                lambda: peer.status()["streams"].get(str(sid), {}).get("point") == 5,
+                DEADLINE,
+            )
+        finally:
+            peer.stop()
     finally:
         client.close()
     answer = request(worker.control, COOKIE, {"op": "nack", "stream": "zeta", "point": 2})
-    assert answer == {"ok": True, "stream_id": released_stream_id("zeta"), "point": 2}
+    assert answer == {"ok": False, "error": f"stream {sid} moved to peer"}
     answer = request(worker.control, "wrong", {"op": "status"})
     assert answer == {"ok": False, "error": "Bad cookie"}
     answer = request(worker.control, COOKIE, {"op": "nack", "stream": "zeta", "point": "x"})
@@ -351,8 +366,8 @@ def test_operators_move_connectors_with_restart(worker: WorkerProcess) -> None:
     answer = request(worker.control, COOKIE, {"op": "move", "target": "nowhere"})
     assert answer == {"ok": False, "error": "'nowhere' is not HOST:PORT"}
     status = worker.status()
-    assert status["streams"][str(released_stream_id("zeta"))]["point"] == 2
-    assert status["connections"] == {}
+    assert status["streams"][str(released_stream_id("zeta"))]["point"] == 5
+    assert status["connections"] == {} and status["move"]["done"]
     ctl = [sys.executable, "-m", "immortals.wallaroo.worker_ctl", "--control", worker.control]
     shown = subprocess.run(
         [*ctl, "--cookie", COOKIE, "status"], capture_output=True, text=True, timeout=60
@@ -433,25 +448,42 @@ def test_draft_nack_and_migration(draft_worker: WorkerProcess) -> None:
             pass
         # Seed 001: MIGRATE; the connector ends its streams, the worker ACKs them, then
         # MIGRATION_ACK and the worker closes the old connection.
-        answer = request(worker.control, COOKIE, {"op": "move", "target": "127.0.0.1:9"})
-        assert answer == {"ok": True, "connections": 1}
-        assert client.expect(Migrate) == Migrate("127.0.0.1", 9)
-        client.send(end_of_stream(Dialect.DRAFT, sid, 13))
-        while client.expect(Ack).acks != ((sid, 13),):
-            pass
-        client.send(MigrationAck())
-        with pytest.raises(Closed):
-            client.expect(Error)
+        # The ACK of the EOS comes once the other worker holds the stream (step 6).
+        peer = WorkerProcess(worker.data_dir, dialect="draft", instance="peer")
+        peer.start()
+        try:
+            move = {"op": "move", "target": peer.address, "instance": "peer"}
+            answer = request(worker.control, COOKIE, move)
+            assert answer == {"ok": True, "streams": 1, "to": "peer"}
+            assert client.expect(Migrate) == Migrate("127.0.0.1", peer.port)
+            client.send(end_of_stream(Dialect.DRAFT, sid, 13))
+            while client.expect(Ack).acks != ((sid, 13),):
+                pass
+            held = peer.status()["streams"][str(sid)]
+            assert (held["point"], held["state"]) == (13, "closed")
+            client.send(MigrationAck())
+            with pytest.raises(Closed):
+                client.expect(Error)
+            status = worker.status()
+            assert status["connections"] == {}
+            eta = {"name": "eta", "owner": None, "state": "closed", "point": 13}
+            assert status["streams"][str(sid)] == eta
+            assert status["app_state"]["messages"] == 15  # 1..10, 8..12 again (the NACK)
+            # A connector that comes back is sent on in its handshake (seed 001, Notes);
+            # the new worker's OK lists the stream's point (seed 000, C1).
+            back = DraftClient(worker.port)
+            try:
+                back.send(Hello(DRAFT_VERSION, COOKIE.encode(), "e2e", "draft"))
+                assert back.expect(Migrate) == Migrate("127.0.0.1", peer.port)
+            finally:
+                back.close()
+            there = DraftClient(peer.port)
+            try:
+                there.send(Hello(DRAFT_VERSION, COOKIE.encode(), "e2e", "draft"))
+                assert there.expect(Ok) == Ok(1000, ((sid, 13),))
+            finally:
+                there.close()
+        finally:
+            peer.stop()
     finally:
         client.close()
-    status = worker.status()
-    assert status["connections"] == {}
-    eta = {"name": "eta", "owner": None, "state": "closed", "point": 13}
-    assert status["streams"][str(sid)] == eta
-    assert status["app_state"]["messages"] == 15  # 1..10, then 8..12 again after the NACK
-    again = DraftClient(worker.port)
-    try:
-        again.send(Hello(DRAFT_VERSION, COOKIE.encode(), "e2e", "draft"))
-        assert again.expect(Ok) == Ok(1000, ((sid, 13),))  # seed 000, C1
-    finally:
-        again.close()

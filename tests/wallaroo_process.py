@@ -28,20 +28,23 @@ NOTHING_SEEN = 2**64 - 1
 class WorkerProcess(ServiceProcess):
     """One ``ambrosia-py run immortals.wallaroo.worker`` and its coordinator child."""
 
-    def __init__(self, data_dir: Path, *extra: str, dialect: str = "v3") -> None:
+    def __init__(
+        self, data_dir: Path, *extra: str, dialect: str = "v3", instance: str = "worker"
+    ) -> None:
         self.dialect = dialect
         self.port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
         self.control = f"127.0.0.1:{free_port()}"
         super().__init__(
             "immortals.wallaroo.worker",
-            "worker",
+            instance,
             data_dir,
             [
                 *("--listen", f"127.0.0.1:{self.port}", "--control", self.control),
                 *("--cookie", COOKIE, "--dialect", dialect, *extra),
                 *("--app", "tests.wallaroo_apps:word_count"),
             ],
-            log=data_dir / "worker.run.log",
+            log=data_dir / f"{instance}.run.log",
             cwd=ROOT,
             env={**os.environ, "PYTHONPATH": str(ROOT)},
         )

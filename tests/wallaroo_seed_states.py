@@ -260,6 +260,18 @@ DEPARTURES = [
         "NOTIFY_ACK(false) moves it back to INTRO.",
     ),
     Departure(
+        "stream", SS.CLOSED, K.NOTIFY_ACK, None, SS.CLOSED,
+        "a draft connector does not wait for NOTIFY_ACK (seed 000 has none), so a short "
+        "stream may have sent its EOS before the answer came",
+        "NOTIFY_ACK may also meet a CLOSED stream (a draft connector does not wait for it, "
+        "so a short stream may have sent its EOS first)",
+    ),
+    Departure(
+        "stream", SS.CLOSED, K.NOTIFY_REFUSED, None, SS.INTRO,
+        "the same answer, refusing: the stream is not open on this connection",
+        "a refusal there moves it back to INTRO too.",
+    ),
+    Departure(
         "stream", SS.OPEN, K.EOS_MESSAGE, None, SS.CLOSED, "as a MESSAGE flagged EOS", EOS_DOC
     ),
     Departure(

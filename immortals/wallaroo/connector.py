@@ -109,12 +109,13 @@ class Sink(Protocol):
 class _Run:
     """A source reader: one stream sent on one connection from a point."""
 
-    __slots__ = ("generation", "last", "task")
+    __slots__ = ("generation", "last", "lead", "task")
 
-    def __init__(self, generation: int) -> None:
+    def __init__(self, generation: int, lead: bytes) -> None:
         self.generation = generation
         self.last: int | None = None  # the last point written; None until the start is known
         self.task: asyncio.Task[None] | None = None
+        self.lead = lead  # its NOTIFY (Go.lead), until the first read succeeded
 
 
 class _Link:
@@ -241,9 +242,11 @@ class ConnectorEdge:
 
     async def _dial(self, d: Dial) -> None:
         await asyncio.sleep(self._delay(d.attempt))  # 0: at once
-        host, port = parse_host_port(d.address)
+        addresses = (d.address, *d.others)  # tried in turn while none answers
         refused = 0
         while True:
+            address = addresses[refused % len(addresses)]
+            host, port = parse_host_port(address)
             try:
                 reader, writer = await asyncio.wait_for(
                     open_connection(host, port), _CONNECT_TIMEOUT
@@ -252,12 +255,13 @@ class ConnectorEdge:
             except (OSError, TimeoutError) as exc:
                 refused += 1
                 if refused in (1, 10) or refused % 100 == 0:
-                    log.info("worker %s: %s (attempt %d)", d.address, exc, refused)
-                await asyncio.sleep(self._delay(max(refused, d.attempt)))
+                    log.info("worker %s: %s (attempt %d)", address, exc, refused)
+                if refused % len(addresses) == 0:
+                    await asyncio.sleep(self._delay(max(refused // len(addresses), d.attempt)))
         conn = f"{self._incarnation}.{next(self._numbers)}"
         limit_output(writer, LIMITS)
         link = self._links[conn] = _Link(conn, writer)
-        self._sink.connected(d.dial, conn, d.address)
+        self._sink.connected(d.dial, conn, address)
         await self._read(link, reader)
 
     async def _read(self, link: _Link, reader: LinkReader) -> None:
@@ -318,7 +322,7 @@ class ConnectorEdge:
         if link is None:
             return
         self._stop(g.conn, g.stream_id)
-        run = link.runs[g.stream_id] = _Run(g.generation)
+        run = link.runs[g.stream_id] = _Run(g.generation, g.lead)
         run.task = self._spawn(self._run(link, g, run))
 
     def _stop(self, conn: str, stream_id: int) -> _Run | None:
@@ -326,6 +330,11 @@ class ConnectorEdge:
         run = link.runs.pop(stream_id, None) if link is not None else None
         if run is not None and run.task is not None:
             run.task.cancel()
+        if link is not None and run is not None and run.lead:
+            # Stopped before its first read: its NOTIFY still answers a NACK on the stack
+            # (seed 000: each NACK needs a NOTIFY), ahead of what the next reader sends.
+            link.queue.append(run.lead)
+            link.flush()
         return run
 
     def _halt(self, h: Halt) -> None:
@@ -394,6 +403,10 @@ class ConnectorEdge:
                 batch = await source.read(g.name, last, _RECORDS_PER_READ)
                 pending.extend(batch.records)
                 end = batch.end
+                if run.lead:  # the source reads from the point: its NOTIFY first (D5)
+                    link.queue.append(run.lead)
+                    run.lead = b""
+                    link.flush()
                 continue
             await wait_for_room(link.writer, LIMITS)
             n = await link.take(len(pending))

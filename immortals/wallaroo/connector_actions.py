@@ -97,11 +97,15 @@ class ConnectorConfig:
 @attrs.frozen
 class Dial:
     """Connect to ``address``; report ``connected(dial, conn, address)`` once done.
-    ``attempt``: sessions in a row that ended before OK (the edge's back-off)."""
+    ``attempt``: sessions in a row that ended before OK (the edge's back-off).
+    ``others``: addresses to try in turn when ``address`` does not answer (the old and
+    new worker of a migration that did not finish, seed 001, *Notes*); ``connected``
+    names the one that did."""
 
     dial: int
     address: str
     attempt: int
+    others: tuple[str, ...] = ()
 
 
 @attrs.frozen
@@ -126,13 +130,18 @@ class Close:
 class Go:
     """Read stream ``name`` from the source after point ``start`` (None: the source's
     origin) and send its records on ``conn`` while credits allow, replacing any reader of
-    that stream; report ``halted(..., end=True)`` at the end of the source."""
+    that stream; report ``halted(..., end=True)`` at the end of the source. ``lead``: a
+    frame (a NOTIFY) to write, for a credit, once the source's first read from ``start``
+    succeeded and before any record: if it fails, ``failed`` is reported and the frame is
+    never sent (seed 000, D5: a connector that cannot resume from a NACK's point sends an
+    error, not a NOTIFY)."""
 
     conn: str
     stream_id: int
     name: str
     generation: int
     start: int | None
+    lead: bytes = b""
 
 
 @attrs.frozen

@@ -104,6 +104,8 @@ _Conn, _Stream, _Migration = Conn, Stream, Migration  # what checkpoints before 
 class ConnectorCore:
     """The connector's state and handlers (see the module docstring)."""
 
+    alternate: str | None = None  # for checkpoints from before it (set in __init__)
+
     def __init__(self) -> None:
         self.config: ConnectorConfig | None = None
         self.incarnation = ""
@@ -117,6 +119,7 @@ class ConnectorCore:
         self.streams: dict[int, Stream] = {}
         self.moves = 0  # RESTARTs followed and migrations completed
         self.hints: dict[int, int] = {}  # the draft OK's points: where streams resume (C1)
+        self.alternate: str | None = None  # a migration's other worker, until it completes
 
     # -- the incarnation ----------------------------------------------------------------
 
@@ -158,6 +161,8 @@ class ConnectorCore:
         if purpose is None:  # no longer wanted (a migration abandoned meanwhile)
             return Actions((Close(conn),))
         cfg = self._config
+        if purpose == MAIN and address == self.alternate:  # the other one answered
+            self.target, self.alternate = address, self.target
         c = self.conns[conn] = Conn(address, purpose)
         version = DRAFT_VERSION if cfg.dialect is Dialect.DRAFT else V3_VERSION
         hello = Hello(version, cfg.cookie, cfg.program_name, cfg.instance_name)
@@ -293,22 +298,38 @@ class ConnectorCore:
         self._introduce(batch, conn, c, [s for s in self.streams.values() if self._eligible(s)])
 
     def _introduce(
-        self, batch: Batch, conn: str, c: Conn, streams: list[Stream], point: int | None = None
+        self,
+        batch: Batch,
+        conn: str,
+        c: Conn,
+        streams: list[Stream],
+        point: int | None = None,
+        *,
+        nacked: bool = False,
     ) -> None:
         """NOTIFY ``streams`` on ``conn`` in one write. v3: each starts when its NOTIFY_ACK
         comes. Draft: each starts now, after the point its NOTIFY carries (0: the seed's
-        "undefined", the source's origin), unless NACKs are still stacked on it."""
+        "undefined", the source's origin), unless NACKs are still stacked on it. After a
+        NACK (``nacked``) a NOTIFY that opens the stream leaves with its reader, once the
+        source could read from the point (seed 000, D5: :class:`Go`'s ``lead``)."""
         notifies = [self._notify(c, s, conn, point) for s in streams]
-        if not notifies:
-            return
-        batch.actions.append(Write(conn, tuple(self._encode(n) for n in notifies)))
-        if self._config.dialect is Dialect.DRAFT:
-            for s, n in zip(streams, notifies, strict=True):
-                if s.machine.state is _SS.OPEN:
-                    self._go(batch, conn, s, n.point_of_reference or None)
+        draft = self._config.dialect is Dialect.DRAFT
+        now: list[bytes] = []
+        starts: list[tuple[Stream, Notify]] = []
+        for s, n in zip(streams, notifies, strict=True):
+            opens = draft and s.machine.state is _SS.OPEN
+            if opens:
+                starts.append((s, n))
+            if not (opens and nacked):
+                now.append(self._encode(n))
+        if now:
+            batch.actions.append(Write(conn, tuple(now)))
+        for s, n in starts:
+            lead = self._encode(n) if nacked else b""
+            self._go(batch, conn, s, n.point_of_reference or None, lead)
 
     def _eligible(self, s: Stream) -> bool:
-        return s.configured and s.broken is None and not s.finished
+        return s.configured and s.broken is None and not s.done
 
     def _notify(self, c: Conn, s: Stream, conn: str, point: int | None = None) -> Notify:
         if point is None:
@@ -357,10 +378,11 @@ class ConnectorCore:
         if s.notifies == 0 and s.machine.state is _SS.OPEN:
             self._go(batch, conn, s, point)
 
-    def _go(self, batch: Batch, conn: str, s: Stream, start: int | None) -> None:
+    def _go(self, batch: Batch, conn: str, s: Stream, start: int | None, lead: bytes = b"") -> None:
         s.generation += 1
         s.running = True
-        batch.actions.append(Go(conn, s.machine.stream_id, s.name, s.generation, start))
+        s.quiet = start is not None and start == s.end
+        batch.actions.append(Go(conn, s.machine.stream_id, s.name, s.generation, start, lead))
 
     def _ack(self, batch: Batch, conn: str, c: Conn, ack: Ack, offset: int) -> None:
         # A draft ACK lists ids processed, and ids have no order there (seed 000,
@@ -374,6 +396,8 @@ class ConnectorCore:
             elif point != s.acked:
                 s.acked = point
                 batch.actions.append(Commit(s.name, point))
+            if s.quiet and s.eos_at is not None and point == s.eos_at == s.end:
+                s.close_seen = True  # no MESSAGE of it here: the EOS's ACK (Stream.done)
         self._settle_migration(batch)
 
     def _rewind(self, batch: Batch, conn: str, s: Stream, point: int | None) -> None:
@@ -395,7 +419,8 @@ class ConnectorCore:
         s.acked = nack.point_of_reference
         s.eos_at = None
         batch.problems.append(f"worker NACKed stream {s.name!r} to {nack.point_of_reference}")
-        self._introduce(batch, conn, c, [s], nack.point_of_reference)  # pops the one pushed
+        # Pops the one pushed; the NOTIFY that opens it waits on its source (D5).
+        self._introduce(batch, conn, c, [s], nack.point_of_reference, nacked=True)
 
     def _restart(self, batch: Batch, conn: str, c: Conn, restart: Restart) -> None:
         if conn != self.active or self.migration is not None:
@@ -411,6 +436,9 @@ class ConnectorCore:
         batch.problems.append(f"worker {c.address} sent RESTART to {restart.address}")
         batch.actions.append(Close(conn))
         del self.conns[conn]
+        for s in self.streams.values():
+            if s.conn == conn and s.quiet:  # the ACK before a RESTART closes nothing
+                s.close_seen = False
         self._reset_streams(conn)
         self.active = None
         self.failures = 0
@@ -426,6 +454,7 @@ class ConnectorCore:
             )
         batch.problems.append(f"worker {c.address} asked to MIGRATE to {to}")
         self.migration = Migration(conn, to, self._dial(batch, MIGRATION, to, 0))
+        self.alternate = to  # if the old one goes first and does not come back (001, Notes)
         for sid, s in self.streams.items():
             if s.conn == conn and s.running:
                 s.running, s.halting = False, True
@@ -449,11 +478,13 @@ class ConnectorCore:
         old, new = self.conns[m.old], self.conns[m.new]
         ack = MigrationAck()
         old.machine.send(ack)
-        batch.actions.append(Write(m.old, (self._encode(ack),)))
+        # A MIGRATE in the handshake came before any OK, so before any credit: the ACK
+        # cannot wait for one (the worker that sent it does not charge it either).
+        batch.actions.append(Write(m.old, (self._encode(ack),), charged=old.streamed))
         self._reset_streams(m.old)
         self.hints.clear()  # the old worker's points (seed 000, C1), not the new one's
         self.migration = None
-        self.target = m.to
+        self.target, self.alternate = m.to, None
         self.active = m.new
         new.purpose = MAIN
         self.moves += 1
@@ -495,17 +526,21 @@ class ConnectorCore:
 
     def _redial(self, batch: Batch, c: Conn) -> None:
         self.failures = 0 if c.streamed else self.failures + 1
-        self._dial(batch, MAIN, self.target, self.failures)
+        other = self.alternate
+        others = (other,) if other is not None and other != self.target else ()
+        self._dial(batch, MAIN, self.target, self.failures, others)
 
     def _reset_streams(self, conn: str) -> None:
         for s in self.streams.values():
             if s.conn == conn:
                 s.reset_session()  # the reader's reports for it are ignored from now
 
-    def _dial(self, batch: Batch, purpose: str, address: str, attempt: int) -> int:
+    def _dial(
+        self, batch: Batch, purpose: str, address: str, attempt: int, others: tuple[str, ...] = ()
+    ) -> int:
         self.dials += 1
         self.wanted[self.dials] = purpose
-        batch.actions.append(Dial(self.dials, address, attempt))
+        batch.actions.append(Dial(self.dials, address, attempt, others))
         return self.dials
 
     # -- helpers ----------------------------------------------------------------------------

@@ -42,6 +42,7 @@ class Stream:
     __slots__ = (
         "acked",
         "broken",
+        "close_seen",
         "configured",
         "conn",
         "end",
@@ -51,6 +52,7 @@ class Stream:
         "machine",
         "name",
         "notifies",
+        "quiet",
         "refusals",
         "running",
     )
@@ -61,6 +63,7 @@ class Stream:
         self.end: int | None = None  # where the source ended (EOS), once the reader found it
         self.configured = True  # in the source this incarnation reads
         self.broken: str | None = None  # the source cannot resume it (seed 000, D5)
+        self.close_seen = False  # the worker surely handled an EOS at ``end`` (below)
         self.generation = 0  # bumped whenever a reader's reports must be ignored
         self.machine = StreamMachine(_C, stream_id)
         self.reset_session()
@@ -73,17 +76,29 @@ class Stream:
         self.running = False  # a reader sends it (a Go is out)
         self.halting = False  # a Halt is out, its report not yet in
         self.eos_at: int | None = None  # the point its EOS on ``conn`` carried
+        self.quiet = False  # its reader here started at ``end``: it sends no MESSAGE
         self.refusals = 0
         self.generation += 1
 
     @property
     def finished(self) -> bool:
+        """The worker acknowledged the end of the source: every record is applied."""
         return self.end is not None and self.acked == self.end
+
+    @property
+    def done(self) -> bool:
+        """Finished, and the worker surely closed it. An ACK of the end that follows
+        the EOS may be the one for the last MESSAGE, sent before the worker read the
+        EOS; if the worker then crashed, its stream was never closed. So a finished
+        stream is introduced again in the next session, at its end, where its reader
+        sends nothing: an ACK of it there can only be the EOS's (``close_seen``)."""
+        return self.finished and self.close_seen
 
     def __getstate__(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__slots__}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        self.close_seen = self.quiet = False  # not in checkpoints from before they were
         for k, v in state.items():
             setattr(self, k, v)
 

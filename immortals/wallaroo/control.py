@@ -2,9 +2,10 @@
 
 One JSON object per line in, one per line out. Requests: ``{"cookie": C, "op":
 "status"}``, ``{"cookie": C, "op": "nack", "stream": NAME_OR_ID, "point": N_OR_NULL}``,
-``{"cookie": C, "op": "move", "target": "HOST:PORT"}``. ``status`` is answered at once
-from the state; the others become impulses, answered by :meth:`ControlServer.answer` (an
-effect) once handled. :mod:`immortals.wallaroo.worker_ctl` is its client.
+``{"cookie": C, "op": "move", "target": "HOST:PORT", "instance": NAME}``. ``status`` is
+answered at once from the state; the others become impulses, answered by
+:meth:`ControlServer.answer` (an effect) once handled.
+:mod:`immortals.wallaroo.worker_ctl` is its client.
 
 Like the connectors' port (:mod:`.transport`), it bounds what a peer can make the
 worker hold (:data:`CONTROL_LIMITS`, one place for the defaults): a line is at most

@@ -43,6 +43,7 @@ from ambrosia_py.serving import ConnectionLimits
 
 from .codec import DEFAULT_MAX_FRAME_BYTES
 from .control import CONTROL_LIMITS, ControlServer
+from .handoff import Handed
 from .transport import LIMITS, WorkerTransport, parse_host_port
 from .worker_core import Replies, WorkerConfig, WorkerCore, load_app
 
@@ -114,6 +115,9 @@ class WallarooWorker(Immortal):
     def _out(self, replies: Replies) -> None:
         if replies.sends or replies.problems:
             self.effect(_deliver, replies)
+        for call in replies.calls:  # a move's hand-off: to the other worker, exactly once
+            peer = self.proxy(call.peer, WallarooWorker)
+            getattr(peer, call.method).fork(self.instance_name, *call.args)
 
     # -- the transport's impulses ----------------------------------------------------------
 
@@ -156,17 +160,38 @@ class WallarooWorker(Immortal):
         self.effect(_answer, request, {"ok": True, "stream_id": sid, "point": point})
 
     @rpc
-    def move(self, request: int, target: str) -> None:
-        """Send every streaming connector to ``target`` (``HOST:PORT``): MIGRATE in the
-        draft (seed 001), RESTART in v3 (reference)."""
+    def move(self, request: int, target: str, instance: str = "") -> None:
+        """Move every stream, and so every connector, to the worker ``instance`` listening
+        at ``target`` (``HOST:PORT``): each stream's point goes there first, then the
+        connectors follow (MIGRATE in the draft, seed 001; RESTART in v3). See
+        :mod:`.handoff`."""
         try:
             host, port = parse_host_port(target)
-            replies = self.core.move(host, port)
+            replies = self.core.begin_move(host, port, instance)
         except ValueError as exc:
             self.effect(_answer, request, {"ok": False, "error": str(exc)})
             return
         self._out(replies)
-        self.effect(_answer, request, {"ok": True, "connections": len(replies.sends)})
+        answer = {"ok": True, "streams": len(self.core.streams), "to": instance}
+        self.effect(_answer, request, answer)
+
+    # -- another worker's calls: a move's hand-off (handoff.py) ----------------------------
+
+    @rpc
+    def expect(self, source: str, stream_ids: list[int]) -> None:
+        self._out(self.core.expect(source, stream_ids))
+
+    @rpc
+    def expecting(self, peer: str, count: int) -> None:
+        self._out(self.core.expecting())
+
+    @rpc
+    def adopt(self, source: str, batch: int, streams: list[Handed]) -> None:
+        self._out(self.core.adopt(source, batch, streams))
+
+    @rpc
+    def adopted(self, peer: str, batch: int) -> None:
+        self._out(self.core.adopted(batch))
 
     def _stream_id(self, stream: str) -> int:
         named = [sid for sid, s in self.core.streams.items() if s.name == stream]
@@ -185,7 +210,8 @@ class WallarooWorker(Immortal):
                 request, str(body.get("stream", "")), None if point is None else int(point)
             )
         else:
-            self.impulse.move(request, str(body.get("target", "")))
+            target, instance = str(body.get("target", "")), str(body.get("instance", ""))
+            self.impulse.move(request, target, instance)
 
     def _status(self) -> dict[str, Any]:
         """The state for operators, with the connectors' port's counts (not state)."""

@@ -47,8 +47,10 @@ It touches no socket, clock or randomness, so the worker immortal
   read moved before the bad frame, so the connector knows what is safe.
 - :meth:`WorkerCore.nack` resets a stream to a point (draft: NACK, to any point; v3 has
   none, so an ACK with a lower point, which the released connector takes as a rewind).
-  :meth:`WorkerCore.move` sends MIGRATE (draft, seed 001) or RESTART (v3) naming
-  another worker; before RESTART an ACK gives every stream's final point.
+  :meth:`WorkerCore.begin_move` moves every stream to another worker, its state first
+  (:mod:`.handoff`), then its connector: MIGRATE (draft, seed 001), or RESTART (v3)
+  after an ACK of every stream's final point. While the worker moves, NOTIFYs are
+  refused, and so are those of streams another worker is handing over here.
 
 ACKs are replies, and replies leave only through the immortal's effects, which run after
 the record holding the frames is durable: an ACKed point is never ahead of the log.
@@ -58,8 +60,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from typing import Any, Final
-
-import attrs
 
 from .codec import (
     DEFAULT_MAX_FRAME_BYTES,
@@ -85,8 +85,8 @@ from .frames import (
     Ok,
     Restart,
 )
+from .handoff import Call, Move
 from .states import (
-    ConnectionMachine,
     ConnectionState,
     FrameKind,
     Role,
@@ -96,6 +96,17 @@ from .states import (
     kind_of,
 )
 from .worker_config import App, WorkerConfig, hello_refusal, load_app
+from .worker_move import Moving
+from .worker_state import (
+    NOTHING,
+    Batch,
+    Connection,
+    NoCreditsError,
+    Replies,
+    Send,
+    Stream,
+    StreamNotOpenError,
+)
 
 __all__ = [
     "App",
@@ -117,112 +128,22 @@ _MAX_REASON: Final = 2000  # characters of an ERROR reason (the seed: "a short r
 _OK_POINTS: Final = (DEFAULT_MAX_FRAME_BYTES - 5) // 16  # pairs that fit a default-size OK
 
 
-class NoCreditsError(ProtocolError):
-    """A frame that came when the connection had no credits left (reference)."""
-
-    def __init__(self, dialect: str, frame: str, offset: int) -> None:
-        super().__init__(dialect, frame, None, offset, "no credits left")
-
-    def __reduce__(self) -> tuple[type[ProtocolError], tuple[str, str, int]]:  # type: ignore[override]
-        return (type(self), (self.dialect, self.frame, self.offset))
+_Connection, _Stream, _Batch = Connection, Stream, Batch  # what checkpoints before the split name
 
 
-class StreamNotOpenError(ProtocolError):
-    """A MESSAGE or EOS for a stream not open on its connection: never notified, closed
-    by EOS, or held by another connection (seed 000, *Streaming*; reference)."""
-
-    def __init__(self, dialect: str, frame: str, offset: int, stream_id: int, why: str) -> None:
-        reason = f"stream {stream_id} is not open on this connection: {why}"
-        super().__init__(dialect, frame, "stream_id", offset, reason)
-        self.stream_id = stream_id
-        self.why = why
-
-    def __reduce__(self) -> tuple[type[ProtocolError], tuple[str, str, int, int, str]]:  # type: ignore[override]
-        return (type(self), (self.dialect, self.frame, self.offset, self.stream_id, self.why))
-
-
-@attrs.frozen
-class Send:
-    """Frames for one connection, encoded in order, and whether to close it after."""
-
-    conn: str
-    wire: bytes
-    close: bool = False
-
-
-@attrs.frozen
-class Replies:
-    """What a handler produced: writes per connection, and problems worth logging."""
-
-    sends: tuple[Send, ...] = ()
-    problems: tuple[str, ...] = ()
-
-
-_NOTHING: Final = Replies()
-
-
-class _Connection:
-    __slots__ = ("credits", "machine", "name", "offset", "peer", "refused")
-
-    def __init__(self, peer: str) -> None:
-        self.peer = peer
-        self.machine = ConnectionMachine(_W)
-        self.credits = 0
-        self.offset = 0  # stream offset of the next byte: errors name where
-        self.name = ""  # HELLO's program and instance names, for operators
-        self.refused: set[int] = set()  # draft: streams whose NOTIFY was refused here
-
-    def __getstate__(self) -> tuple[str, ConnectionMachine, int, int, str, set[int]]:
-        return (self.peer, self.machine, self.credits, self.offset, self.name, self.refused)
-
-    def __setstate__(self, s: tuple[Any, ...]) -> None:
-        self.peer, self.machine, self.credits, self.offset, self.name = s[:5]
-        self.refused = s[5] if len(s) > 5 else set()  # a checkpoint from before the set
-
-
-class _Stream:
-    __slots__ = ("machine", "name", "owner", "point")
-
-    def __init__(self, stream_id: int, name: str) -> None:
-        self.name = name
-        self.owner: str | None = None  # the connection it is open on
-        self.machine = StreamMachine(_W, stream_id)  # its owner's session's view
-        self.point: int | None = None  # last message id held; None: nothing yet
-
-    def __getstate__(self) -> tuple[str, str | None, StreamMachine, int | None]:
-        return (self.name, self.owner, self.machine, self.point)
-
-    def __setstate__(self, s: tuple[str, str | None, StreamMachine, int | None]) -> None:
-        self.name, self.owner, self.machine, self.point = s
-
-    @property
-    def wire_point(self) -> int:
-        return NOTHING_SEEN if self.point is None else self.point
-
-
-class _Batch:
-    """What handling one connection's frames builds: its replies and the points moved."""
-
-    __slots__ = ("acks", "close", "frames", "problems")
-
-    def __init__(self) -> None:
-        self.frames: list[Frame] = []
-        self.acks: dict[int, int] = {}
-        self.close = False
-        self.problems: list[str] = []
-
-
-class WorkerCore:
+class WorkerCore(Moving):
     """The worker's state and handlers (see the module docstring)."""
 
     def __init__(self, config: WorkerConfig | None = None) -> None:
         self.config = config or WorkerConfig()
         self.incarnation = ""
-        self.connections: dict[str, _Connection] = {}
-        self.streams: dict[int, _Stream] = {}
+        self.connections: dict[str, Connection] = {}
+        self.streams: dict[int, Stream] = {}
         self.app_state: dict[str, Any] = {}
         self.applied = 0  # messages given to the application
         self.duplicates = 0  # messages dropped by de-duplication
+        self.move: Move | None = None  # this worker's streams going elsewhere (handoff.py)
+        self.expected: dict[int, str] = {}  # streams coming from another worker: from whom
         self._app: App | None = None
         self._app_spec: str | None = None  # what _app was loaded from; a cache
 
@@ -233,6 +154,7 @@ class WorkerCore:
         return state
 
     def __setstate__(self, state: dict[str, object]) -> None:
+        self.move, self.expected = None, {}  # not in checkpoints from before them
         self.__dict__.update(state)
         self._app = None
         self._app_spec = None
@@ -246,34 +168,36 @@ class WorkerCore:
             self._drop(conn)
         self.incarnation = incarnation
         self.config = config
+        calls = self._hand_free()
         if not dropped:
-            return _NOTHING
-        return Replies((), (f"the last incarnation's connections dropped: {dropped}",))
+            return Replies(calls=calls) if calls else NOTHING
+        return Replies((), (f"the last incarnation's connections dropped: {dropped}",), calls)
 
     def opened(self, conn: str, peer: str) -> Replies:
         """A connection was accepted (seed 000: state CONNECTED)."""
         again = conn in self.connections
         self._drop(conn)
-        self.connections[conn] = _Connection(peer)
+        self.connections[conn] = Connection(peer)
         return (
             Replies((), (f"connection {conn} opened twice; the first dropped",))
             if again
-            else _NOTHING
+            else NOTHING
         )
 
     def closed(self, conn: str) -> Replies:
         """The connection's transport is gone: its streams are free again."""
         self._drop(conn)
-        return _NOTHING
+        calls = self._hand_free()
+        return Replies(calls=calls) if calls else NOTHING
 
     def too_large(self, conn: str, offset: int, size: int) -> Replies:
         """The transport refused a length over the limit (seed 000, B1): ERROR, close."""
         c = self.connections.get(conn)
         if c is None:
-            return _NOTHING
+            return NOTHING
         cfg = self.config
         err = FrameTooLargeError(cfg.dialect.value, offset, size, cfg.max_frame_bytes)
-        batch = _Batch()
+        batch = Batch()
         self._fail(c, batch, str(err))
         return self._finish(conn, c, batch)
 
@@ -286,10 +210,10 @@ class WorkerCore:
         """
         c = self.connections.get(conn)
         if c is None:
-            return _NOTHING
+            return NOTHING
         cfg = self.config
         dialect, limit = cfg.dialect, cfg.max_frame_bytes
-        batch = _Batch()
+        batch = Batch()
         for raw in frames:
             offset = c.offset  # of the length prefix: where the frame starts
             c.offset += LENGTH_PREFIX_BYTES + len(raw)
@@ -320,13 +244,15 @@ class WorkerCore:
         s = self.streams.get(stream_id)
         if s is None:
             raise ValueError(f"no stream {stream_id}")
+        if self.move is not None and stream_id in self.move.handed:
+            raise ValueError(f"stream {stream_id} moved to {self.move.peer}")
         ahead = point is not None and (s.point is None or point > s.point)
         if ahead and self.config.dialect is Dialect.V3:
             raise ValueError(f"stream {stream_id} is at {s.point}; cannot NACK ahead to {point}")
         owner = self.connections.get(s.owner) if s.owner is not None else None
         if owner is None or s.owner is None:
             s.point = point
-            return _NOTHING
+            return NOTHING
         if owner.machine.state is not _CS.STREAMING:
             raise ValueError(f"stream {stream_id}'s connection is {owner.machine.state.value}")
         grant = self.config.max_credits - owner.credits
@@ -340,27 +266,6 @@ class WorkerCore:
         owner.credits += grant
         s.point = point
         return Replies((Send(s.owner, self._encode([frame])),))
-
-    def move(self, host: str, port: int) -> Replies:
-        """Send every streaming connection to ``host:port``: MIGRATE (draft, seed 001) or,
-        in v3, an ACK of every stream's final point then RESTART and a close."""
-        sends = []
-        for conn, c in list(self.connections.items()):
-            if c.machine.state is not _CS.STREAMING:
-                continue
-            if self.config.dialect is Dialect.DRAFT:
-                frames: list[Frame] = [Migrate(host, port)]
-                c.machine.send(frames[0])
-                sends.append(Send(conn, self._encode(frames)))
-                continue
-            points = [(sid, s.point) for sid, s in self.streams.items() if s.owner == conn]
-            frames = [Ack(0, [(sid, p) for sid, p in points if p is not None])]
-            frames.append(Restart(f"{host}:{port}"))
-            for frame in frames:
-                c.machine.send(frame)
-            sends.append(Send(conn, self._encode(frames), close=True))
-            self._drop(conn)
-        return Replies(tuple(sends))
 
     # -- reading the state (for operators; not a handler) -----------------------------------
 
@@ -385,11 +290,13 @@ class WorkerCore:
                 for sid, s in self.streams.items()
             },
             "app_state": self.app_state,
+            "move": None if self.move is None else self.move.status(len(self.streams)),
+            "expected": len(self.expected),
         }
 
     # -- one frame ---------------------------------------------------------------------------
 
-    def _frame(self, conn: str, c: _Connection, frame: Frame, offset: int, batch: _Batch) -> None:
+    def _frame(self, conn: str, c: Connection, frame: Frame, offset: int, batch: Batch) -> None:
         kind = kind_of(frame)
         if c.machine.state in _LIVE and kind is not _K.ERROR:
             if c.credits <= 0:
@@ -412,10 +319,22 @@ class WorkerCore:
         else:  # MIGRATION_ACK: the connector is on its new worker (seed 001, step 10)
             batch.close = True
 
-    def _hello(self, c: _Connection, hello: Hello, batch: _Batch) -> None:
+    def _hello(self, c: Connection, hello: Hello, batch: Batch) -> None:
         cfg = self.config
         if (refusal := hello_refusal(hello, cfg)) is not None:
             self._fail(c, batch, refusal)
+        elif self.move is not None and self.move.ready:  # gone: sent where the streams are
+            c.name = f"{hello.program_name}/{hello.instance_name}"
+            if cfg.dialect is Dialect.DRAFT:  # seed 001: MIGRATE in the handshake too
+                c.credits = cfg.max_credits  # for its MIGRATION_ACK; none are granted
+                migrate = Migrate(self.move.host, self.move.port)
+                c.machine.send(migrate)
+                batch.frames.append(migrate)
+            else:  # v3 has RESTART only while streaming: OK first, then a close
+                for frame in (Ok(cfg.max_credits, ()), Restart(self.move.address)):
+                    c.machine.send(frame)
+                    batch.frames.append(frame)
+                batch.close = True
         else:
             c.name = f"{hello.program_name}/{hello.instance_name}"
             c.credits = cfg.max_credits
@@ -427,22 +346,27 @@ class WorkerCore:
             c.machine.send(ok)
             batch.frames.append(ok)
 
-    def _notify(self, conn: str, c: _Connection, notify: Notify, batch: _Batch) -> None:
+    def _notify(self, conn: str, c: Connection, notify: Notify, batch: Batch) -> None:
         sid = notify.stream_id
         draft = self.config.dialect is Dialect.DRAFT
         s = self.streams.get(sid)
+        if (
+            c.machine.state is _CS.MIGRATING
+            or (s is not None and s.owner not in (None, conn))
+            or self.move is not None  # its streams go elsewhere (handoff.py)
+            or sid in self.expected  # its state is on the way from another worker
+        ):
+            refusal = NotifyAck(False, sid, NOTHING_SEEN if s is None else s.wire_point)
+            c.machine.send(refusal)
+            batch.frames.append(refusal)
+            if draft and (s is None or s.owner != conn):  # its MESSAGEs may follow: ignored
+                c.refused.add(sid)
+            return
         if s is None:
-            s = self.streams[sid] = _Stream(sid, notify.stream_name)
+            s = self.streams[sid] = Stream(sid, notify.stream_name)
             nothing = 0 if draft else NOTHING_SEEN
             if self.config.adopt_points and notify.point_of_reference != nothing:
                 s.point = notify.point_of_reference
-        if c.machine.state is _CS.MIGRATING or s.owner not in (None, conn):
-            refusal = NotifyAck(False, sid, s.wire_point)
-            c.machine.send(refusal)
-            batch.frames.append(refusal)
-            if draft and s.owner != conn:  # its MESSAGEs may be on the way: ignored
-                c.refused.add(sid)
-            return
         c.refused.discard(sid)
         s.machine.receive(notify)
         s.owner = conn
@@ -462,7 +386,7 @@ class WorkerCore:
             c.machine.send(nack)
             batch.frames.append(nack)
 
-    def _message(self, conn: str, m: Message, kind: FrameKind, offset: int, batch: _Batch) -> None:
+    def _message(self, conn: str, m: Message, kind: FrameKind, offset: int, batch: Batch) -> None:
         sid = m.stream_id
         if sid in self.connections[conn].refused:  # sent before the refusal came (draft)
             return
@@ -487,7 +411,7 @@ class WorkerCore:
         if s.machine.receive(kind) is _SS.CLOSED:
             self._close_stream(sid, s, batch)
 
-    def _owned(self, conn: str, sid: int, kind: FrameKind, offset: int) -> _Stream:
+    def _owned(self, conn: str, sid: int, kind: FrameKind, offset: int) -> Stream:
         """The stream ``sid`` if it is open on ``conn``; else StreamNotOpenError."""
         s = self.streams.get(sid)
         if s is not None and s.owner == conn:
@@ -504,12 +428,15 @@ class WorkerCore:
         at = offset + LENGTH_PREFIX_BYTES + 1  # the stream id leads both bodies
         raise StreamNotOpenError(self.config.dialect.value, frame, at, sid, why)
 
-    def _close_stream(self, sid: int, s: _Stream, batch: _Batch) -> None:
+    def _close_stream(self, sid: int, s: Stream, batch: Batch) -> None:
         s.owner = None  # released: free for any connection's NOTIFY
-        if s.point is not None:
+        if self.move is not None and self.move.ready:  # its ACK waits for the hand-off
+            batch.acks.pop(sid, None)
+            batch.closed.append(sid)
+        elif s.point is not None:
             batch.acks[sid] = s.point
 
-    def _apply(self, payload: bytes, batch: _Batch) -> None:
+    def _apply(self, payload: bytes, batch: Batch) -> None:
         app = self._app
         if self._app_spec != self.config.app:
             app = self._app = load_app(self.config.app)
@@ -524,7 +451,7 @@ class WorkerCore:
 
     # -- ends of a batch -------------------------------------------------------------------
 
-    def _fail(self, c: _Connection, batch: _Batch, reason: str) -> None:
+    def _fail(self, c: Connection, batch: Batch, reason: str) -> None:
         """Answer ERROR (after an ACK of what the read moved) and close (seed 000)."""
         if len(reason) > _MAX_REASON:
             reason = reason[: _MAX_REASON - 3] + "..."
@@ -539,7 +466,7 @@ class WorkerCore:
         batch.problems.append(f"{c.peer}: ERROR {reason}")
         batch.close = True
 
-    def _finish(self, conn: str, c: _Connection, batch: _Batch) -> Replies:
+    def _finish(self, conn: str, c: Connection, batch: Batch) -> Replies:
         if not batch.close and c.machine.state in _LIVE:
             cfg = self.config
             grant = cfg.max_credits - c.credits if c.credits <= cfg.refill_credits else 0
@@ -548,12 +475,19 @@ class WorkerCore:
                 c.machine.send(ack)
                 c.credits += grant
                 batch.frames.append(ack)
+        calls: tuple[Call, ...] = ()
+        if batch.closed:  # seed 001, steps 4-6: the state goes first, then the ACK
+            held = [(sid, p) for sid in batch.closed if (p := self.streams[sid].point) is not None]
+            calls = (self._hand(batch.closed, conn, tuple(held)),)
         if batch.close:
             self._drop(conn)
+            calls += self._hand_free()
         if not batch.frames and not batch.close:
-            return Replies((), tuple(batch.problems)) if batch.problems else _NOTHING
+            if batch.problems or calls:
+                return Replies((), tuple(batch.problems), calls)
+            return NOTHING
         send = Send(conn, self._encode(batch.frames), batch.close)
-        return Replies((send,), tuple(batch.problems))
+        return Replies((send,), tuple(batch.problems), calls)
 
     def _drop(self, conn: str) -> None:
         if self.connections.pop(conn, None) is None:

@@ -2,14 +2,15 @@
 
     python -m immortals.wallaroo.worker_ctl --control 127.0.0.1:7101 --cookie C status
     python -m immortals.wallaroo.worker_ctl --control ... nack STREAM [POINT]
-    python -m immortals.wallaroo.worker_ctl --control ... move HOST:PORT
+    python -m immortals.wallaroo.worker_ctl --control ... move HOST:PORT --instance NAME
 
 ``status`` prints the worker's state as JSON (connections, streams with their points of
 reference, the application's state). ``nack`` rewinds a stream (its name, or its id in
 decimal) to POINT, or to its start without one: a NACK in the draft, an ACK with the
-lower point in v3. ``move`` sends every streaming connector to another worker: MIGRATE
-in the draft (seed 001), RESTART in v3. Both are impulses: the worker logs them like
-frames, and answers once it has handled them.
+lower point in v3. ``move`` moves every stream to the worker instance NAME at HOST:PORT,
+its state first, then its connector (MIGRATE in the draft, seed 001; RESTART in v3; see
+:mod:`immortals.wallaroo.handoff`). Both are impulses: the worker logs them like frames,
+and answers once it has handled them.
 """
 
 from __future__ import annotations
@@ -82,10 +83,11 @@ def nack(ctx: click.Context, stream: str, point: int | None) -> None:
 
 @main.command()
 @click.argument("target")
+@click.option("--instance", required=True, help="The worker instance listening at TARGET.")
 @click.pass_context
-def move(ctx: click.Context, target: str) -> None:
-    """Send every streaming connector to TARGET (HOST:PORT)."""
-    _run(ctx, {"op": "move", "target": target})
+def move(ctx: click.Context, target: str, instance: str) -> None:
+    """Move every stream, then its connector, to the worker INSTANCE at TARGET."""
+    _run(ctx, {"op": "move", "target": target, "instance": instance})
 
 
 if __name__ == "__main__":
