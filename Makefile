@@ -17,6 +17,8 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
+# After pyproject.toml changes the install is redone: its entry points (the plug-ins of
+# immortals/, docs/architecture.md) live in the installed metadata, not in the source.
 $(STAMP_DEV): $(BIN)/python pyproject.toml $(ACCEL)
 	$(BIN)/pip install --quiet -e '.[dev,spark]'
 	touch $@

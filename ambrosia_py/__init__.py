@@ -15,7 +15,7 @@ __all__ = ["Immortal", "background", "rpc"]
 
 def __getattr__(name: str) -> Any:
     """The binding's names, imported on first use: every process of the package (the
-    ``ambrosia-py`` program above all, ``cli.py``) imports this module first, and the
+    ``ambrosia-py`` program above all, ``cli/``) imports this module first, and the
     binding takes a good part of a second to import."""
     if name in __all__:
         from . import binding

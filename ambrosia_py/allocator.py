@@ -4,12 +4,12 @@ Every read here asks for up to 256 KiB (asyncio's transports ask as much, and so
 binding's and the coordinator's own readers): Python allocates that much for the result,
 then shrinks it to what arrived. glibc's malloc serves a request over its mmap threshold
 (128 KiB at start) with a fresh mapping, so such a read also costs an ``mmap``, an
-``mremap``, a ``munmap`` and a page fault: 29-45 µs for a 20-byte read on this machine,
-against 4-5 µs from the heap. That threshold is dynamic (mallopt(3), M_MMAP_THRESHOLD):
+``mremap``, a ``munmap`` and a page fault: several times what the same read costs from
+the heap. That threshold is dynamic (mallopt(3), M_MMAP_THRESHOLD):
 freeing a mapped block raises it to the block's size, after which such reads come from
 the heap. So a process that had once freed a large block read cheaply and one that had
 not paid on every read, a cost that came and went with each process's history (seen in
-an awaited round trip's coordinators: one of two paid it, 2.3 reads per round trip).
+an awaited round trip's two coordinators: one paid it, the other not).
 
 :func:`prime_allocator` allocates and frees one mapped block at start, so every process
 starts where a long-running one ends up. With another allocator it is one allocation.

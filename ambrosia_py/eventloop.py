@@ -8,8 +8,8 @@ are sans-IO and the adapters use only the loop's public API (transports, ``add_r
 ``call_soon_threadsafe``). ``AMBROSIA_LOOP=uvloop`` makes a missing uvloop an error rather
 than a fallback.
 
-Measured (docs/performance.md): on an awaited call between two instances, uvloop takes
-about a fifth of each coordinator's CPU per round trip off.
+On an awaited call between two instances uvloop takes a good part of each coordinator's
+CPU per round trip off (docs/performance.md, *What the design does for speed*).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ Only the real program executes itself again: called in-process (click's test run
 the pytest plugin's runner), the command runs under the caller's seed, the same for the
 run and its replays.
 
-The program does it as early as it can (:func:`switch_early`, from ``cli.py``): when its
+The program does it as early as it can (:func:`switch_early`, from ``cli/``): when its
 command line names the instance and data dir, before it imports the commands or loads
 the service file, which would otherwise be done twice (about 0.4 s of every restart).
 The command still checks afterwards, the one that decides: the early step only saves
@@ -49,7 +49,7 @@ HASH_SEED_ENV = "PYTHONHASHSEED"
 _AGAIN_ENV = "AMBROSIA_PY_UNDER_INSTANCE_SEED"
 SEED_SUFFIX = ".hash-seed"
 # ``--data-dir``'s variable and default, here because this module imports nothing
-# (``coordinator/data_dir.py`` takes them from here).
+# (``cli/options.py`` and ``coordinator/data_dir.py`` take them from here).
 DATA_DIR_ENV = "AMBROSIA_DATA_DIR"
 DEFAULT_DATA_DIR = Path("ambrosia-data")
 # The commands that run an instance's handlers, under its hash seed.
@@ -65,7 +65,7 @@ def as_program() -> None:
 
 def executed_again() -> bool:
     """Whether :func:`run_under_seed` started this process: its seed is the one that the
-    command line asked for, and the early step (``cli.py``) must not second-guess it (were
+    command line asked for, and the early step (``cli/``) must not second-guess it (were
     the two to disagree, they would execute the program again in turn, for ever). The
     mark is removed from the environment, so that the processes this one starts do not
     inherit it."""

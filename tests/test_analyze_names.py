@@ -29,6 +29,7 @@ import pytest
 from click.testing import CliRunner
 
 from ambrosia_py.binding.loading import load_service
+from ambrosia_py.cli import analyze as analyze_module
 from ambrosia_py.cli import main
 from ambrosia_py.client import Client
 from ambrosia_py.demo.analytics import SERVICES as DEMO_SERVICES
@@ -41,7 +42,6 @@ from ambrosia_py.ingress.envelope import (
     encode_call_envelope,
     encode_retention_envelope,
 )
-from ambrosia_py.spark import analyze as analyze_module
 from ambrosia_py.spark import decoded, read_rows
 from ambrosia_py.spark.report_services import ServiceDecoder, service_method_ids
 from ambrosia_py.testing import ServiceProcess, free_port

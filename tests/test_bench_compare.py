@@ -60,7 +60,7 @@ def test_quick_run_without_peers(tmp_path: Path) -> None:
         assert _positive(result["ours"][measure])
     for mode in MODES:
         assert _positive(result["limits"][f"await_floor_{mode}_p50_ms"])
-    assert "Goals of issue 13" in (tmp_path / "out.md").read_text()
+    assert "Performance goals" in (tmp_path / "out.md").read_text()
     assert list(tmp_path.iterdir()) == [tmp_path / "out.md"]  # the temporary dir is gone
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from ambrosia_py.bench.ockam import HubProcess, measure_checkpoints, measure_pulls, measure_pushes
 from ambrosia_py.cli import main
+from immortals.ockam.bench import HubProcess, measure_checkpoints, measure_pulls, measure_pushes
 from immortals.ockam.segments import SEAL_MESSAGES
 
 

@@ -1,5 +1,5 @@
-"""Issue 9, findings 2 and 4: replies are checked against calls; the binding sockets are
-served only to the binding started for this coordinator.
+"""Spoofed replies and squatted sockets: replies are checked against calls; the binding
+sockets are served only to the binding started for this coordinator.
 
 Spoofed replies are fed to the dispatcher sans-IO (records in, messages out), and once
 through a real coordinator and a raw link peer. The binding sockets are probed with raw

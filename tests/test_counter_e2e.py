@@ -16,7 +16,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from ambrosia_py.binding.run_cli import load_service
+from ambrosia_py.binding.loading import load_service
 from ambrosia_py.client import Client
 
 from .ingress_process import DEADLINE, RunProcess, free_port

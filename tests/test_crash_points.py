@@ -36,9 +36,9 @@ import pytest
 from click.testing import CliRunner
 
 from ambrosia_py import crashpoints
-from ambrosia_py.binding.run_cli import load_service
+from ambrosia_py.binding.loading import load_service
+from ambrosia_py.cli.log import log as log_commands
 from ambrosia_py.client import Client
-from ambrosia_py.coordinator.admin_cli import log as log_commands
 from ambrosia_py.testing import ServiceProcess, free_port
 from ambrosia_py.testing.processes import wait_for
 

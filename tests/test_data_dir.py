@@ -1,4 +1,4 @@
-"""The data dir must not be a trap (issue 14, part 3), and an unusable one is one line.
+"""The data dir must not be a trap, and an unusable one is one line.
 
 ``run`` says which data dir it uses and where that came from (the default, ``--data-dir``,
 ``$AMBROSIA_DATA_DIR``) on every start, and says loudly when an instance starts for the
@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from ambrosia_py.binding.exits import ExitStatus
 from ambrosia_py.cli import main
+from ambrosia_py.cli.exits import ExitStatus
 from tests.test_run_errors import EXAMPLES, free_port, running
 
 COUNTER = EXAMPLES / "counter.py"

@@ -80,11 +80,11 @@ def test_a_coordinator_process_starts_on_the_loop_asked_for(name: str) -> None:
         pytest.importorskip("uvloop")
     code = (
         "import asyncio\n"
-        "from ambrosia_py.coordinator import ic_cli\n"
+        "from ambrosia_py.cli import coordinator\n"
         "async def main():\n"
         "    print(type(asyncio.get_running_loop()).__module__)\n"
         "    return 0\n"
-        "ic_cli._run(main())\n"
+        "coordinator.run_to_exit(main())\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", code],

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from ambrosia_py import Immortal, rpc
-from ambrosia_py.binding.run_cli import load_service
+from ambrosia_py.binding.loading import load_service
 from ambrosia_py.client import Client
 from ambrosia_py.client.calls import encode_call, method_spec
 from ambrosia_py.coordinator.registry import Registry

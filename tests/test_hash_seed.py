@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from ambrosia_py import hashseed
-from ambrosia_py.binding.run_cli import load_service
+from ambrosia_py.binding.loading import load_service
 from ambrosia_py.client import Client
 from ambrosia_py.coordinator.data_dir import DATA_DIR_ENV, DEFAULT_DATA_DIR
 from ambrosia_py.hashseed import SEED_SUFFIX, instance_seed

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ambrosia_py.binding.run_cli import load_service
+from ambrosia_py.binding.loading import load_service
 from ambrosia_py.client import Client
 
 from .ingress_process import DEADLINE, RunProcess, free_port

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from ambrosia_py.binding.run_cli import load_service
+from ambrosia_py.binding.loading import load_service
 from ambrosia_py.cli import main
 from ambrosia_py.client import Client
 from ambrosia_py.testing.processes import _gone, wait_for

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from ambrosia_py.binding.run_cli import load_service
+from ambrosia_py.binding.loading import load_service
 from ambrosia_py.client import CallTimeoutError, Client, IngressError, tls_context
 
 from .certs import mutual_tls, needs_openssl

@@ -1,4 +1,4 @@
-"""Links between two coordinators through fault-injecting proxies (issue 9): connections
+"""Links between two coordinators through fault-injecting proxies: connections
 cut inside frames, chunks delayed, split, reordered and replayed, bits flipped. Exactly
 once must hold all the same: every call answered once, the server ran every call and
 fork once, in order, and no damaged frame was ever logged or run.

@@ -1,4 +1,4 @@
-"""Links between coordinators as an attacker sees them (issue 9, findings 1, 3 and 6):
+"""Links between coordinators as an attacker sees them:
 a raw peer that sends calls with a malicious pickle, a squatter that says hello under
 another instance's name, peers that declare huge frames or never finish the handshake;
 wrong secrets on either side; TLS with and without a CA.
@@ -99,7 +99,7 @@ def _write_secret(path: Path, data: bytes | None = None) -> Path:
     return path
 
 
-# --- finding 1: code execution through the link port --------------------------------------
+# --- code execution through the link port ---------------------------------------------
 
 
 def test_a_raw_peer_with_a_malicious_pickle_gets_nothing_logged_or_run(tmp_path: Path) -> None:
@@ -167,7 +167,7 @@ def test_a_raw_peer_with_a_malicious_pickle_gets_nothing_logged_or_run(tmp_path:
         runner.close()
 
 
-# --- finding 3: squatting -------------------------------------------------------------------
+# --- squatting --------------------------------------------------------------------------
 
 
 def test_a_squatter_cannot_lock_an_instance_out(tmp_path: Path) -> None:
@@ -190,7 +190,7 @@ def test_a_squatter_cannot_lock_an_instance_out(tmp_path: Path) -> None:
         runner.close()
 
 
-# --- finding 6: memory, timeouts, connection counts -----------------------------------------
+# --- memory, timeouts, connection counts ------------------------------------------------
 
 
 def _sender(sock: socket.socket, data: bytes) -> None:

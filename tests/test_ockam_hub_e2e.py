@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from ambrosia_py.bench.ockam import HubProcess
+from immortals.ockam.bench import HubProcess
 from immortals.ockam.client import Consumer, HubError, OckamClient, Publisher
 from immortals.ockam.codec import Dialect
 

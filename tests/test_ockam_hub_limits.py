@@ -25,9 +25,9 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ambrosia_py.bench.ockam import HubProcess
 from ambrosia_py.testing.processes import wait_for
 from immortals.ockam import codec, pushes
+from immortals.ockam.bench import HubProcess
 from immortals.ockam.client import OckamClient
 from immortals.ockam.errors import OckamError
 from immortals.ockam.routing import (

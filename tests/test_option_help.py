@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from ambrosia_py.binding.loading import load_service
-from ambrosia_py.binding.option_help import option_help
+from ambrosia_py.cli.option_help import option_help
 
 SERVICE = '''
 from ambrosia_py import Immortal, rpc

@@ -1,5 +1,5 @@
-"""The sender's outbox limit and the forwarding that makes it safe (issue 9, the bounded
-outbox; coordinator/links.py OutboxBudget, coordinator/forwarding.py).
+"""The sender's outbox limit and the forwarding that makes it safe (the bounded outbox:
+coordinator/links.py OutboxBudget, coordinator/forwarding.py).
 
 Past ``--max-outbox-mb`` of output not yet confirmed by its destinations, a coordinator
 stops reading its binding, which then blocks; it reads again once commits bring the total
@@ -23,9 +23,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ambrosia_py import Immortal, eventloop, rpc, wire
+from ambrosia_py.cli.coordinator import link_argv, link_settings, pop_link_security
 from ambrosia_py.coordinator.binding_link import BindingLink
 from ambrosia_py.coordinator.forwarding import Forwarder, LogPlace
-from ambrosia_py.coordinator.ic_cli import link_argv, link_settings, pop_link_security
 from ambrosia_py.coordinator.ic_core import IcState, Intake
 from ambrosia_py.coordinator.link_config import MAX_OUTBOX_ENV, LinkSettings
 from ambrosia_py.coordinator.links import Outbox, OutboxBudget

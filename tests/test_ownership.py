@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from ambrosia_py.binding.run_cli import load_service
+from ambrosia_py.binding.loading import load_service
 from ambrosia_py.client import Client
 from ambrosia_py.client.calls import client_secret
 from ambrosia_py.coordinator.data_dir import DataDirError, writable_data_dir

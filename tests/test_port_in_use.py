@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ambrosia_py.binding.exits import ExitStatus
+from ambrosia_py.cli.exits import ExitStatus
 from ambrosia_py.coordinator.registry import Registry
 from ambrosia_py.testing import ServiceProcess, free_port
 

@@ -1,4 +1,4 @@
-"""Failures a service author can see (issue 14, part 2): real ``ambrosia-py run`` processes.
+"""Failures a service author can see: real ``ambrosia-py run`` processes.
 
 A failing ``@background`` task stops the service with its own exit status (or is
 restarted with backoff); a state attribute or an argument that cannot be pickled is
@@ -24,9 +24,9 @@ import pytest
 from click.testing import CliRunner
 
 from ambrosia_py import background
-from ambrosia_py.binding.exits import ExitStatus
-from ambrosia_py.binding.run_cli import load_service
+from ambrosia_py.binding.loading import load_service
 from ambrosia_py.cli import main
+from ambrosia_py.cli.exits import ExitStatus
 from ambrosia_py.client import Client
 from ambrosia_py.testing import free_port
 

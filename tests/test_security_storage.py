@@ -1,11 +1,11 @@
-"""Issue 9, findings 5, 7 and 8, on real files and real coordinator processes.
+"""Storage against loss, loose modes and damage, on real files and real coordinator processes.
 
-5. A lost registry (deleted, emptied, unreadable) never makes a start clear an instance's
+1. A lost registry (deleted, emptied, unreadable) never makes a start clear an instance's
    history: the coordinator refuses in one line, naming the files, and
    ``registry rebuild`` recovers the registry so the instance recovers its state.
-7. Every file a coordinator run creates is 0600 and every directory 0700, whatever the
+2. Every file a coordinator run creates is 0600 and every directory 0700, whatever the
    umask; a data directory with looser modes is tightened on start, and that is logged.
-8. One flipped byte in the last complete record stops recovery naming file, offset and
+3. One flipped byte in the last complete record stops recovery naming file, offset and
    seq, with the file untouched; a record cut short is cut, its bytes kept beside the log.
 """
 
@@ -117,7 +117,7 @@ def lose_registry(data_dir: Path, how: str) -> None:
         registry.write_bytes(bytes(data))
 
 
-# --- 5. registry safety -------------------------------------------------------------------
+# --- 1. registry safety -------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("how", ["deleted", "emptied", "truncated", "corrupted"])
@@ -198,7 +198,7 @@ def test_only_an_interrupted_first_start_is_cleared(tmp_path: Path) -> None:
     assert files.log_numbers() == []
 
 
-# --- 7. file modes ------------------------------------------------------------------------
+# --- 2. file modes ------------------------------------------------------------------------
 
 
 def modes(data_dir: Path) -> dict[str, int]:
@@ -257,7 +257,7 @@ def test_a_loose_data_directory_is_tightened_on_start_and_logged_once(
     assert loose(modes(data_dir), data_dir) == {}
 
 
-# --- 8. damage in the last record ---------------------------------------------------------
+# --- 3. damage in the last record ---------------------------------------------------------
 
 
 def last_record(data_dir: Path) -> tuple[Path, int, int, int]:

@@ -25,8 +25,8 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from ambrosia_py.cli import analyze as analyze_module
 from ambrosia_py.cli import main
-from ambrosia_py.spark import analyze as analyze_module
 from ambrosia_py.spark import find_logs, read_rows
 from ambrosia_py.spark.report_page import TOTAL_LABELS
 from ambrosia_py.spark.report_services import ServiceDecoder, service_method_ids

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from ambrosia_py import eventloop
-from ambrosia_py.binding.run_cli import load_service
+from ambrosia_py.binding.loading import load_service
 from ambrosia_py.client import Client, tls_context
 from ambrosia_py.coordinator.link_config import LinkSettings, tls_contexts
 from ambrosia_py.serving import Admission, ConnectionLimits, Incoming, Listener

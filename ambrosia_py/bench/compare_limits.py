@@ -42,7 +42,7 @@ _HEADER = struct.Struct(">I")
 _DONE = _HEADER.pack(0)
 # Messages between two awaits of drain() (flow control), for small messages: awaiting per
 # message would cost more than the send. Large ones drain each time: a long queue of them
-# in the transport's buffer is copied around and is slower (4x at 64 KiB, measured).
+# in the transport's buffer is copied around and is several times slower at 64 KiB.
 DRAIN_EVERY = 256
 DRAIN_EACH_FROM = 4096
 

@@ -12,9 +12,7 @@
   having handled every record, sends its checkpoint as primary), less the same for an
   instance whose log is one call (handshake and checkpoint cost the same for both).
   Not a burst of forks from one handler: replaying that regenerates all its outputs at
-  once, and with 100,000 of them the restart sometimes never finishes (the coordinator
-  blocked sending replayed records to a binding that is blocked sending it the
-  regenerated outputs; see ``docs/performance.md``).
+  once, so it would time their regeneration too, not the replay alone.
 - **Failover**: a real ``ambrosia-py run`` with an ingress; SIGKILL the service
   process, run the same command again, and time from the kill until a client's call is
   answered (the coordinator notices its binding is gone and exits; the new start
@@ -185,7 +183,7 @@ def _memory_mib(pid: int | None) -> tuple[float, float]:
 def _with_bytecode_cache(prefix: Path) -> dict[str, str]:
     """This environment with compiled bytecode cached under ``prefix``. A machine that
     sets ``PYTHONDONTWRITEBYTECODE`` makes both processes of every start compile the whole
-    package again (0.8 s of a 3 s failover, measured here), which an installed service
+    package again (a large part of a failover), which an installed service
     does not pay; the first start fills the cache, the restart measured reads it."""
     env = dict(os.environ)
     env.pop("PYTHONDONTWRITEBYTECODE", None)

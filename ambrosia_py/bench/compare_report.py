@@ -3,8 +3,9 @@
 The figures of one run are ``{section: {measure: value or {payload size: value}}}``,
 sections ``ours``, ``grpc``, ``dbos`` and ``limits`` (the ``--json`` shape). This module
 reduces several runs to medians, works out the ratios between sections and where each
-goal of issue 13 stands, and renders them: rich tables for the terminal, Markdown for
-``docs/performance.md``, and PNG charts (matplotlib, from the ``spark`` extra).
+performance goal stands (:func:`goals`), and renders them: rich tables for the terminal,
+Markdown for ``docs/performance.md``, and PNG charts (matplotlib, from the ``spark``
+extra).
 """
 
 from __future__ import annotations
@@ -99,7 +100,7 @@ def _small_sync_ms(results: Results) -> float | None:
 
 @attrs.frozen
 class Goal:
-    """One goal of issue 13: what it asks, what we measured, and the ratio to the bar
+    """One performance goal: what it asks, what we measured, and the ratio to the bar
     (``met`` is None when a figure it needs was not measured)."""
 
     what: str
@@ -111,7 +112,8 @@ class Goal:
 
 
 def goals(results: Results) -> list[Goal]:
-    """Where each goal of issue 13 stands in these figures (ratio >= 1 means met)."""
+    """Where each performance goal stands in these figures (ratio >= 1 means met): the
+    bars of the table "Performance goals" in docs/performance.md."""
 
     def goal(what: str, short: str, target: str, measured: str, ratio: float | None) -> Goal:
         met = None if ratio is None else ratio >= 1.0
@@ -311,7 +313,7 @@ def tables(results: Results, runs: int) -> list[tuple[str, list[str], list[list[
     )
     out.append(
         (
-            "Goals of issue 13",
+            "Performance goals",
             ["goal", "target", "measured", "met"],
             [
                 [x.what, x.target, x.measured, {True: "yes", False: "no", None: "-"}[x.met]]
@@ -393,7 +395,7 @@ def write_charts(results: Results, directory: Path) -> list[Path]:
     ax.set_xscale("log")
     ax.set_xlabel("measured / goal (>= 1: met)")
     ax.invert_yaxis()
-    ax.set_title("Goals of issue 13: measured / goal")
+    ax.set_title("Performance goals: measured / goal")
     fig.tight_layout()
     goal_chart = directory / "goals.png"
     fig.savefig(goal_chart, dpi=110)

@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..coordinator.binding_auth import Socket, encode_preamble, token_for_ready_line
-from ..coordinator.ic_cli import coordinator_argv
+from ..coordinator.ic_run import coordinator_argv
 from ..wire import (
     Checkpoint,
     InitialMessage,

@@ -6,8 +6,9 @@ that raises is therefore always logged, with its name and traceback, and then, b
 policy ``ambrosia-py run --background-failure`` chooses:
 
 * ``stop`` (the default): the service stops, its coordinator makes what it holds durable
-  and exits, and ``run`` exits with :data:`~.exits.ExitStatus.BACKGROUND_TASK_FAILED`.
-  Running the same command again recovers and starts the task anew.
+  and exits, and ``run`` exits with status 3
+  (:data:`~ambrosia_py.cli.exits.ExitStatus.BACKGROUND_TASK_FAILED`). Running the same
+  command again recovers and starts the task anew.
 * ``restart``: the task is started again after a delay that doubles with each failure in
   a row (:class:`Backoff`), and the rest of the service runs on meanwhile.
 

@@ -6,8 +6,8 @@ exception, a replay) finds its classes under the same name. A file with one Immo
 subclass needs no class name.
 
 A service file that does not load (a syntax error, an exception at import) is one line
-naming the file, the line and the error (:class:`~.exits.OneLineError`); ``--verbose``
-shows the traceback.
+naming the file, the line and the error (:class:`~ambrosia_py.oneline.OneLineError`);
+``--verbose`` shows the traceback.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from types import ModuleType
 
 import click
 
-from .exits import OneLineError
+from ..oneline import OneLineError
 from .immortal import Immortal
 
 __all__ = ["load_service"]

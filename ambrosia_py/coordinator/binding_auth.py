@@ -1,4 +1,4 @@
-"""The binding's proof that it was started for this coordinator (issue 9, finding 4).
+"""The binding's proof that it was started for this coordinator, not squatted by another process.
 
 The released protocol serves the two binding sockets to whichever local process connects
 first, and the first thing the coordinator sends is the service's checkpoint: its whole

@@ -32,9 +32,8 @@ __all__ = ["INLINE_MAX_BYTES", "CommitPipeline"]
 
 # The largest record the latency path takes. A larger one is throughput, not a request
 # waiting for its answer: written and synced on the event loop it stopped the loop for
-# milliseconds (a 4 MiB link frame: about 13 ms), and with it the reading of the links,
-# whose senders then stalled (64 KiB forks between two instances: 1,840-2,000 -> 2,110-
-# 2,390/s back to back).
+# milliseconds (a 4 MiB link frame), and with it the reading of the links, whose senders
+# then stalled (64 KiB forks between two instances ran measurably slower).
 INLINE_MAX_BYTES = 256 * 1024
 
 R = TypeVar("R")  # what is forwarded for a record: its wire form (and where it lies)
@@ -115,9 +114,9 @@ class CommitPipeline(Generic[R]):
         synced, ``on_durable`` run and forwarded right away, on the calling thread.
 
         Inline, on the event loop: nothing else is waiting to be written, and two thread
-        hops cost more than the fsync itself (p50 round trip 1.4 -> 0.9 ms with the
-        forwarding fast path). Input arriving meanwhile is read after it. No waiter needs
-        telling: with nothing in flight, none waits for room or for this record.
+        hops cost more than the fsync itself. Input arriving meanwhile is read after it.
+        No waiter needs telling: with nothing in flight, none waits for room or for this
+        record.
         """
         assert self.idle, "append_now with records in flight"
         self._appended += 1

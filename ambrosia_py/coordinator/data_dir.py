@@ -1,13 +1,12 @@
-"""The data directory as the commands see it: its default, and the checks that keep it
-from being a trap.
+"""The data directory as the commands see it: the checks that keep it from being a trap.
 
 Every command that works on a data directory takes ``--data-dir``, else
-``$AMBROSIA_DATA_DIR``, else ``./ambrosia-data``. A relative default means a service
-run from another directory, or with a misspelled path, finds no history and starts
-from empty state; so ``run`` says on every start which directory it uses and where the
-choice came from, and says loudly when an instance starts for the first time. Commands
-that only read (``instances``, ``debug``) refuse a data directory that does not exist
-and create nothing in it.
+``$AMBROSIA_DATA_DIR``, else ``./ambrosia-data`` (the option: ``cli/options.py``). A
+relative default means a service run from another directory, or with a misspelled path,
+finds no history and starts from empty state; so ``run`` says on every start which
+directory it uses and where the choice came from, and says loudly when an instance
+starts for the first time. Commands that only read (``instances``, ``debug``) refuse a
+data directory that does not exist and create nothing in it.
 """
 
 from __future__ import annotations
@@ -16,12 +15,9 @@ import errno
 import fcntl
 import os
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
 
 import attrs
-import click
 
 from ..hashseed import DATA_DIR_ENV, DEFAULT_DATA_DIR
 from .modes import own_data_dir
@@ -35,8 +31,6 @@ __all__ = [
     "DEFAULT_DATA_DIR",
     "DataDirError",
     "History",
-    "data_dir_option",
-    "data_dir_origin",
     "debuggable_instance",
     "earlier_history",
     "existing_data_dir",
@@ -45,34 +39,8 @@ __all__ = [
 ]
 
 
-F = TypeVar("F", bound=Callable[..., Any])
-
-
 class DataDirError(Exception):
     """A data directory a command cannot use; the message names it and says why."""
-
-
-def data_dir_option(help: str) -> Callable[[F], F]:
-    """``--data-dir`` with the shared default and environment variable, shown in --help."""
-    return click.option(
-        "--data-dir",
-        type=click.Path(file_okay=False, path_type=Path),
-        default=DEFAULT_DATA_DIR,
-        envvar=DATA_DIR_ENV,
-        show_default=True,
-        show_envvar=True,
-        help=help + " Relative paths are from the current directory.",
-    )
-
-
-def data_dir_origin(ctx: click.Context) -> str:
-    """Where the command's ``--data-dir`` came from, for the start-up line."""
-    source = ctx.get_parameter_source("data_dir")
-    if source is click.core.ParameterSource.ENVIRONMENT:
-        return f"from ${DATA_DIR_ENV}"
-    if source is click.core.ParameterSource.COMMANDLINE:
-        return "from --data-dir"
-    return f"the default; --data-dir or ${DATA_DIR_ENV} to change"
 
 
 def writable_data_dir(data_dir: Path) -> None:

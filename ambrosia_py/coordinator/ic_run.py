@@ -1,12 +1,15 @@
-"""Running one coordinator as a process: start-up checks, the signals that stop it
-(SIGINT and SIGTERM flush pending input first), the exit status."""
+"""Running one coordinator as a process: the command line that starts one, start-up
+checks, the signals that stop it (SIGINT and SIGTERM flush pending input first), the exit
+status."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import signal
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 from ..allocator import prime_allocator
 from .ic_config import (
@@ -22,9 +25,24 @@ from .port_users import PortTakenError, cannot_listen
 from .registry_files import clear_interrupted_first_start, prepare_start
 from .storage import CorruptLogError, InstanceFiles
 
-__all__ = ["run_coordinator"]
+__all__ = ["coordinator_argv", "run_coordinator"]
 
 log = logging.getLogger("ambrosia_py.coordinator")
+
+
+def coordinator_argv(instance: str, data_dir: Path, *options: str) -> list[str]:
+    """The command line that runs ``ambrosia-py coordinator`` in a child process."""
+    return [
+        sys.executable,
+        "-m",
+        "ambrosia_py.cli",
+        "coordinator",
+        "--instance",
+        instance,
+        "--data-dir",
+        str(data_dir),
+        *options,
+    ]
 
 
 async def _with_signals(main: asyncio.Task[int], coordinator: Coordinator | None = None) -> int:

@@ -159,9 +159,9 @@ class KeyedMac:
     """HMAC-SHA256 under one key, for every frame of a link direction.
 
     The padded key is hashed once, here; each tag is then two copies of those states and
-    a few updates. A one-shot ``hmac.digest`` sets the key up again on every call: 4.0
-    against 1.6 us for a small frame, measured warm, and the gap is wider where a
-    coordinator wakes for one frame with its caches cold.
+    a few updates. A one-shot ``hmac.digest`` sets the key up again on every call, which
+    for a small frame costs more than the tag itself, the more so where a coordinator
+    wakes for one frame with its caches cold.
     """
 
     __slots__ = ("_inner", "_outer")

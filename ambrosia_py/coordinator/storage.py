@@ -65,13 +65,11 @@ _CHECKPOINT_NAME = re.compile(rf"{CHECKPOINT_PREFIX}([1-9][0-9]*)")
 
 
 # How far ahead of its records a log is allocated, at the least. Writing into space the
-# file already has, ``fdatasync`` need not commit a new file size to the journal: on this
-# machine's ext4, p50 115-175 us instead of 183-212 for 200-byte records, and the awaited
-# round trip (two syncs) 0.07-0.21 ms faster in five alternating pairs, -0.01 to 0.16 in
-# three more (docs/performance.md). Each step costs a sync of its own
-# (LogWriter._make_room): at 1 MiB, a coordinator fed 64 MiB by a peer while its binding
-# read nothing peaked at 66-88 MiB RSS (its writes fell behind); at 8 MiB, 52-68;
-# without preallocation, 50-57.
+# file already has, ``fdatasync`` need not commit a new file size to the journal, so a
+# small record's sync, two of which an awaited round trip waits for, is cheaper on ext4
+# (docs/performance.md, *What the design does for speed*). Each step costs a sync of its
+# own (LogWriter._make_room): a small step makes a coordinator whose writes fall behind
+# its input hold more memory; at 8 MiB it holds about what it does without preallocation.
 PREALLOCATE_BYTES = 8 << 20
 _CAN_PREALLOCATE = hasattr(os, "posix_fallocate")
 _ZEROS = bytes(len(logfile.TRAILER))

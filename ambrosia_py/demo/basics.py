@@ -24,7 +24,7 @@ from typing import Any
 
 import click
 
-from ..binding.run_cli import load_service
+from ..binding.loading import load_service
 from ..client import Client
 from ..coordinator.storage import log_bytes_in
 from ..testing.processes import free_port, interruptible

@@ -10,13 +10,16 @@ Publisher's de-duplication after each hub crash promises.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import attrs
 
-from .. import eventloop
-
-__all__ = ["StreamContents", "Verdict", "compare", "read_stream"]
+__all__ = ["ReadBackError", "StreamContents", "Verdict", "compare", "read_stream"]
 
 
 @attrs.frozen
@@ -28,32 +31,31 @@ class StreamContents:
     problem: str  # the first reading out of place, or ""
 
 
-async def _read(host: str, port: int, stream_name: str, timeout: float) -> StreamContents:
-    from immortals.ockam.client import OckamClient
+class ReadBackError(Exception):
+    """The stream could not be read back: what the reading program said."""
 
-    client = await OckamClient.connect(host, port)
+
+def read_stream(
+    hub: str, stream_name: str, *, cwd: Path, env: Mapping[str, str], timeout: float = 30.0
+) -> StreamContents:
+    """Read the whole stream from the hub at ``hub`` (``HOST:PORT``), as a program of the
+    example does (``examples/pipeline/readback.py``, run from ``cwd`` with ``env``): the
+    demo talks to the hub as any client would, over TCP."""
+    argv = [sys.executable, "-m", "examples.pipeline.readback", "--hub", hub]
+    argv += ["--stream", stream_name, "--timeout", str(timeout)]
     try:
-        stream = await client.create(stream_name, timeout=timeout)
-        index = 0
-        problem = ""
-        while True:
-            batch = await client.pull(stream, index, 1000, timeout=timeout)
-            if not batch:
-                break
-            for message in batch:
-                # The payload ends with ",<seq>" (examples/pipeline/sensors.py).
-                seq = int(message.data.rsplit(b",", 1)[1])
-                if seq != message.index and not problem:
-                    problem = f"index {message.index} holds reading #{seq}"
-            index = batch[-1].index + 1
-        return StreamContents(index, not problem, problem)
-    finally:
-        await client.close()
-
-
-def read_stream(host: str, port: int, stream_name: str, timeout: float = 30.0) -> StreamContents:
-    """Read the whole stream from the hub (a pull at a time)."""
-    return eventloop.run(_read(host, port, stream_name, timeout))
+        done = subprocess.run(
+            argv, cwd=cwd, env=dict(env), capture_output=True, text=True, timeout=timeout * 4
+        )
+    except subprocess.TimeoutExpired:
+        raise ReadBackError(f"no answer in {timeout * 4:g} s") from None
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        said = done.stderr.strip().splitlines()[-1:] or [f"exit {done.returncode}"]
+        raise ReadBackError(said[0])
+    answer = json.loads(lines[-1])
+    problem = str(answer["problem"])
+    return StreamContents(int(answer["messages"]), not problem, problem)
 
 
 @attrs.frozen

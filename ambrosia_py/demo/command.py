@@ -24,11 +24,9 @@ from typing import Any
 import attrs
 import click
 
-from immortals.ockam.errors import OckamError
-
 from .analytics import Analytics, run_analytics
 from .basics import run_basics
-from .check import Verdict, compare, read_stream
+from .check import ReadBackError, Verdict, compare, read_stream
 from .output import Output
 from .pipeline import EACH_PROCESS, PLAN, STREAM, DemoError, Pipeline, Settings
 from .view import PipelineView
@@ -156,8 +154,9 @@ def _run(pipeline: Pipeline, view: PipelineView) -> tuple[Verdict, dict[str, Any
         view.out.progress(view.next_step)
         try:
             with view.out.heartbeat("reading the hub's stream back"):
-                stream = read_stream("127.0.0.1", pipeline.hub_port, STREAM)
-        except (OSError, TimeoutError, OckamError) as exc:
+                hub = f"127.0.0.1:{pipeline.hub_port}"
+                stream = read_stream(hub, STREAM, cwd=pipeline.root, env=pipeline.env)
+        except (OSError, ReadBackError) as exc:
             what = f"reading the hub's stream back: {exc}"
             raise DemoError(what, pipeline.logs_of("hub")) from None
         state = pipeline.final_state()

@@ -26,6 +26,7 @@ connection at the worker. Every wait has a deadline; a failure raises
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import socket
@@ -117,6 +118,21 @@ class Crash:
     recovered_in: float
 
 
+def _control(address: str, cookie: str, body: dict[str, Any], timeout: float) -> Any:
+    """One request to the worker's operators' port and its answer: one JSON line each
+    way, the request carrying the cookie (docs/wallaroo.md, *Operators*), as any
+    operator's program speaks it. OSError if it does not answer, ValueError if the
+    answer is not JSON."""
+    host, _, port = address.rpartition(":")
+    with socket.create_connection((host, int(port)), timeout=timeout) as sock:
+        sock.sendall(json.dumps({**body, "cookie": cookie}).encode() + b"\n")
+        with sock.makefile("rb") as answers:
+            line = answers.readline()
+    if not line:
+        raise ConnectionError(f"{address} closed the connection without an answer")
+    return json.loads(line)
+
+
 def _accepts(port: int) -> bool:
     try:
         socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
@@ -140,6 +156,7 @@ class Pipeline:
         self.control = f"127.0.0.1:{free_port()}"
         path = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p)
         env = {**os.environ, "PYTHONPATH": path}  # the worker imports the app from root
+        self.root, self.env = root, env  # where the example's programs run, and how
 
         def service(instance: str, module: str, *args: str) -> ServiceProcess:
             log = self.logs / f"{instance}.log"
@@ -180,10 +197,8 @@ class Pipeline:
     # -- looking at it -----------------------------------------------------------------
 
     def _worker_status(self) -> dict[str, Any] | None:
-        from immortals.wallaroo.worker_ctl import request
-
         try:
-            answer = request(self.control, self.cookie, {"op": "status"}, timeout=2.0)
+            answer = _control(self.control, self.cookie, {"op": "status"}, timeout=2.0)
         except (OSError, ValueError):
             return None
         return dict(answer["status"]) if answer.get("ok") else None

@@ -1,33 +1,30 @@
-"""``ambrosia-py analyze DATA_DIR --out DIR``: a report over every recorded log.
+"""The report ``ambrosia-py analyze`` writes over every recorded log (the command:
+``cli/analyze.py``).
 
 One Spark batch (a local session, the ``ambrosia`` data source) scans the logs once, an
 ingress call's method read from its envelope on the way (:mod:`.report_ingress`); the
-report's tables are queries over that scan (:mod:`.report_tables`), the Ockam and
-Wallaroo streams are decoded from the logged transport impulses
-(:mod:`.report_services`), starts and restarts are told from the files
-(:mod:`.report_starts`), the charts are drawn with matplotlib (:mod:`.report_charts`)
+report's tables are queries over that scan (:mod:`.report_tables`), the services'
+streams are decoded from their logged calls by their report plug-ins
+(:mod:`.report_services`, :mod:`.report_plugins`), starts and restarts are told from the
+files (:mod:`.report_starts`), the charts are drawn with matplotlib (:mod:`.report_charts`)
 and the page, with the sections that apply (:mod:`.report_sections`), is written with its
 tables as Parquet (:mod:`.report_page`). See docs/spark.md, *Analytics report*.
 
-PySpark, PyArrow, pandas and matplotlib are the ``spark`` extra: the command checks for
-them (and for Java) before anything else and says in one line what to install
-(:mod:`ambrosia_py.extras`). They are imported only once it runs: ``--help`` needs none.
+PySpark, PyArrow, pandas and matplotlib are imported only by :func:`build_report`.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import attrs
-import click
 
-from ..extras import EXTRAS, require
-from .errors import NoLogsError
 from .layout import find_logs
 
-__all__ = ["Report", "analyze", "build_report", "method_names"]
+__all__ = ["STEPS", "Report", "build_report", "method_names"]
 
 # The steps, in order, for the progress bar.
 STEPS = (
@@ -38,7 +35,7 @@ STEPS = (
     "impulses and replayable calls",
     "calls between instances",
     "log files and checkpoints",
-    "Ockam and Wallaroo streams",
+    "the services' streams",
     "starts and restarts",
     "charts",
     "page and tables",
@@ -50,7 +47,7 @@ def method_names(services: Sequence[str]) -> dict[int, str]:
     ``module[:Class]`` (as ``ambrosia-py run`` takes them). Ids are the same wherever a
     name is (a hash of it) unless fixed with ``@rpc(id=...)``; ids two services give
     different names show both (``a|b``)."""
-    from ..binding.run_cli import load_service
+    from ..binding.loading import load_service
 
     names: dict[int, set[str]] = {}
     for spec in services:
@@ -83,10 +80,10 @@ def build_report(
     """Analyse every log under ``data_dir`` on ``spark`` and write the report to ``out``.
 
     ``names``: method names by id (:func:`method_names`); without, ids show as ``#id``.
-    ``decode_services``: unpickle the transport impulses of the Ockam hub and the Wallaroo
-    worker and connector to count their streams (:mod:`.report_services`); ``None``
-    decodes when every log file belongs to this user and is writable by no other (this
-    machine's own coordinators' logs). ``log_trigger_mb``: the size at which the logs'
+    ``decode_services``: unpickle the calls the services' report plug-ins read to count
+    their streams (:mod:`.report_services`); ``None`` decodes when every log file
+    belongs to this user and is writable by no other (this machine's own coordinators'
+    logs). ``log_trigger_mb``: the size at which the logs'
     coordinators rolled their logs (:mod:`.report_starts`; ``None``: their default).
     ``step`` is called with each of :data:`STEPS` as it begins.
     """
@@ -96,8 +93,9 @@ def build_report(
     from . import report_tables as rt
     from .report_ingress import with_ingress
     from .report_page import write_tables
+    from .report_plugins import registered
     from .report_sections import notes, sections, transport_calls
-    from .report_services import own_logs, service_counts, service_method_ids
+    from .report_services import own_logs, service_counts, service_method_ids, start_method_ids
     from .report_starts import classify
 
     if log_trigger_mb is None:
@@ -147,16 +145,15 @@ def build_report(
         if decode_services:
             services = service_counts(rows)
             _service_totals(totals, services)
-            tables["ockam_streams"] = services[services["service"] == "ockam"]
-            tables["wallaroo_streams"] = services[services["service"] == "wallaroo"]
-            tables["undecoded"] = services[services["request"] == "undecodable"]
-            for name in ("ockam_streams", "wallaroo_streams", "undecoded"):
-                tables[name] = tables[name].reset_index(drop=True)
+            for plugin in registered():
+                mine = services[services["service"] == plugin.name]
+                tables[f"{plugin.name}_streams"] = mine.reset_index(drop=True)
+            undecoded = services[services["request"] == "undecodable"]
+            tables["undecoded"] = undecoded.reset_index(drop=True)
             roles = _roles(services)
             if roles:
-                start = service_method_ids()["start"]
                 logged = msgs.where(
-                    (F.col("method_id") == start) & (F.col("rpc_type") == "impulse")
+                    F.col("method_id").isin(start_method_ids()) & (F.col("rpc_type") == "impulse")
                 ).select("log_file")
                 start_logs = {r["log_file"] for r in logged.distinct().collect()}
         step(STEPS[8])
@@ -186,21 +183,32 @@ def build_report(
 
 def _roles(services: Any) -> dict[tuple[str | None, int | None], str]:
     """The instance versions whose service logs a new incarnation at every start, and
-    their role (:data:`.report_services.STARTS_LOGGED`)."""
-    from .report_services import STARTS_LOGGED
+    their role (:func:`.report_services.starts_logged`)."""
+    from .report_services import starts_logged
     from .report_starts import version_of
 
-    known = services[services["role"].isin(STARTS_LOGGED)]
+    known = services[services["role"].isin(starts_logged())]
     pairs = zip(known["instance"], known["version"], known["role"], strict=True)
     return {(i, version_of(v)): str(role) for i, v, role in pairs}
 
 
 def _service_totals(totals: dict[str, int], services: Any) -> None:
     decoded = services[services["request"] != "undecodable"]
-    for service in ("ockam", "wallaroo"):
-        totals[f"{service}_frames"] = int(decoded[decoded["service"] == service]["frames"].sum())
+    from .report_plugins import registered
+
+    for plugin in registered():
+        mine = decoded[decoded["service"] == plugin.name]
+        totals[f"{plugin.name}_frames"] = int(mine["frames"].sum())
     undecoded = services[services["request"] == "undecodable"]
     totals["undecoded_frames"] = int(undecoded["frames"].sum())
+
+
+def _streams_chart(tables: dict[str, Any], plugin: Any, path: Path) -> None:
+    """A service's frames of its charted request per stream (its report plug-in's)."""
+    from . import report_charts as rc
+
+    table = tables[f"{plugin.name}_streams"]
+    rc.streams_chart(table, path, plugin.title, plugin.charted)
 
 
 def _charts(out: Path, tables: dict[str, Any], shown: set[str]) -> None:
@@ -215,101 +223,11 @@ def _charts(out: Path, tables: dict[str, Any], shown: set[str]) -> None:
         "call_kinds.png": lambda p: rc.call_kinds_chart(tables["call_kinds"], p),
         "calls_between.png": lambda p: rc.calls_between_chart(tables["calls_between"], p),
         "logs.png": lambda p: rc.logs_chart(tables["logs"], p),
-        "ockam_streams.png": lambda p: rc.streams_chart(
-            tables["ockam_streams"], p, "Ockam", "PushRequest"
-        ),
-        "wallaroo_streams.png": lambda p: rc.streams_chart(
-            tables["wallaroo_streams"], p, "Wallaroo", "Message"
-        ),
     }
+    from .report_plugins import registered
+
+    for plugin in registered():
+        draw[f"{plugin.name}_streams.png"] = functools.partial(_streams_chart, tables, plugin)
     for name, chart in draw.items():
         if name in shown:
             chart(out / name)
-
-
-def _session(cores: int) -> tuple[Any, bool]:
-    """A local session, and whether this command owns it (and so stops it)."""
-    from . import local_session
-
-    spark = local_session(cores, app_name="ambrosia-py analyze")
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark, True
-
-
-@click.command()
-@click.argument("data_dir", type=click.Path(exists=True, path_type=Path))
-@click.option(
-    "--out",
-    required=True,
-    type=click.Path(file_okay=False, path_type=Path),
-    help="Where the report goes: index.html, its PNGs, tables/*.parquet.",
-)
-@click.option(
-    "--service",
-    "services",
-    multiple=True,
-    metavar="FILE|module[:Class]",
-    help="Name method ids after this service's @rpc methods (repeatable); else #id.",
-)
-@click.option(
-    "--decode-services/--no-decode-services",
-    default=None,
-    help="Unpickle the Ockam hub's and the Wallaroo worker's and connector's logged frames "
-    "to count their streams (for logs you trust). Default: only if every log file is this "
-    "user's own.",
-)
-@click.option(
-    "--log-trigger-mb",
-    type=click.FloatRange(min=0, min_open=True),
-    envvar="AMBROSIA_LOG_TRIGGER_MB",  # as `run` and `coordinator` take it
-    show_envvar=True,
-    help="The --log-trigger-mb the logs' coordinators ran with (default: theirs): a new "
-    "log after a smaller one is a restart.",
-)
-@click.option("--cores", default=2, show_default=True, help="Spark local[N].")
-def analyze(
-    data_dir: Path,
-    out: Path,
-    services: tuple[str, ...],
-    decode_services: bool | None,
-    log_trigger_mb: float | None,
-    cores: int,
-) -> None:
-    """Write a report (HTML, PNG charts, Parquet tables) over the logs in DATA_DIR."""
-    require(*EXTRAS["spark"])
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from .session import java_problem
-
-    problem = java_problem()
-    if problem is not None:
-        raise click.ClickException(problem)
-    try:
-        find_logs(data_dir)
-    except NoLogsError as exc:
-        raise click.ClickException(str(exc)) from None
-    names = method_names(services)
-    columns = (TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=Console(stderr=True)) as progress:
-        task = progress.add_task("starting Spark", total=len(STEPS) + 1)
-        spark, owned = _session(cores)
-
-        def step(name: str) -> None:
-            progress.update(task, description=name, advance=1)
-
-        try:
-            report = build_report(
-                spark,
-                data_dir,
-                out,
-                names=names,
-                decode_services=decode_services,
-                log_trigger_mb=log_trigger_mb,
-                step=step,
-            )
-        finally:
-            if owned:
-                spark.stop()
-        progress.update(task, description="done", advance=1)
-    click.echo(f"report: {report.page}")

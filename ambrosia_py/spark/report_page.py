@@ -17,7 +17,7 @@ from typing import Any
 
 import attrs
 
-__all__ = ["Section", "TOTAL_LABELS", "write_page", "write_tables"]
+__all__ = ["Section", "TOTAL_LABELS", "total_label", "write_page", "write_tables"]
 
 _ROWS_SHOWN = 40
 
@@ -34,12 +34,25 @@ TOTAL_LABELS = {
     "returns": "return values",
     "other": "other messages (not RPC)",
     "payload_bytes": "payload bytes",
-    "ockam_frames": "Ockam frames decoded",
-    "wallaroo_frames": "Wallaroo frames decoded",
     "undecoded_frames": "transport calls or frames not decoded",
     "restarts": "restarts (recoveries) the logs show",
     "maybe_restarts": "new logs that were a checkpoint or a restart (the files do not say)",
 }
+
+
+def total_label(name: str) -> str:
+    """What the page calls the total ``name``: :data:`TOTAL_LABELS`, or for a service's
+    ``<plug-in>_frames`` its frames decoded (:mod:`.report_plugins`)."""
+    if name in TOTAL_LABELS:
+        return TOTAL_LABELS[name]
+    if name.endswith("_frames"):
+        from .report_plugins import registered
+
+        for plugin in registered():
+            if name == f"{plugin.name}_frames":
+                return f"{plugin.title} frames decoded"
+    return name
+
 
 _STYLE = """
 body { font-family: sans-serif; margin: 2em; max-width: 70em; color: #222; }
@@ -92,8 +105,7 @@ def write_page(
     """Write ``out/index.html``; return its path."""
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     rows = "\n".join(
-        f"<tr><td>{html.escape(TOTAL_LABELS.get(k, k))}</td><td>{v:,}</td></tr>"
-        for k, v in totals.items()
+        f"<tr><td>{html.escape(total_label(k))}</td><td>{v:,}</td></tr>" for k, v in totals.items()
     )
     parts = [
         "<!DOCTYPE html>",

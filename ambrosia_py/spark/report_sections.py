@@ -2,8 +2,9 @@
 notes under its totals.
 
 A section is on the page only where it applies: calls between instances where some
-instance called another, the Ockam and Wallaroo streams where such frames were decoded,
-"Not decoded" where something was not. Its chart is drawn only then (:mod:`.analyze`).
+instance called another, a service's streams where its report plug-in
+(:mod:`.report_plugins`) decoded frames, "Not decoded" where something was not. Its
+chart is drawn only then (:mod:`.analyze`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ _MARKS_LISTED = 8  # starts named under the calls-over-time chart; the rest: see
 
 
 def transport_calls(tables: dict[str, Any]) -> int:
-    """Calls to the services' transport impulses (``frames``, ``configure``, ``start``):
+    """Calls the report plug-ins read (:func:`.report_services.service_method_ids`):
     what decoding the services would read."""
     from .report_services import service_method_ids
 
@@ -45,19 +46,27 @@ def notes(tables: dict[str, Any], decoded: bool, how: str, trigger_mb: float) ->
         )
     if not transport_calls(tables):
         return out
+    services = _titles()
     if decoded:
         out.append(
-            "Ockam and Wallaroo payloads were decoded by unpickling the logged arguments "
-            f"({how}), with an unpickler that builds built-in values and the services' "
-            "configuration classes only. Decode only logs you trust."
+            f"The services' payloads ({services}) were decoded by unpickling the logged "
+            f"arguments ({how}), with an unpickler that builds built-in values and the "
+            "services' configuration classes only. Decode only logs you trust."
         )
     else:
         out.append(
-            "Ockam and Wallaroo payloads were not decoded: that unpickles the logged "
-            f"arguments ({how}; the default for logs not all this user's own). Run with "
-            "--decode-services for logs you trust."
+            f"The services' payloads ({services}) were not decoded: that unpickles the "
+            f"logged arguments ({how}; the default for logs not all this user's own). Run "
+            "with --decode-services for logs you trust."
         )
     return out
+
+
+def _titles() -> str:
+    """The report plug-ins' titles, for the notes."""
+    from .report_plugins import registered
+
+    return ", ".join(p.title for p in registered())
 
 
 def _utc(t: Any) -> str:
@@ -172,31 +181,17 @@ def sections(tables: dict[str, Any]) -> list[Section]:
 
 
 def _service_sections(tables: dict[str, Any]) -> list[Section]:
+    """A section per service plug-in whose frames were decoded (``<name>_streams``),
+    then what was not decoded."""
+    from .report_plugins import registered
+
     out: list[Section] = []
-    if len(tables.get("ockam_streams", ())):
-        out.append(
-            Section(
-                "Ockam streams",
-                "Frames the Ockam hub received, decoded from its logged frames impulses: "
-                "per stream and partition and request (PushRequest: messages stored; "
-                "bytes: their data).",
-                ("ockam_streams.png",),
-                ("ockam_streams",),
+    for plugin in registered():
+        table = f"{plugin.name}_streams"
+        if len(tables.get(table, ())):
+            out.append(
+                Section(f"{plugin.title} streams", plugin.about, (f"{table}.png",), (table,))
             )
-        )
-    if len(tables.get("wallaroo_streams", ())):
-        out.append(
-            Section(
-                "Wallaroo streams",
-                "Frames a Wallaroo worker received from its connectors (role worker) and "
-                "a connector from its worker (role connector), decoded in the dialect of "
-                "their logged start: per stream (named by its NOTIFY, or by the "
-                "connector's configuration) and frame (Message: messages with a payload; "
-                "bytes: their payloads).",
-                ("wallaroo_streams.png",),
-                ("wallaroo_streams",),
-            )
-        )
     if len(tables.get("undecoded", ())):
         out.append(
             Section(

@@ -1,30 +1,24 @@
-"""The analytics report's view into the services of ``immortals/``: messages per Ockam
-stream and per Wallaroo stream, decoded from the logged impulses.
+"""The analytics report's view into the services built on the framework: messages per
+stream, decoded from the calls their instances logged, by the services' own plug-ins.
 
-The Ockam hub (:mod:`immortals.ockam.hub`), the Wallaroo worker
-(:mod:`immortals.wallaroo.worker`) and the Wallaroo connector
-(:mod:`immortals.wallaroo.connector`) log every read from a TCP peer as one impulse
-``frames(peer_or_conn, now_ms, frames)``, the raw frames of their protocols; the hub also
-logs ``configure(HubConfig)`` (its service names), the worker ``start(incarnation,
-WorkerConfig)`` (its dialect) and the connector ``start(incarnation, ConnectorConfig)``
-(its dialect and stream names), these two at every start. Their arguments are pickled by
-the binding (:mod:`ambrosia_py.binding.codec`), so decoding them means unpickling what
-the log holds. That runs only when asked (``ambrosia-py analyze --decode-services``, or
-by default for logs this user's coordinators wrote: see :func:`own_logs`), and then
-through :class:`_Unpickler`, which refuses every global but the three configuration
-classes and the dialect enum (:data:`_ALLOWED_GLOBALS`, each by module and name): the
-arguments are strings, integers and lists of bytes, so nothing else is ever needed, and
-a hostile pickle cannot name a function to call. Unpickling untrusted bytes is still
-parsing untrusted input: decode only logs you trust.
+Which services there are, which of their calls to read and how is each service's report
+plug-in (:mod:`.report_plugins`, found by entry point): this module never names one.
+A service's transport logs each read from a TCP peer as an impulse (its raw frames), and
+its configuration at start; their arguments are pickled by the binding
+(:mod:`ambrosia_py.binding.codec`), so decoding them means unpickling what the log holds.
+That runs only when asked (``ambrosia-py analyze --decode-services``, or by default for
+logs this user's coordinators wrote: see :func:`own_logs`), and then through
+:class:`_Unpickler`, which refuses every global but the value classes the plug-ins list
+(each by module and name, and only if it is a class): the arguments are strings,
+integers, lists of bytes and those classes, so nothing else is ever needed, and a hostile
+pickle cannot name a function to call. Unpickling untrusted bytes is still parsing
+untrusted input: decode only logs you trust.
 
-Which service an instance runs is read from the log itself, in log order: a
-``configure`` carrying a ``HubConfig`` makes it an Ockam hub (role ``hub``), a ``start``
-carrying a ``WorkerConfig`` a Wallaroo worker (``worker``) of that dialect, one carrying
-a ``ConnectorConfig`` a Wallaroo connector (``connector``), whose received frames are the
-worker's answers, its streams named from the config. Before any (a log whose start was
-pruned), the first ``frames`` call that decodes whole as Ockam routing messages, or as
-Wallaroo frames of exactly one dialect, decides the protocol (the role stays unknown).
-Calls named like these of other services are reported as not decoded, never guessed at.
+Which service an instance runs is read from the log itself, in log order
+(:class:`ServiceDecoder`, as :mod:`.report_plugins` says): a call a plug-in claims (a
+configuration) makes it the instance's; before any, the first call whose frames all
+decode for exactly one plug-in decides. Calls no plug-in reads whole are reported as not
+decoded, never guessed at.
 """
 
 from __future__ import annotations
@@ -32,47 +26,35 @@ from __future__ import annotations
 import io
 import os
 import pickle
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from functools import cache
 from pathlib import Path
 from typing import Any
 
+from .report_plugins import CallReader, Frame, ServiceReport, Undecodable, registered
+
+# Also ``STARTS_LOGGED`` (:func:`starts_logged`), read from the plug-ins when imported.
 __all__ = [
     "SERVICE_COLUMNS",
-    "STARTS_LOGGED",
     "ServiceDecoder",
     "decode_partition",
     "load_args",
     "own_logs",
+    "service_counts",
     "service_method_ids",
+    "start_method_ids",
+    "starts_logged",
 ]
-
-# The classes a transport impulse may carry (module, name), all of them this project's
-# own value classes (attrs, frozen; unpickling one sets its fields and calls nothing
-# else); nothing else is unpickled, and no module is allowed whole.
-_ALLOWED_GLOBALS = frozenset(
-    {
-        ("immortals.ockam.service", "HubConfig"),
-        ("immortals.wallaroo.worker_config", "WorkerConfig"),
-        ("immortals.wallaroo.worker_core", "WorkerConfig"),  # where logs before it say
-        ("immortals.wallaroo.connector_actions", "ConnectorConfig"),
-        ("immortals.wallaroo.codec", "Dialect"),
-    }
-)
-
-# The role of each instance whose service logs a new incarnation at every start (its
-# ``start`` impulse): :mod:`.report_starts` tells its restarts from its checkpoints.
-STARTS_LOGGED = ("worker", "connector")
 
 # (name, Spark SQL type): one row per (instance, version, service, stream, request).
 SERVICE_COLUMNS: tuple[tuple[str, str], ...] = (
     ("instance", "STRING"),
     ("version", "INT"),
-    ("service", "STRING"),  # ockam, wallaroo, or unknown (calls not decoded)
-    ("role", "STRING"),  # hub, worker, connector; null where no start or configure said
+    ("service", "STRING"),  # a plug-in's name, or unknown (calls not decoded)
+    ("role", "STRING"),  # what the instance is to its service; null where no call said
     ("stream", "STRING"),  # the stream's name; null for frames of no stream
-    ("stream_id", "STRING"),  # Wallaroo's u64 stream id, in decimal (over a BIGINT)
-    ("partition", "INT"),  # Ockam's partition
+    ("stream_id", "STRING"),  # the service's numeric stream id, in decimal (u64 fits)
+    ("partition", "INT"),  # the stream's partition, where the service has them
     ("request", "STRING"),  # the frame's class (PushRequest, Message, ...), or undecodable
     ("frames", "BIGINT"),
     ("bytes", "BIGINT"),  # the data a frame carries: a push's data, a message's payload
@@ -80,21 +62,52 @@ SERVICE_COLUMNS: tuple[tuple[str, str], ...] = (
 )
 
 
+def __getattr__(name: str) -> Any:
+    # STARTS_LOGGED is read from the plug-ins, so only once asked for.
+    if name == "STARTS_LOGGED":
+        return starts_logged()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def starts_logged(services: Sequence[ServiceReport] | None = None) -> tuple[str, ...]:
+    """The roles whose service logs a new incarnation at every start (the plug-ins'
+    :attr:`~.report_plugins.ServiceReport.restarts_logged`): :mod:`.report_starts` tells
+    their restarts from their checkpoints. Also ``STARTS_LOGGED``."""
+    plugins = registered() if services is None else services
+    return tuple(sorted({role for s in plugins for role in s.restarts_logged}))
+
+
+@cache
+def _allowed(services: tuple[ServiceReport, ...]) -> frozenset[tuple[str, str]]:
+    return frozenset(g for s in services for g in s.allowed_globals)
+
+
 class _Unpickler(pickle.Unpickler):
-    """Unpickles built-in values and the allowed configuration classes only."""
+    """Unpickles built-in values and the allowed classes only."""
+
+    def __init__(self, data: bytes, allowed: frozenset[tuple[str, str]]) -> None:
+        super().__init__(io.BytesIO(data))
+        self.allowed = allowed
 
     def find_class(self, module: str, name: str) -> Any:
-        if (module, name) in _ALLOWED_GLOBALS:
-            return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"the global {module}.{name} is not allowed here")
+        if (module, name) not in self.allowed:
+            raise pickle.UnpicklingError(f"the global {module}.{name} is not allowed here")
+        found = super().find_class(module, name)
+        if not isinstance(found, type):  # a plug-in listed a function: never call it
+            raise pickle.UnpicklingError(f"the global {module}.{name} is not a class")
+        return found
 
 
-def load_args(data: bytes) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """A call's pickled ``(args, kwargs)``, through the restricted unpickler.
+def load_args(
+    data: bytes, services: Sequence[ServiceReport] | None = None
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """A call's pickled ``(args, kwargs)``, through the restricted unpickler allowing the
+    classes of ``services`` (default: the registered plug-ins).
 
     Raises ``pickle.UnpicklingError`` (or ValueError, EOFError, ...) for anything else.
     """
-    obj = _Unpickler(io.BytesIO(data)).load()
+    allowed = _allowed(tuple(registered() if services is None else services))
+    obj = _Unpickler(data, allowed).load()
     if not (
         isinstance(obj, tuple)
         and len(obj) == 2
@@ -105,26 +118,36 @@ def load_args(data: bytes) -> tuple[tuple[Any, ...], dict[str, Any]]:
     return tuple(obj[0]), obj[1]
 
 
+def _names(services: tuple[ServiceReport, ...]) -> dict[int, str]:
+    """Method id -> name of every call the plug-ins read; one name means one method."""
+    names: dict[int, str] = {}
+    ids: dict[str, int] = {}
+    for service in services:
+        for name, method_id in service.methods().items():
+            if names.setdefault(method_id, name) != name:
+                raise ValueError(
+                    f"method id {method_id} is {names[method_id]!r} to one report plug-in "
+                    f"and {name!r} to {service.name!r}"
+                )
+            if ids.setdefault(name, method_id) != method_id:
+                raise ValueError(f"the report plug-ins' {name!r} calls differ in id")
+    return names
+
+
+_method_names = cache(_names)
+
+
 @cache
 def service_method_ids() -> dict[str, int]:
-    """The method ids of the transport impulses, read from the immortals' classes."""
-    from immortals.ockam.hub import OckamHub
-    from immortals.wallaroo.connector import WallarooConnector
-    from immortals.wallaroo.worker import WallarooWorker
+    """The method ids of the calls the registered plug-ins read, by name."""
+    return {name: method_id for method_id, name in _method_names(registered()).items()}
 
-    hub = OckamHub.rpc_methods_by_name()
-    worker = WallarooWorker.rpc_methods_by_name()
-    connector = WallarooConnector.rpc_methods_by_name()
-    # The transports share their impulses' names, so their ids (hashes of the names).
-    if not hub["frames"].id == worker["frames"].id == connector["frames"].id:
-        raise AssertionError("the services' frames impulses differ in id")
-    if worker["start"].id != connector["start"].id:
-        raise AssertionError("the worker's and the connector's start impulses differ in id")
-    return {
-        "frames": hub["frames"].id,
-        "configure": hub["configure"].id,
-        "start": worker["start"].id,
-    }
+
+def start_method_ids(services: Sequence[ServiceReport] | None = None) -> list[int]:
+    """The ids of the calls services log at every start (:func:`starts_logged`'s roles):
+    a log holding one began at a restart (:mod:`.report_starts`)."""
+    plugins = registered() if services is None else services
+    return sorted({s.methods()[s.start_method] for s in plugins if s.start_method})
 
 
 def own_logs(paths: Iterable[str | Path]) -> bool:
@@ -143,16 +166,21 @@ Key = tuple[str, str | None, str | None, int | None, str]  # service, stream, id
 
 
 class ServiceDecoder:
-    """Counts the frames of one instance version's transport impulses, fed in log order."""
+    """Counts the frames of one instance version's service calls, fed in log order, as
+    the plug-ins read them (``services``; default: the registered ones)."""
 
-    def __init__(self) -> None:
-        self.kind: str | None = None  # "ockam" or "wallaroo", once known
-        self.role: str | None = None  # "hub", "worker" or "connector", once a config says
-        self.hub_config: Any = None
-        self.dialect: Any = None
-        self.names: dict[int, str] = {}  # Wallaroo stream id -> name (from NOTIFY)
+    def __init__(self, services: Sequence[ServiceReport] | None = None) -> None:
+        self.services = tuple(registered() if services is None else services)
+        self.names = _method_names(self.services)
+        self.service: ServiceReport | None = None  # the instance's, once known
+        self.readers: dict[str, CallReader] = {}  # plug-in name -> its reader
         self.counts: dict[Key, list[int]] = {}
         self.problems: dict[str, str] = {}  # service -> the first problem
+
+    @property
+    def kind(self) -> str:
+        """The instance's service's name, or ``unknown``."""
+        return "unknown" if self.service is None else self.service.name
 
     def _count(self, key: Key, size: int) -> None:
         entry = self.counts.get(key)
@@ -167,181 +195,71 @@ class ServiceDecoder:
         self.problems.setdefault(service, f"{where}: {reason}")
 
     def feed(self, method_id: int, payload: bytes, where: str) -> None:
-        """One logged call to ``method_id`` (a transport impulse's id) with its pickled
+        """One logged call to ``method_id`` (one the plug-ins read) with its pickled
         arguments; ``where`` (log file, offset, message index) names it in problems."""
-        ids = service_method_ids()
+        method = self.names.get(method_id, f"#{method_id}")
         try:
-            args, kwargs = load_args(payload)
+            args, kwargs = load_args(payload, self.services)
         except Exception as exc:  # any failure to unpickle is the same finding
-            self._problem(self.kind or "unknown", where, f"arguments not decoded ({exc})")
+            self._problem(self.kind, where, f"arguments not decoded ({exc})")
             return
         if kwargs:
-            self._problem(self.kind or "unknown", where, "keyword arguments: not a transport")
+            self._problem(self.kind, where, "keyword arguments: not a logged transport call")
             return
-        if method_id == ids["configure"]:
-            self._configure(args, where)
-        elif method_id == ids["start"]:
-            self._start(args, where)
-        else:
-            self._frames(args, where)
-
-    def _configure(self, args: tuple[Any, ...], where: str) -> None:
-        from immortals.ockam.service import HubConfig
-
-        if len(args) == 1 and isinstance(args[0], HubConfig):
-            self.kind, self.role, self.hub_config = "ockam", "hub", args[0]
-        else:
-            self._problem(self.kind or "unknown", where, "configure without a HubConfig")
-
-    def _start(self, args: tuple[Any, ...], where: str) -> None:
-        from immortals.wallaroo.codec import Dialect, stream_id_for
-        from immortals.wallaroo.connector_actions import ConnectorConfig
-        from immortals.wallaroo.worker_config import WorkerConfig
-
-        config = args[1] if len(args) == 2 else None
-        # Unpickling sets fields without the classes' validators: check what is used.
-        if not isinstance(config, WorkerConfig | ConnectorConfig) or not isinstance(
-            config.dialect, Dialect
-        ):
-            problem = "start without a WorkerConfig or ConnectorConfig"
-            self._problem(self.kind or "unknown", where, problem)
+        if self._claim(method, args):
             return
-        self.kind, self.dialect = "wallaroo", config.dialect
-        if isinstance(config, WorkerConfig):
-            self.role = "worker"
-            return
-        self.role = "connector"
-        streams = config.streams if isinstance(config.streams, tuple | list) else ()
-        for name in streams:
-            if isinstance(name, str):
-                # The connector sends the NOTIFYs; its config names the streams.
-                self.names.setdefault(stream_id_for(name), name)
-
-    def _frames(self, args: tuple[Any, ...], where: str) -> None:
-        if not (
-            len(args) == 3
-            and isinstance(args[2], list)
-            and all(isinstance(f, bytes) for f in args[2])
-        ):
-            self._problem(self.kind or "unknown", where, "not (peer, now_ms, [frames])")
-            return
-        frames: list[bytes] = args[2]
-        if self.kind is None:
-            self._infer(frames)
-        if self.kind == "ockam":
-            for i, frame in enumerate(frames):
-                self._ockam(frame, f"{where}, frame {i}")
-        elif self.kind == "wallaroo":
-            for i, frame in enumerate(frames):
-                self._wallaroo(frame, f"{where}, frame {i}")
-        else:
-            self._problem("unknown", where, "frames of neither Ockam nor a Wallaroo dialect")
-
-    def _infer(self, frames: list[bytes]) -> None:
-        """Take the protocol the frames decode in whole (see the module docstring)."""
-        from immortals.ockam.errors import OckamError
-        from immortals.ockam.routing import decode_message
-        from immortals.wallaroo.codec import Dialect, decode_tagged
-        from immortals.wallaroo.errors import WallarooError
-
-        if not frames:
-            return
-        try:
-            for frame in frames:
-                decode_message(frame)
-        except OckamError:
-            pass
-        else:
-            self.kind = "ockam"
+        if self.service is not None:
+            reader = self.readers[self.service.name]
+            self._record(self.service.name, reader.read(method, args), where)
             return
         fits = []
-        for dialect in Dialect:
-            try:
-                for frame in frames:
-                    decode_tagged(frame, dialect)
-            except WallarooError:
-                continue
-            fits.append(dialect)
+        for service in self.services:
+            reader = service.reader()
+            reading = reader.read(method, args)
+            if reading and not any(isinstance(r, Undecodable) for r in reading):
+                fits.append((service, reader, reading))
         if len(fits) == 1:
-            self.kind, self.dialect = "wallaroo", fits[0]
-
-    def _ockam(self, frame: bytes, where: str) -> None:
-        """Count one Ockam TransportMessage by the stream it addresses and its request."""
-        from immortals.ockam import codec
-        from immortals.ockam.errors import OckamError
-        from immortals.ockam.routing import AddressType, decode_message
-        from immortals.ockam.service import HubConfig
-
-        try:
-            msg = decode_message(frame)
-        except OckamError as exc:
-            self._problem("ockam", where, str(exc))
-            return
-        if not msg.onward_route or msg.onward_route[0].type != AddressType.LOCAL:
-            self._problem("ockam", where, "not addressed to a local worker of the hub")
-            return
-        config = self.hub_config or HubConfig()
-        name = msg.onward_route[0].text
-        try:
-            request: Any = codec.decode_request(msg.payload)
-        except OckamError as exc:
-            self._problem("ockam", where, f"to {name}: {exc}")
-            return
-        kind = type(request).__name__
-        stream: str | None
-        partition: int | None = None
-        if name in (config.stream_service, config.index_service):
-            stream = getattr(request, "stream_name", None)
-            partition = getattr(request, "partition", 0)
-            if isinstance(request, codec.CreatePartitionedRequest):
-                partition = None  # it creates partitions 0..n-1
+            service, reader, reading = fits[0]
+            self.service, self.readers[service.name] = service, reader
+            self._record(service.name, reading, where)
+        elif fits:
+            named = ", ".join(s.name for s, _, _ in fits)
+            self._problem("unknown", where, f"{method}: decodes whole for several ({named})")
         else:
-            # A stream worker's address: "<stream service>.<partition>.<stream>".
-            head, _, rest = name.partition(".")
-            number, _, stream = rest.partition(".")
-            if head != config.stream_service or not number.isdigit():
-                self._problem("ockam", where, f"{kind} to unknown worker {name!r}")
-                return
-            partition = int(number)
-        size = len(request.data) if isinstance(request, codec.PushRequest) else 0
-        self._count(("ockam", stream, None, partition, kind), size)
+            self._problem("unknown", where, f"{method}: decodes whole for no service's report")
 
-    def _wallaroo(self, frame: bytes, where: str) -> None:
-        """Count one Wallaroo frame (tag and body) by its stream and class."""
-        from immortals.wallaroo.codec import decode_tagged
-        from immortals.wallaroo.errors import WallarooError
-        from immortals.wallaroo.frames import Message, Notify
+    def _claim(self, method: str, args: tuple[Any, ...]) -> bool:
+        """Offer the call to the instance's service first, then to the others."""
+        first = [] if self.service is None else [self.service]
+        for service in first + [s for s in self.services if s is not self.service]:
+            reader = self.readers.get(service.name) or service.reader()
+            if reader.claims(method, args):
+                self.service, self.readers[service.name] = service, reader
+                return True
+        return False
 
-        try:
-            decoded: Any = decode_tagged(frame, self.dialect)
-        except WallarooError as exc:
-            self._problem("wallaroo", where, str(exc))
-            return
-        sid: int | None = getattr(decoded, "stream_id", None)
-        if isinstance(decoded, Notify):
-            self.names[decoded.stream_id] = decoded.stream_name
-        kind = type(decoded).__name__
-        size = 0
-        if isinstance(decoded, Message):
-            if decoded.payload is None:
-                kind = "Boundary"
+    def _record(self, service: str, reading: Iterable[Frame | Undecodable], where: str) -> None:
+        for item in reading:
+            if isinstance(item, Undecodable):
+                at = where if item.frame is None else f"{where}, frame {item.frame}"
+                self._problem(service, at, item.reason)
             else:
-                size = len(decoded.payload)
-        name = None if sid is None else self.names.get(sid, f"#{sid}")
-        self._count(("wallaroo", name, None if sid is None else str(sid), None, kind), size)
+                sid = None if item.stream_id is None else str(item.stream_id)
+                self._count((service, item.stream, sid, item.partition, item.request), item.size)
 
     def rows(self, instance: str | None, version: int | None) -> Iterator[tuple[Any, ...]]:
         """The counts as rows of :data:`SERVICE_COLUMNS`."""
+        role = None if self.service is None else self.readers[self.service.name].role
         for (service, stream, sid, partition, request), (n, size) in self.counts.items():
             problem = self.problems.get(service) if request == "undecodable" else None
-            role = self.role if service == self.kind else None
-            yield (instance, version, service, role, stream, sid, partition, request, n, size,
+            mine = role if service == self.kind else None
+            yield (instance, version, service, mine, stream, sid, partition, request, n, size,
                    problem)  # fmt: skip
 
 
 def decode_partition(batches: Iterator[Any]) -> Iterator[Any]:
-    """``mapInPandas`` over transport impulses sorted by instance, version and log
-    position: the counts of :class:`ServiceDecoder`, one DataFrame per partition."""
+    """``mapInPandas`` over service calls sorted by instance, version and log position:
+    the counts of :class:`ServiceDecoder`, one DataFrame per partition."""
     import pandas as pd  # type: ignore[import-untyped]
 
     decoders: dict[tuple[Any, Any], ServiceDecoder] = {}

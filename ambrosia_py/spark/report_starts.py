@@ -9,10 +9,10 @@ from what the files do say, the strongest evidence first:
    1 of a later version an **upgrade**;
 2. ``serverlog<N>.torn-*`` beside log N: recovery cut a torn tail of it, so log N+1
    began at a **restart** (a crash mid-write);
-3. a service that logs a new incarnation at every start (the Wallaroo worker and
-   connector: ``start(incarnation, config)``, known once the report decoded their
-   configs, :mod:`.report_services`): a log holding such a start began at a **restart**,
-   one without at a **checkpoint**;
+3. a service that logs a new incarnation at every start (a role its report plug-in
+   names, :attr:`.report_plugins.ServiceReport.restarts_logged`, known once the report
+   decoded its configuration, :mod:`.report_services`): a log holding such a start began
+   at a **restart**, one without at a **checkpoint**;
 4. this project's coordinators roll a log only once it has passed ``--log-trigger-mb``
    (their bindings never ask for a checkpoint): a log N+1 after a log N smaller than the
    trigger the coordinators ran with began at a **restart**;
@@ -101,8 +101,9 @@ def classify(
     an ``evidence`` column beside it, and the ``starts`` table (:data:`STARTS_COLUMNS`).
 
     ``roles``: the role of each instance version whose service logs a new incarnation at
-    every start (``worker``, ``connector``); ``start_logs``: the log files holding such a
-    start; ``trigger_bytes``: the coordinators' ``--log-trigger-mb``, in bytes.
+    every start (:func:`.report_services.starts_logged`); ``start_logs``: the log files
+    holding such a start; ``trigger_bytes``: the coordinators' ``--log-trigger-mb``, in
+    bytes.
     """
     import pandas as pd
 

@@ -32,7 +32,7 @@ from ..binding.dispatcher import Mode
 from ..binding.files import StateFiles, state_files_dir, use_state_files
 from ..binding.immortal import Immortal
 from ..coordinator.binding_auth import token_for_ready_line
-from ..coordinator.ic_cli import coordinator_argv
+from ..coordinator.ic_run import coordinator_argv
 from .impulses import CountingDispatcher
 from .processes import readline_within, wait_for
 

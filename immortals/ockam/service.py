@@ -111,8 +111,8 @@ class HubConfig:
     """What the index service does where seed 003 and the released code differ."""
 
     def __getstate__(self) -> dict[str, object]:
-        # The dialect travels as its name: the log analysis (``ambrosia_py.spark``)
-        # unpickles a logged configure allowing this class alone, not the enum's.
+        # The dialect travels as its name: the log analysis (the report plug-in,
+        # ``report.py``) unpickles a logged configure allowing this class alone, not the enum.
         state: dict[str, object] = {a.name: getattr(self, a.name) for a in attrs.fields(HubConfig)}
         state["dialect"] = self.dialect.value
         return state

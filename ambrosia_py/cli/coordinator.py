@@ -1,4 +1,11 @@
-"""``ambrosia-py coordinator`` and ``ambrosia-py debug``: run an Immortal Coordinator."""
+"""``ambrosia-py coordinator``: run an Immortal Coordinator in the foreground.
+
+Its options and how it ends (:func:`run_to_exit`) are ``debug``'s too, which runs the
+coordinator's debug mode. The links' options (where to accept links and where other
+instances' coordinators accept them, the cluster secret, TLS, the links' limits) are
+``run``'s too, which passes them on to the coordinator it starts (:func:`link_argv`) and
+gives its ingress the same secret and TLS (:func:`link_settings`).
+"""
 
 from __future__ import annotations
 
@@ -11,14 +18,11 @@ from typing import Any
 import click
 
 from .. import eventloop
-from ..binding.exits import verbose_option
-from .binding_auth import BindingAuth
-from .data_dir import DataDirError, data_dir_option, debuggable_instance
-from .ic_config import DEFAULT_LOG_TRIGGER_MB, CoordinatorConfig, CoordinatorError
-from .ic_debug import run_debug
-from .ic_run import run_coordinator
-from .ic_state import StateFormatError
-from .link_config import (
+from ..coordinator.binding_auth import BindingAuth
+from ..coordinator.ic_config import DEFAULT_LOG_TRIGGER_MB, CoordinatorConfig, CoordinatorError
+from ..coordinator.ic_run import run_coordinator
+from ..coordinator.ic_state import StateFormatError
+from ..coordinator.link_config import (
     DEFAULT_HANDSHAKE_TIMEOUT_S,
     DEFAULT_IDLE_TIMEOUT_S,
     DEFAULT_MAX_CONNECTIONS,
@@ -28,37 +32,26 @@ from .link_config import (
     LinkSettings,
     LinkSetupError,
 )
-from .registry import RegistryError
-from .storage import StorageError
+from ..coordinator.registry import RegistryError
+from ..coordinator.storage import StorageError
 
 __all__ = [
+    "binding_auth_option",
     "coordinator",
-    "coordinator_argv",
-    "debug",
+    "instance_option",
     "link_argv",
     "link_options",
     "link_security_options",
     "link_settings",
     "pop_link_security",
+    "port_options",
+    "run_to_exit",
+    "setup_logging",
 ]
 
 
-def coordinator_argv(instance: str, data_dir: Path, *options: str) -> list[str]:
-    """The command line that runs ``ambrosia-py coordinator`` in a child process."""
-    return [
-        sys.executable,
-        "-m",
-        "ambrosia_py.cli",
-        "coordinator",
-        "--instance",
-        instance,
-        "--data-dir",
-        str(data_dir),
-        *options,
-    ]
-
-
-def _setup_logging(instance: str) -> None:
+def setup_logging(instance: str) -> None:
+    """Log lines on stderr, each naming the instance."""
     logging.basicConfig(
         stream=sys.stderr,
         level=logging.INFO,
@@ -66,7 +59,9 @@ def _setup_logging(instance: str) -> None:
     )
 
 
-def _run(main: Coroutine[Any, Any, int]) -> None:
+def run_to_exit(main: Coroutine[Any, Any, int]) -> None:
+    """Run a coordinator to its end and exit with its status; a refusal it can name (the
+    data directory, the registry, a checkpoint, the links' setup) is one line, status 2."""
     try:
         status = eventloop.run(main)
     except (CoordinatorError, StorageError, RegistryError, LinkSetupError, StateFormatError) as exc:
@@ -79,7 +74,7 @@ def _run(main: Coroutine[Any, Any, int]) -> None:
     sys.exit(status)
 
 
-_instance = click.option("--instance", required=True, help="The instance name.")
+instance_option = click.option("--instance", required=True, help="The instance name.")
 _data_dir = click.option(
     "--data-dir",
     required=True,
@@ -284,13 +279,13 @@ def link_argv(
     return args
 
 
-_ports = [
+port_options = [
     click.option(
         "--receive-port", type=int, help="Port the binding writes to (default: registry)."
     ),
     click.option("--send-port", type=int, help="Port the binding reads from (default: registry)."),
 ]
-_binding_auth = click.option(
+binding_auth_option = click.option(
     "--binding-auth",
     type=click.Choice([a.value for a in BindingAuth]),
     default=BindingAuth.TOKEN.value,
@@ -303,11 +298,11 @@ _binding_auth = click.option(
 
 
 @click.command()
-@_instance
+@instance_option
 @_data_dir
 @click.option("--version", "version", type=int, help="Version to run (a new instance's first).")
-@_ports[0]
-@_ports[1]
+@port_options[0]
+@port_options[1]
 @click.option(
     "--log-trigger-mb",
     type=float,
@@ -318,7 +313,7 @@ _binding_auth = click.option(
     help="Roll to a new log file and take a checkpoint when a log passes this size.",
 )
 @click.option("--upgrade-version", type=int, help="Recover, then upgrade to this version.")
-@_binding_auth
+@binding_auth_option
 @link_options[0]
 @link_options[1]
 @link_options[2]
@@ -338,7 +333,7 @@ def coordinator(
     **security: Any,
 ) -> None:
     """Run one Immortal Coordinator in the foreground until its binding leaves."""
-    _setup_logging(instance)
+    setup_logging(instance)
     config = CoordinatorConfig(
         data_dir=data_dir,
         instance=instance,
@@ -353,82 +348,4 @@ def coordinator(
         link_to=link_to,
         link_settings=link_settings(**security),
     )
-    _run(run_coordinator(config))
-
-
-@click.command()
-@click.argument("service_spec", metavar="[SERVICE]", required=False)
-@_instance
-@data_dir_option("Where the instance's logs, checkpoints and registry live.")
-@click.option("--checkpoint", type=int, required=True, help="The checkpoint to start from.")
-@click.option(
-    "--to-seq",
-    type=int,
-    help="With SERVICE: stop after this record (default: the last one logged).",
-)
-@click.option(
-    "--pdb",
-    "use_pdb",
-    is_flag=True,
-    help="With SERVICE: open pdb there, the service at hand as `immortal`, instead of "
-    "printing its state.",
-)
-@click.option("--test-upgrade", is_flag=True, help="Send UpgradeService before the replay.")
-@verbose_option
-@_ports[0]
-@_ports[1]
-@_binding_auth
-def debug(
-    service_spec: str | None,
-    instance: str,
-    data_dir: Path,
-    checkpoint: int,
-    to_seq: int | None,
-    use_pdb: bool,
-    test_upgrade: bool,
-    receive_port: int | None,
-    send_port: int | None,
-    binding_auth: str,
-) -> None:
-    """Replay an instance's history from a checkpoint, writing nothing (what-if testing).
-
-    With SERVICE (a file or module, as `run` takes it) the binding runs here too: it
-    restores the checkpoint, handles the logged records through --to-seq, and prints
-    the service's state there (or opens pdb). Without it, the coordinator waits for a
-    binding to attach to its ports. Refused while the instance runs.
-    """
-    try:  # before anything is created or listened on
-        info = debuggable_instance(data_dir, instance)
-    except DataDirError as exc:
-        click.echo(f"ambrosia-py: {exc}", err=True)
-        sys.exit(2)
-    if service_spec is not None:
-        if test_upgrade:
-            raise click.UsageError("--test-upgrade needs a binding of its own: omit SERVICE")
-        # The binding's code only when it is asked for: this package is the coordinator's.
-        from ..binding.debug_session import debug_command
-
-        sys.exit(
-            debug_command(
-                service_spec,
-                data_dir,
-                instance,
-                info.current_version,
-                checkpoint,
-                to_seq=to_seq,
-                use_pdb=use_pdb,
-                receive_port=receive_port,
-                send_port=send_port,
-            )
-        )
-    if to_seq is not None or use_pdb:
-        raise click.UsageError("--to-seq and --pdb are for the binding: give SERVICE")
-    _setup_logging(instance)
-    config = CoordinatorConfig(
-        data_dir=data_dir,
-        instance=instance,
-        receive_port=receive_port,
-        send_port=send_port,
-        binding_auth=BindingAuth(binding_auth),
-    )
-    _run(run_debug(config, checkpoint, test_upgrade=test_upgrade))
+    run_to_exit(run_coordinator(config))

@@ -1,12 +1,15 @@
 """``ambrosia-py bench ockam``: the Ockam hub's throughput, and its checkpoints at 1M messages.
 
+A plug-in of ``ambrosia-py bench`` (the entry point group ``ambrosia_py.bench`` in
+``pyproject.toml``): the framework lists it without importing this package.
+
 A real hub (``ambrosia-py run immortals.ockam.hub``, its coordinator logging every frame
 durably) runs in a temporary data directory on a free port; this process talks to it
-over TCP with :mod:`immortals.ockam.client`, 100-byte payloads throughout:
+over TCP with :mod:`.client`, 100-byte payloads throughout:
 
 - confirmed pushes per second with one push in flight (each waits for its confirm,
   which the hub sends only once the push is in the fsynced log) and with 64 in flight
-  on one connection (:class:`~immortals.ockam.client.Publisher`, pipelined);
+  on one connection (:class:`~.client.Publisher`, pipelined);
 - pulled messages per second, reading a filled stream front to back, one pull of up to
   1,000 messages at a time (a pull is logged too, and its reply is cut to one u16 frame).
 
@@ -31,10 +34,14 @@ import cloudpickle
 from rich.console import Console
 from rich.table import Table
 
-from .. import eventloop
-from ..binding.files import StateFiles, sync_written, use_state_files
-from ..testing.processes import ServiceProcess, free_port, wait_for
-from .coordinator import measure_fsync_rate
+from ambrosia_py import eventloop
+from ambrosia_py.bench.coordinator import measure_fsync_rate
+from ambrosia_py.binding.files import StateFiles, sync_written, use_state_files
+from ambrosia_py.testing.processes import ServiceProcess, free_port, wait_for
+
+from .client import OckamClient, Publisher
+from .segments import StreamLog
+from .service import StreamHub
 
 __all__ = [
     "PAYLOAD_SIZE",
@@ -89,8 +96,6 @@ class HubProcess(ServiceProcess):
 
 async def measure_pushes(port: int, stream_name: str, count: int, window: int) -> float:
     """Confirmed pushes per second: ``window`` 1 pushes one by one, more go pipelined."""
-    from immortals.ockam.client import OckamClient, Publisher
-
     data = payloads(stream_name, count)
     if window == 1:
         client = await OckamClient.connect("127.0.0.1", port)
@@ -113,8 +118,6 @@ async def measure_pushes(port: int, stream_name: str, count: int, window: int) -
 
 async def measure_pulls(port: int, stream_name: str, count: int) -> tuple[float, float]:
     """(messages pulled per second, messages per pull) reading ``count`` from index 0."""
-    from immortals.ockam.client import OckamClient
-
     client = await OckamClient.connect("127.0.0.1", port)
     try:
         stream = await client.create(stream_name)
@@ -139,9 +142,6 @@ def measure_checkpoints(messages: int, more: int, files_dir: Path) -> dict[str, 
     pushes writes only the segments sealed since. Sizes exclude the segment files,
     which are reported apart.
     """
-    from immortals.ockam.segments import StreamLog
-    from immortals.ockam.service import StreamHub
-
     hub = StreamHub()
     log = hub.streams[("bench", 0)] = StreamLog()
     data = b"m" * PAYLOAD_SIZE

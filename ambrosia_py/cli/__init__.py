@@ -1,10 +1,14 @@
-"""``ambrosia-py``: the command line. Each package contributes its own commands.
+"""``ambrosia-py``: the command line. Every command is a module of this package, named
+after it (``run.py``, ``coordinator.py``, ...), except ``bench`` and ``demo``, which are
+packages of their own; the commands are the only modules that import across the layers,
+and nothing below imports them.
 
 Every service (``run``) and coordinator process starts this program, and a restarted
 ``run`` may execute itself again under the instance's hash seed (``hashseed.py``).
 So this module imports nothing at the top but what that early step needs: the commands,
 and click, only once the group is built (:data:`main`, on first use), and each command's
-module only when that command is used.
+module only when that command is used. ``python -m ambrosia_py.cli`` runs it too
+(``__main__.py``).
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import sys
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
-from . import hashseed
+from .. import hashseed
 
 if TYPE_CHECKING:
     import click
@@ -24,17 +28,17 @@ __all__ = ["main", "program"]
 # Every command, imported when used: ``run``'s module brings in the whole binding, and
 # ``analyze``, ``bench`` and ``demo`` rich, pyarrow-side and benchmark modules.
 _LAZY = {
-    "analyze": "ambrosia_py.spark.analyze:analyze",
+    "analyze": "ambrosia_py.cli.analyze:analyze",
     "bench": "ambrosia_py.bench:bench",
-    "coordinator": "ambrosia_py.coordinator.ic_cli:coordinator",
-    "debug": "ambrosia_py.coordinator.ic_cli:debug",
+    "coordinator": "ambrosia_py.cli.coordinator:coordinator",
+    "debug": "ambrosia_py.cli.debug:debug",
     "demo": "ambrosia_py.demo:demo",
-    "instances": "ambrosia_py.coordinator.admin_cli:instances",
-    "log": "ambrosia_py.coordinator.admin_cli:log",
-    "register": "ambrosia_py.coordinator.admin_cli:register",
-    "registry": "ambrosia_py.coordinator.admin_cli:registry",
-    "replay": "ambrosia_py.binding.run_cli:replay",
-    "run": "ambrosia_py.binding.run_cli:run",
+    "instances": "ambrosia_py.cli.instances:instances",
+    "log": "ambrosia_py.cli.log:log",
+    "register": "ambrosia_py.cli.register:register",
+    "registry": "ambrosia_py.cli.registry:registry",
+    "replay": "ambrosia_py.cli.replay:replay",
+    "run": "ambrosia_py.cli.run:run",
 }
 
 main: click.Group  # built on first use: module __getattr__ below
@@ -44,7 +48,7 @@ main: click.Group  # built on first use: module __getattr__ below
 def _main() -> click.Group:
     import click
 
-    from .helpformat import Group
+    from ..helpformat import Group
 
     class _Commands(Group):
         """A group whose :data:`_LAZY` commands are imported on first use."""
@@ -80,7 +84,3 @@ def program() -> None:
     hashseed.as_program()
     hashseed.switch_early(sys.argv[1:])
     _main()()
-
-
-if __name__ == "__main__":  # pragma: no cover
-    program()

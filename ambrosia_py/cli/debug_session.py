@@ -26,6 +26,12 @@ import attrs
 import click
 
 from .. import eventloop
+from ..binding.client import connect, record_failure
+from ..binding.dispatcher import Dispatcher
+from ..binding.errors import BindingError
+from ..binding.immortal import Immortal
+from ..binding.loading import load_service
+from ..binding.socket_io import SocketStream
 from ..coordinator.binding_auth import BindingAuth, token_for_ready_line
 from ..coordinator.errors import StorageError
 from ..coordinator.ic_config import CoordinatorConfig, CoordinatorError
@@ -33,14 +39,8 @@ from ..coordinator.ic_debug import run_debug
 from ..coordinator.ic_state import IcState, StateFormatError
 from ..coordinator.storage import InstanceFiles
 from ..hashseed import instance_seed, run_under_seed
+from ..oneline import OneLineError
 from ..wire import CONTROL_SEQ, RecordReader
-from .client import connect, record_failure
-from .dispatcher import Dispatcher
-from .errors import BindingError
-from .exits import OneLineError
-from .immortal import Immortal
-from .loading import load_service
-from .socket_io import SocketStream
 
 __all__ = ["DebugPoint", "debug_command", "debug_service", "pdb_point", "print_point"]
 

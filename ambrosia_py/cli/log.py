@@ -1,34 +1,23 @@
-"""Administration commands: register instances, list them, and show, verify or prune logs.
+"""``ambrosia-py log show|verify|prune``: coordinator log files, read and maintained.
 
-``ambrosia-py register``, ``ambrosia-py instances``, ``ambrosia-py registry rebuild`` and
-``ambrosia-py log show|verify|prune`` work on the files a coordinator leaves in its data
-directory (see :mod:`.storage` and :mod:`.registry`); none of them needs a running
-coordinator, and ``log prune`` and ``registry rebuild`` refuse to run beside one.
-``show`` and ``verify`` never modify a log.
+They work on the files a coordinator leaves in its data directory (see
+``coordinator/storage.py``); none of them needs a running coordinator, and ``prune``
+refuses to run beside one. ``show`` and ``verify`` never modify a log.
 """
 
 from __future__ import annotations
 
 import datetime
 import itertools
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Protocol
 
 import click
-from rich.console import Console
-from rich.table import Table
 
 from .. import wire
-from ..binding.exits import verbose_option
-from ..helpformat import Group
-from ..ingress.envelope import INGRESS_METHOD_ID, RetentionEnvelope, decode_envelope
-from ..ingress.errors import IngressProtocolError
-from .data_dir import DataDirError, data_dir_option, existing_data_dir
-from .registry import REGISTRY_FILE, InstanceInfo, Registry, RegistryError
-from .registry_files import rebuild_registry
-from .storage import (
+from ..coordinator.registry import REGISTRY_FILE, InstanceInfo, Registry, RegistryError
+from ..coordinator.storage import (
     CorruptLogError,
     InstanceFiles,
     InstanceLockedError,
@@ -37,126 +26,15 @@ from .storage import (
     log_number,
     log_numbers_in,
 )
+from ..helpformat import Group
+from ..ingress.envelope import INGRESS_METHOD_ID, RetentionEnvelope, decode_envelope
+from ..ingress.errors import IngressProtocolError
+from .exits import verbose_option
+from .options import coordinators_data_dir, or_dash
 
-__all__ = ["instances", "log", "register", "registry"]
+__all__ = ["log"]
 
-_DATA_DIR = data_dir_option("The coordinators' data directory (registry and instance directories).")
 _PREVIEW = 16
-
-
-# --- registry commands --------------------------------------------------------------------
-
-
-@click.command()
-@click.argument("name")
-@_DATA_DIR
-@click.option("--receive-port", type=int, help="Port the coordinator receives on.")
-@click.option("--send-port", type=int, help="Port the coordinator sends on.")
-@click.option("--version", "version", type=int, help="Current version (default 0).")
-def register(
-    name: str,
-    data_dir: Path,
-    receive_port: int | None,
-    send_port: int | None,
-    version: int | None,
-) -> None:
-    """Register instance NAME (ports not given are allocated) and print its ports."""
-    try:
-        with Registry(data_dir) as reg:
-            info = reg.register(
-                name, receive_port=receive_port, send_port=send_port, version=version or 0
-            )
-            if version is not None and info.current_version != version:
-                reg.set_current_version(name, version)
-                info = reg.get(name) or info
-    except RegistryError as exc:
-        raise click.ClickException(str(exc)) from None
-    click.echo(
-        f"{info.name}: receive port {info.receive_port}, send port {info.send_port}, "
-        f"version {info.current_version}"
-    )
-
-
-def _opt(value: int | None) -> str:
-    return "-" if value is None else str(value)
-
-
-@click.command()
-@_DATA_DIR
-def instances(data_dir: Path) -> None:
-    """List the registered instances (creating nothing)."""
-    try:
-        existing_data_dir(data_dir, need_registry=False)
-    except DataDirError as exc:
-        raise click.ClickException(str(exc)) from None
-    if not (data_dir / REGISTRY_FILE).exists():
-        click.echo(f"no registry in {data_dir}")
-        return
-    try:
-        with Registry(data_dir) as reg:
-            infos: list[InstanceInfo] = reg.instances()
-            links = {i.name: reg.link_address(i.name) for i in infos}
-    except RegistryError as exc:
-        raise click.ClickException(f"{exc}; see `ambrosia-py registry rebuild`") from None
-    if not infos:
-        click.echo(f"no instances registered in {data_dir}")
-        return
-    table = Table(title=f"instances in {data_dir}")
-    for header in ("name", "version", "receive", "send", "checkpoint", "log", "committer"):
-        table.add_column(header, overflow="fold")
-    table.add_column("links", overflow="fold")
-    for i in infos:
-        link = links[i.name]
-        table.add_row(
-            i.name,
-            str(i.current_version),
-            str(i.receive_port),
-            str(i.send_port),
-            _opt(i.last_checkpoint),
-            _opt(i.last_log),
-            _opt(i.committer_id),
-            "-" if link is None else f"{link[0]}:{link[1]}",
-        )
-    # Piped (not a terminal), the table is not folded to an assumed 80 columns.
-    Console(soft_wrap=False, width=None if sys.stdout.isatty() else 160).print(table)
-
-
-@click.group(cls=Group)
-def registry() -> None:
-    """Maintain the instance registry of a data directory."""
-
-
-@registry.command()
-@_DATA_DIR
-def rebuild(data_dir: Path) -> None:
-    """Recover the registry from the instance directories in DATA_DIR.
-
-    Registers every instance whose files are present and the registry lacks: its version
-    (the newest directory with a checkpoint), its last checkpoint (the newest that reads)
-    and its committer id. Ports are allocated anew. An unreadable registry is first moved
-    aside, not deleted. Refuses while a coordinator runs one of the instances.
-    """
-    if not data_dir.is_dir():
-        raise click.ClickException(f"no data directory {data_dir}")
-    try:
-        rebuilt, moved = rebuild_registry(data_dir)
-    except (RegistryError, StorageError) as exc:
-        raise click.ClickException(f"registry not rebuilt: {exc}") from None
-    for path in moved:
-        click.echo(f"moved the unreadable {path.name.split('.damaged-')[0]} aside: {path}")
-    for i in rebuilt:
-        click.echo(
-            f"{i.name}: version {i.version}, checkpoint {_opt(i.checkpoint)}, committer "
-            f"{_opt(i.committer_id)}, receive port {i.receive_port}, send port {i.send_port} "
-            "(ports allocated anew)"
-        )
-        for why in i.skipped:
-            click.echo(f"  skipped a checkpoint that does not read: {why}")
-    if not rebuilt:
-        click.echo(f"the registry already knows every instance with files in {data_dir}")
-
-
-# --- log commands -------------------------------------------------------------------------
 
 
 @click.group(cls=Group)
@@ -391,11 +269,11 @@ def verify(path: Path) -> None:
                 d = scan.damage
                 raise click.ClickException(
                     f"{d.reason} in {d.path} at offset {d.offset}: {d.dropped_bytes} bytes after "
-                    f"the last good record (next seq {_opt(next_seq)}) would be cut at recovery"
+                    f"the last good record (next seq {or_dash(next_seq)}) would be cut at recovery"
                 )
     except CorruptLogError as exc:
         raise click.ClickException(
-            f"bad record in {exc.path} at offset {exc.offset}, seq {_opt(exc.seq)}: {exc.reason}"
+            f"bad record in {exc.path} at offset {exc.offset}, seq {or_dash(exc.seq)}: {exc.reason}"
         ) from None
     if files == 0:
         raise click.ClickException(f"no log files in {path}")
@@ -409,7 +287,7 @@ def verify(path: Path) -> None:
 
 
 @log.command()
-@_DATA_DIR
+@coordinators_data_dir
 @click.option("--instance", required=True, help="The instance name.")
 @click.option("--version", "version", type=int, help="Instance version (default: current).")
 @click.option("--keep", type=click.IntRange(min=1), required=True, help="Checkpoints to keep.")

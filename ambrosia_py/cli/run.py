@@ -25,44 +25,38 @@ import attrs
 import click
 
 from .. import eventloop
+from ..binding.background import BackgroundFailure, BackgroundTaskError
+from ..binding.client import ServiceFailedError, serve
+from ..binding.dispatcher import Dispatcher
+from ..binding.files import StateFiles, state_files_dir, use_state_files
+from ..binding.immortal import Immortal
+from ..binding.loading import load_service
 from ..coordinator.binding_auth import (
     BindingTokenError,
     read_token,
     token_for_ready_line,
     token_path,
 )
-from ..coordinator.data_dir import (
-    DataDirError,
-    History,
-    data_dir_option,
-    data_dir_origin,
-    earlier_history,
-    writable_data_dir,
-)
-from ..coordinator.ic_cli import (
-    coordinator_argv,
+from ..coordinator.data_dir import DataDirError, History, earlier_history, writable_data_dir
+from ..coordinator.ic_run import coordinator_argv
+from ..coordinator.link_config import LinkSetupError, load_secret, tls_contexts
+from ..coordinator.port_users import PortTakenError, cannot_listen, publish_ingress
+from ..hashseed import instance_seed, run_under_seed
+from ..ingress.keys import DEFAULT_KEEP_COUNT, DEFAULT_KEEP_SECONDS
+from ..ingress.server import IngressServer, IngressSettings, parse_address
+from ..oneline import OneLineError
+from .coordinator import (
     link_argv,
     link_options,
     link_security_options,
     link_settings,
     pop_link_security,
 )
-from ..coordinator.link_config import LinkSetupError, load_secret, tls_contexts
-from ..coordinator.port_users import PortTakenError, cannot_listen, publish_ingress
-from ..hashseed import instance_seed, run_under_seed
-from ..ingress.keys import DEFAULT_KEEP_COUNT, DEFAULT_KEEP_SECONDS
-from ..ingress.server import IngressServer, IngressSettings, parse_address
-from .background import BackgroundFailure, BackgroundTaskError
-from .client import ServiceFailedError, serve
-from .dispatcher import Dispatcher
-from .errors import BindingError
-from .exits import ExitStatus, OneLineError, coordinator_ended, verbose_option
-from .files import StateFiles, state_files_dir, use_state_files
-from .immortal import Immortal
-from .loading import load_service
+from .exits import ExitStatus, coordinator_ended, verbose_option
 from .option_help import option_help
+from .options import data_dir_option, data_dir_origin
 
-__all__ = ["load_service", "replay", "run"]
+__all__ = ["run"]
 
 log = logging.getLogger("ambrosia_py.binding")
 
@@ -469,53 +463,3 @@ def run(
     except (KeyboardInterrupt, asyncio.CancelledError):  # Ctrl-C, SIGTERM
         status = ExitStatus.OK
     sys.exit(status)
-
-
-@click.command()
-@click.argument("service_spec", metavar="SERVICE")
-@click.option("--instance", required=True, help="The instance whose history to replay.")
-@data_dir_option("Where its logs and checkpoints live.")
-@click.option("--verify", is_flag=True, help="Find the first non-deterministic message.")
-@click.option("--to-seq", type=int, help="Stop after this record.")
-@verbose_option
-def replay(
-    service_spec: str, instance: str, data_dir: Path, verify: bool, to_seq: int | None
-) -> None:
-    """Re-run an instance's recorded history offline with SERVICE's code, writing nothing.
-
-    With --verify, two replays run in lockstep and are compared by value after each
-    message (state and outgoing calls), the second restored from every recorded
-    checkpoint as a recovery would be; each recorded checkpoint is compared with the
-    recomputed state. The first difference is reported with its record and method.
-    """
-    from .replay import replay_instance  # the coordinator's modules only when asked
-
-    try:  # the run's set order, not this process's (hashseed.py); before the service loads
-        run_under_seed(instance_seed(data_dir, instance, create=False))
-    except ValueError as exc:
-        raise OneLineError(str(exc)) from None
-    service = load_service(service_spec)
-    try:
-        result = replay_instance(service, data_dir, instance, verify=verify, to_seq=to_seq)
-    except BindingError as exc:
-        raise click.ClickException(str(exc)) from None
-    click.echo(
-        f"replayed {result.records} records ({result.messages} messages) from checkpoint "
-        f"{result.checkpoint}, last seq {result.last_seq}"
-    )
-    if result.divergence is not None:
-        click.echo(f"NOT DETERMINISTIC at {result.divergence}", err=True)
-        sys.exit(1)
-    if verify:
-        click.echo(
-            "deterministic: both replays (one recovered at each checkpoint) and every "
-            "recorded checkpoint agree"
-        )
-    for n, hazard in result.hazards:  # order that nothing depended on, in this history
-        click.echo(
-            f"note: after a recovery at checkpoint {n}, {hazard}; nothing in this history "
-            f"depended on that, but a handler that iterates it would: {hazard.fix}"
-        )
-    for key, value in sorted(result.state.items()):
-        text = repr(value)
-        click.echo(f"  {key} = {text if len(text) <= 100 else text[:97] + '...'}")

@@ -1,33 +1,28 @@
-"""How ``ambrosia-py run`` ends: its exit statuses, and errors in one line.
+"""How ``ambrosia-py run`` ends: its exit statuses, and ``--verbose``.
 
-A service author meets these errors at a terminal, so each is one line that names the
+A service author meets its errors at a terminal, so each is one line that names the
 file, attribute, path or process involved and what to do; the traceback behind it is
-for ``--verbose`` (or ``AMBROSIA_VERBOSE=1``). The statuses are documented in
-``docs/operations.md``; scripts and supervisors may rely on them.
+for ``--verbose`` (or ``AMBROSIA_VERBOSE=1``): :mod:`ambrosia_py.oneline`. The statuses
+are documented in ``docs/operations.md``; scripts and supervisors may rely on them.
 """
 
 from __future__ import annotations
 
 import enum
-import os
 import signal
-import sys
-import traceback
 from collections.abc import Callable
-from typing import IO, Any, TypeVar
+from typing import Any, TypeVar
 
 import click
 
+from ..oneline import VERBOSE_ENV, set_verbose
+
 __all__ = [
     "ExitStatus",
-    "OneLineError",
     "coordinator_ended",
-    "set_verbose",
-    "verbose",
     "verbose_option",
 ]
 
-VERBOSE_ENV = "AMBROSIA_VERBOSE"
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
@@ -42,24 +37,12 @@ class ExitStatus(enum.IntEnum):
     SERVICE_FAILED = 5  # the binding could not go on (a state that cannot be pickled, ...)
 
 
-_verbose = [False]
-
-
-def set_verbose(on: bool) -> None:
-    """``--verbose`` (or ``$AMBROSIA_VERBOSE``): show the traceback behind each one-line
-    error. Set by each command as it starts (commands may run in one process: tests)."""
-    _verbose[0] = on or os.environ.get(VERBOSE_ENV, "") not in ("", "0")
-
-
-def verbose() -> bool:
-    return _verbose[0]
-
-
 def verbose_option(command: _F) -> _F:
-    """``--verbose`` for a command whose errors are :class:`OneLineError`: every command
-    that loads a service file (``run``, ``replay``, ``debug``, ``log show --service``),
-    since each such error says "--verbose shows the traceback". Eager, so it is set before
-    the options that load the service file are read."""
+    """``--verbose`` for a command whose errors are
+    :class:`~ambrosia_py.oneline.OneLineError`: every command that loads a service file
+    (``run``, ``replay``, ``debug``, ``log show --service``), since each such error says
+    "--verbose shows the traceback". Eager, so it is set before the options that load the
+    service file are read."""
     return click.option(
         "--verbose",
         is_flag=True,
@@ -69,28 +52,6 @@ def verbose_option(command: _F) -> _F:
         callback=lambda _ctx, _param, on: set_verbose(bool(on)),
         help=f"Show the traceback behind an error, not just its one line [env {VERBOSE_ENV}].",
     )(command)
-
-
-class OneLineError(click.ClickException):
-    """An error shown as one line; with ``--verbose``, after the traceback of its cause."""
-
-    def __init__(
-        self, message: str, cause: BaseException | None = None, status: int = ExitStatus.ERROR
-    ) -> None:
-        super().__init__(message)
-        self.cause = cause
-        # click reads the status from the instance; it declares it a class variable.
-        self.exit_code = int(status)  # type: ignore[misc]
-
-    def format_message(self) -> str:
-        if self.cause is not None and not verbose():
-            return f"{self.message} (--verbose shows the traceback)"
-        return self.message
-
-    def show(self, file: IO[Any] | None = None) -> None:
-        if self.cause is not None and verbose():
-            traceback.print_exception(self.cause, file=file or sys.stderr)
-        super().show(file)
 
 
 def coordinator_ended(pid: int, status: int) -> str:
