@@ -15,8 +15,9 @@ from collections.abc import Sequence
 import attrs
 
 from ..coordinator.logindex import INDEX_PREFIX, IndexEntry, decode_index
+from ..wire import scanner
 from .layout import LogFile
-from .scan import Neighbour, Span, verify_record_at
+from .scan import Neighbour, Span
 
 __all__ = ["DEFAULT_SPLIT_BYTES", "Piece", "pack", "pieces_of", "plan"]
 
@@ -55,21 +56,24 @@ def index_of(log: LogFile) -> list[IndexEntry]:
 def pieces_of(log: LogFile, start: int, end: int, *, final: bool, split_bytes: int) -> list[Piece]:
     """``[start, end)`` of ``log`` as pieces split at verified index entries.
 
-    A split point is an entry at which a valid record with the entry's seq and the
-    committer id of the log's first record starts; the pieces around it know that record
-    (their neighbour check, :mod:`.scan`).
+    A split point is an entry at which a valid record (:func:`ambrosia_py.wire.scanner.record_at`)
+    with the entry's seq and the committer id of the log's first record starts; the pieces
+    around it know that record (their neighbour check, :mod:`.scan`). ``final``: ``end`` is
+    where the log ends, and it is the newest of its instance version (where a crash may
+    have cut a write: a torn tail).
     """
     if end <= start:
         return []
     entries = index_of(log)
     points: list[tuple[int, int]] = []  # (offset, seq) of each verified split point
     with log.location.open() as src:
-        first = verify_record_at(src, 0, end) if entries else None
+        bytes_ = scanner.LogBytes(src.pread, end)
+        first = scanner.record_at(bytes_, 0) if entries else None
         last = start
         for e in entries:
             if first is None or e.offset - last < split_bytes or e.offset >= end:
                 continue
-            header = verify_record_at(src, e.offset, end)
+            header = scanner.record_at(bytes_, e.offset)
             if header is not None and (header.seq, header.committer_id) == (
                 e.seq,
                 first.committer_id,
@@ -98,7 +102,7 @@ def plan(logs: Sequence[LogFile], split_bytes: int = DEFAULT_SPLIT_BYTES) -> lis
     out: list[Piece] = []
     for log in logs:
         size = log.location.data_size()
-        out += pieces_of(log, 0, size, final=True, split_bytes=split_bytes)
+        out += pieces_of(log, 0, size, final=log.last, split_bytes=split_bytes)
     return out
 
 

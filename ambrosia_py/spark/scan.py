@@ -17,37 +17,34 @@ What comes out of a range (:func:`read_span`), one :class:`Record` at a time:
 * A record whose check bytes verify but whose committer id and seq (which they do not
   cover) agree with neither neighbouring record: a damaged record too (see
   :meth:`_SpanScan.records`).
-* Bytes that cannot be framed as a record (a bad header or watermark section, or a
-  record running past the range), followed by a valid record: a damaged region, from the
-  failure to that record (``check_ok`` false, no messages).
-* Bytes at the end of the file that cannot be framed and that no valid record follows: a
-  torn tail (the last write of a coordinator that crashed, or one being written now).
-  It ends the file's rows, as recovery would cut it. As in the coordinator's log scan, a
-  last record that runs past the end but verifies with a shorter length ending the file
-  is not torn but damaged (its length field). The limit is the log scan's too: a flipped
-  watermark count in the last record that runs past the end looks like a write cut inside
-  the watermarks, and ends the rows.
+* Bytes that cannot be framed as a valid record (a bad header, watermark sections that do
+  not parse, a record running past the range) that are not a torn tail: a damaged
+  region, from the failure to the next valid record, or to the end of the range
+  (``check_ok`` false, no messages).
+* A torn tail (the last write of a coordinator that crashed, or one being written now)
+  ends the file's rows, as recovery cuts it.
 
-With ``fail_on_damage`` a damaged record or region raises
-:class:`~.errors.LogDamageError` instead. A valid record is one whose header is in
-on-disk form and in range, whose check bytes match and whose watermark sections parse,
-all inside the range; candidates after a failure are offsets whose length field is
-negative and whose committer id is one already seen (or, for records under 16 MiB, any
-committer id), so the search is cheap and bounded by the distance to the next record.
+Valid records, where the search for the next one after damage looks and for whose
+records, and what is a torn tail are the one log scanner's rule
+(:mod:`ambrosia_py.wire.scanner`), which recovery applies too: both hold the same records
+of every log. This reader is a lenient caller of it (it reports damage and reads on), or a
+strict one with ``fail_on_damage`` (a damaged record or region raises
+:class:`~.errors.LogDamageError`). A span is ``final`` only at the end of the newest log of
+an instance version: elsewhere nothing can be torn.
 """
 
 from __future__ import annotations
 
-import re
+import itertools
+from collections import deque
 from collections.abc import Generator, Iterator, Sequence
 from typing import Any
 
 import attrs
-import xxhash
 
 from .. import wire
 from ..coordinator.logindex import IndexEntry
-from ..wire.records import HEADER
+from ..wire import scanner
 from .errors import LogDamageError, LogFormatError
 from .frames import frame_ends
 from .fs import Location, LogInput
@@ -59,14 +56,10 @@ __all__ = [
     "decode_body",
     "messages_of",
     "read_span",
-    "verify_record_at",
     "whole_end",
 ]
 
-_CHUNK = 4 << 20  # bytes read per refill
-_SEARCH = 8 << 20  # bytes searched per step after a failure
-_TAIL_PROBE = 256
-_TAIL_WINDOW = 64 * 1024  # how far from the end a damaged length's true end is sought
+_CHUNK = 4 << 20  # bytes read per refill of the window
 
 
 @attrs.frozen
@@ -79,10 +72,12 @@ class Neighbour:
 
 @attrs.frozen
 class Span:
-    """Bytes ``[start, end)`` of a log. ``final``: ``end`` is where the file ended when the
-    span was planned, so a record cut there is a torn tail; otherwise a record starts at
-    ``end`` (a verified index entry, or the end of a record seen earlier). ``before`` and
-    ``after``, when known, are the records around the span (for the neighbour check)."""
+    """Bytes ``[start, end)`` of a log. ``final``: ``end`` is where the newest log of an
+    instance version ended when the span was planned, so a record cut there may be a torn
+    tail; otherwise a record starts at ``end`` (a verified index entry, or the end of a
+    record seen earlier), or the log is an older one (no write of a running coordinator
+    can have been cut at its end). ``before`` and ``after``, when known, are the records
+    around the span (for the neighbour check)."""
 
     start: int
     end: int
@@ -114,60 +109,11 @@ class Record:
     raw: bytes = b""
     body_start: int = 0
     ends: Any = None  # where each framed message ends in ``raw`` (:mod:`.frames`)
+    damage: str | None = None  # what is wrong with a damaged record or region
 
 
 class _Cut(Exception):
     """The record at the position runs past the end of the range."""
-
-
-def _tail_end(src: LogInput, at: int, end: int) -> int | None:
-    """The end of the watermark sections at ``at`` if they parse within ``end``."""
-    want = _TAIL_PROBE
-    while True:
-        data = src.pread(min(want, end - at), at)
-        try:
-            _, used = wire.decode_disk_tail(data)
-        except wire.TruncatedInputError:
-            if at + len(data) >= end:
-                return None
-            want *= 4
-            continue
-        except wire.ProtocolError:
-            return None
-        return at + used
-
-
-def _body_check(src: LogInput, start: int, stop: int) -> int:
-    hasher = xxhash.xxh64()
-    while start < stop:
-        piece = src.pread(min(_CHUNK, stop - start), start)
-        if not piece:
-            break
-        hasher.update(piece)
-        start += len(piece)
-    return int(hasher.intdigest())
-
-
-def verify_record_at(
-    src: LogInput, pos: int, end: int, max_record: int = wire.DEFAULT_MAX_RECORD_SIZE
-) -> wire.RecordHeader | None:
-    """The header of a valid on-disk record at ``pos`` that ends by ``end``, else ``None``."""
-    raw = src.pread(wire.HEADER_SIZE, pos)
-    if len(raw) < wire.HEADER_SIZE:
-        return None
-    try:
-        header = wire.parse_header(raw, on_disk=True, max_record_size=max_record)
-    except wire.ProtocolError:
-        return None
-    stop = pos + header.length
-    if stop > end:
-        return None
-    if header.seq == wire.CHECKPOINT_SEQ:
-        if header.check != 0:
-            return None
-    elif _body_check(src, pos + wire.HEADER_SIZE, stop) != header.check:
-        return None
-    return header if _tail_end(src, stop, end) is not None else None
 
 
 def decode_body(path: str, record: Record) -> list[wire.Message]:
@@ -194,15 +140,6 @@ def messages_of(path: str, record: Record) -> list[wire.Message]:
     return record.messages
 
 
-def _candidates(committers: set[int]) -> re.Pattern[bytes]:
-    """Offsets that could start an on-disk header: a known committer id then a negative
-    length field, or any committer id then the top byte of a length under 16 MiB."""
-    known = b"|".join(re.escape(c.to_bytes(4, "little", signed=True)) for c in sorted(committers))
-    alternatives = [known + b"...[\x80-\xff]"] if known else []
-    alternatives.append(b".......\xff")
-    return re.compile(b"(?=(?:" + b"|".join(alternatives) + b"))", re.DOTALL)
-
-
 class _SpanScan:
     def __init__(
         self,
@@ -220,7 +157,12 @@ class _SpanScan:
         self.max_record = max_record
         self.base = span.start
         self.data = b""
-        self.committers: set[int] = set()
+        # The one log scanner's view of the span: asked where the bytes are not a record.
+        self.log = scanner.LogBytes(src.pread, span.end, max_record)
+        # What the record after the last good one should carry, for the scanner's rule.
+        before = span.before
+        self.committer = None if before is None else before.committer
+        self.next_seq = None if before is None else before.seq + 1
         self.times = {e.offset: e for e in entries if span.start <= e.offset < span.end}
         self.time_ns = self._time_before(entries)
 
@@ -228,9 +170,9 @@ class _SpanScan:
         """The time of the last verified index entry before the span, if one of the last
         few before it verifies (the span's records come after it)."""
         before = [e for e in entries if e.offset < self.span.start][-3:]
-        size = self.src.data_size()
+        log = scanner.LogBytes(self.src.pread, self.src.data_size(), self.max_record)
         for e in reversed(before):
-            header = verify_record_at(self.src, e.offset, size, self.max_record)
+            header = scanner.record_at(log, e.offset)
             if header is not None and header.seq == e.seq:
                 return e.time_ns
         return None
@@ -256,7 +198,7 @@ class _SpanScan:
 
     def _tail(self, pos: int, at: int) -> int:
         """The end of the watermark sections at ``at`` (the record starts at ``pos``)."""
-        want = _TAIL_PROBE
+        want = scanner.TAIL_PROBE
         while True:
             whole = self._ensure(pos, at + want)
             if not whole:
@@ -274,7 +216,9 @@ class _SpanScan:
 
     def _record_at(self, pos: int) -> tuple[Record, int]:
         """The record at ``pos`` and the offset after it; raises :class:`_Cut` or a
-        :class:`wire.ProtocolError` when the bytes cannot be framed as a record."""
+        :class:`wire.ProtocolError` when the bytes cannot be framed as a valid record (its
+        watermark sections too must parse: they are not covered by the check bytes, but a
+        record whose sections are broken is not a valid record, for recovery either)."""
         if not self._ensure(pos, pos + wire.HEADER_SIZE):
             raise _Cut()
         header = wire.parse_header(
@@ -283,12 +227,7 @@ class _SpanScan:
         stop = pos + header.length
         if not self._ensure(pos, stop):
             raise _Cut()
-        try:
-            after = self._tail(pos, stop)
-        except wire.ProtocolError:
-            # Damaged watermarks (not covered by the check bytes): the record ends at its
-            # messages, and the next step reports the watermarks as a damaged region.
-            after = stop
+        after = self._tail(pos, stop)
         off = pos - self.base
         body = memoryview(self.data)[off + wire.HEADER_SIZE : off + header.length]
         if header.seq == wire.CHECKPOINT_SEQ:
@@ -324,7 +263,9 @@ class _SpanScan:
                     messages[i] = wire.Checkpoint(memoryview(self.data)[at : at + msg.length])
                     after += msg.length
             record.messages = messages
-        self.committers.add(header.committer_id)
+        self.committer = header.committer_id
+        if header.seq >= 0:
+            self.next_seq = header.seq + 1
         entry = self.times.get(pos)
         if entry is not None and entry.seq == header.seq:
             self.time_ns = entry.time_ns
@@ -334,94 +275,72 @@ class _SpanScan:
 
     # --- after a failure -------------------------------------------------------------
 
-    def _find(self, lo: int, hi: int) -> int | None:
-        """The first offset in ``[lo, hi)`` where a valid record (ending inside the range)
-        starts."""
-        pattern = _candidates(self.committers)
-        overlap = wire.HEADER_SIZE - 1
-        at = lo
-        while at < hi:
-            chunk = self.src.pread(min(_SEARCH, hi - at) + overlap, at)
-            for m in pattern.finditer(chunk):
-                q = at + m.start()
-                if q >= hi:
-                    break
-                if verify_record_at(self.src, q, self.span.end, self.max_record) is not None:
-                    return q
-            at += _SEARCH
-        return None
-
-    def _length_damaged(self, pos: int) -> bool:
-        """Whether the record at ``pos``, which runs past the end, verifies with a shorter
-        length and watermarks that end the range exactly: a damaged length field, not a
-        cut write (as the coordinator's log scan judges it). Ends within the last
-        :data:`_TAIL_WINDOW` bytes are tried."""
-        raw = self.src.pread(wire.HEADER_SIZE, pos)
-        if len(raw) < wire.HEADER_SIZE:
-            return False
-        check = int(HEADER.unpack(raw)[2])  # whatever the (damaged) length field says
-        end = self.span.end
-        low = max(pos + wire.HEADER_SIZE, end - _TAIL_WINDOW)
-        window = memoryview(self.src.pread(end - low, low))
-        for at in range(len(window) - 2, -1, -1):  # the shortest watermarks are two bytes
-            try:
-                _, stop = wire.decode_disk_tail(window, at)
-            except wire.ProtocolError:
-                continue
-            if (
-                stop == len(window)
-                and _body_check(self.src, pos + wire.HEADER_SIZE, low + at) == check
-            ):
-                return True
-        return False
-
-    def _region(self, pos: int, stop: int, reason: str, seq: int | None) -> Record:
-        if self.fail:
-            raise LogDamageError(self.path, reason, offset=pos, seq=seq)
-        return Record(pos, stop - pos, None, None, False, None, [], None)
+    def _follower(self, pos: int, stop: int) -> int | None:
+        """The first valid record in ``(pos, stop)``, of the committers the scanner seeks
+        after damage at ``pos``."""
+        whose = scanner.search_committers(self.log, pos, self.committer)
+        return scanner.find_record(self.log, pos + 1, whose, stop)
 
     def records(self) -> Iterator[Record]:
         """The span's records, each whose check bytes verify checked against its neighbours.
 
         The check bytes do not cover the header, so a flipped committer id or seq would
         pass them: a record must agree with the record before it (same committer, the next
-        seq) or with the one after it, when it has either. One that agrees with neither is
-        damaged. Records in a log share the committer id and count up by one.
+        seq) or with the one after it, when it has either; with no record before it to go
+        by (at the start of a log, or after a damaged region), a record that disagrees
+        with the one after it may still agree with the one after that (then that one is
+        the damaged one). A record that agrees with none is damaged. Records in a log
+        share the committer id and count up by one.
+
+        Damage comes out in order: with ``fail_on_damage`` the first damaged record or
+        region raises, as recovery stops at the first.
         """
         before = self.span.before
         expect = None if before is None else (before.committer, before.seq + 1)
-        pending: Record | None = None
-        for item in self._items():
-            if pending is not None:
-                expect = yield from self._settle(pending, expect, item if item.check_ok else None)
-                pending = None
+        after = self.span.after
+        beyond = (
+            None
+            if after is None
+            else Record(0, 0, after.committer, after.seq, True, None, [], None)
+        )
+        items = self._items()
+        ahead = deque(itertools.islice(items, 2))  # the two items after the one settled
+        while ahead:
+            item = ahead.popleft()
+            coming = next(items, None)
+            if coming is not None:
+                ahead.append(coming)
             if item.check_ok:
-                pending = item
+                if expect is not None and (item.committer, item.seq) == expect:
+                    yield item  # it follows the record before, as nearly every record does
+                    expect = (expect[0], expect[1] + 1)
+                    continue
+                nxt, nxt2 = [*ahead, beyond, None][:2]  # what follows it, as far as known
+                expect = yield from self._settle(item, expect, nxt, nxt2)
                 continue
+            if self.fail:
+                raise LogDamageError(self.path, str(item.damage), offset=item.offset, seq=item.seq)
             yield item
             if item.seq is None:  # a region: how many records it held is unknown
                 expect = None
             elif expect is not None:  # a damaged record took its seq
                 expect = (expect[0], expect[1] + 1)
-        if pending is not None:
-            after = self.span.after
-            nxt = (
-                None
-                if after is None
-                else Record(0, 0, after.committer, after.seq, True, None, [], None)
-            )
-            yield from self._settle(pending, expect, nxt)
 
     def _settle(
-        self, record: Record, expect: tuple[int, int] | None, nxt: Record | None
+        self,
+        record: Record,
+        expect: tuple[int, int] | None,
+        nxt: Record | None,
+        nxt2: Record | None,
     ) -> Generator[Record, None, tuple[int, int] | None]:
-        """Yield ``record`` as it is, or damaged if it agrees with neither neighbour;
-        return the committer and seq the next record must have."""
+        """Yield ``record`` as it is, or damaged if it agrees with neither neighbour
+        (``nxt2``: the record after ``nxt``); return the committer and seq the next record
+        must have."""
+        if nxt is not None and not nxt.check_ok:
+            nxt = None  # a damaged record or region says nothing
         agrees_before = expect is not None and (record.committer, record.seq) == expect
-        agrees_after = (
-            nxt is not None
-            and record.seq is not None
-            and (nxt.committer, nxt.seq) == (record.committer, record.seq + 1)
+        agrees_after = _follows(record, nxt, 1) or (
+            expect is None and nxt is not None and _follows(record, nxt2, 2)
         )
         if agrees_before or agrees_after or (expect is None and nxt is None):
             assert record.committer is not None and record.seq is not None
@@ -448,35 +367,49 @@ class _SpanScan:
             try:
                 record, after = self._record_at(pos)
             except (_Cut, wire.ProtocolError) as exc:
-                follower = self._find(pos + 1, end)
-                if follower is None:
-                    if self.span.final and not self._length_damaged(pos):
-                        return  # a torn tail
-                    follower = end
-                if isinstance(exc, _Cut):
-                    reason = f"damaged region of {follower - pos} bytes: no record can be framed"
-                else:
-                    reason = f"damaged region of {follower - pos} bytes: {exc.reason}"
-                yield self._region(pos, follower, reason, None)
-                pos = follower
+                failure = (
+                    scanner.cut_failure(self.log, pos) if isinstance(exc, _Cut) else exc.reason
+                )
+                damage = scanner.judge(
+                    self.log,
+                    pos,
+                    failure,
+                    last=self.span.final,
+                    committer=self.committer,
+                    seq=self.next_seq,
+                )
+                if damage.torn:
+                    return  # a torn tail ends the rows, as recovery cuts it
+                stop = end if damage.follower is None else damage.follower
+                why = "" if damage.problem is None else f"; {damage.problem}"
+                reason = f"damaged region of {stop - pos} bytes: {failure}{why}"
+                yield Record(pos, stop - pos, None, None, False, None, [], None, damage=reason)
+                self.next_seq = None  # how many records the region held is unknown
+                pos = stop
                 continue
             if not record.check_ok:
                 # A valid record inside the claimed extent: the length field was damaged.
-                follower = self._find(pos + 1, after)
+                follower = self._follower(pos, after)
                 stop = after if follower is None else follower
-                if self.fail:
-                    raise LogDamageError(
-                        self.path,
-                        "check bytes do not match the record's contents",
-                        offset=pos,
-                        seq=record.seq,
-                    )
+                if self.next_seq is not None:
+                    self.next_seq += 1  # the damaged record took its seq
+                record.damage = "check bytes do not match the record's contents"
                 record.size = stop - pos
                 yield record
                 pos = stop
                 continue
             yield record
             pos = after
+
+
+def _follows(record: Record, other: Record | None, gap: int) -> bool:
+    """Whether ``other`` is a verified record ``gap`` records after ``record``."""
+    return (
+        other is not None
+        and other.check_ok
+        and record.seq is not None
+        and (other.committer, other.seq) == (record.committer, record.seq + gap)
+    )
 
 
 def read_span(

@@ -205,7 +205,7 @@ class AmbrosiaStreamReader(DataSourceStreamReader):
                     self.root.child(key).shown,
                     f"log file vanished before bytes {at}..{stop} were read (pruned?)",
                 )
-            pieces += pieces_of(log, at, stop, final=True, split_bytes=self.options.split_bytes)
+            pieces += pieces_of(log, at, stop, final=log.last, split_bytes=self.options.split_bytes)
         return [InputPartition(tuple(g)) for g in pack(pieces, self.options.split_bytes)]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
