@@ -66,14 +66,13 @@ def _hello(runner: ImmortalRunner) -> None:
 
 
 def _ockam(runner: ImmortalRunner) -> None:
-    import immortals.ockam.hub as hub_module
     from immortals.ockam.client import OckamClient
     from immortals.ockam.hub import OckamHub
 
     hub = runner.start(OckamHub, "hub", listen="127.0.0.1:0")
-    _wait(lambda: hub_module._transport is not None, "the hub's transport")
-    assert hub_module._transport is not None
-    port = hub_module._transport.address[1]
+    local = hub.dispatcher.immortal.local  # this incarnation's things: its transport
+    _wait(lambda: getattr(local, "transport", None) is not None, "the hub's transport")
+    port = local.transport.address[1]
 
     async def talk() -> None:
         client = await OckamClient.connect("127.0.0.1", port)
@@ -96,16 +95,15 @@ def _ockam(runner: ImmortalRunner) -> None:
 
 
 def _wallaroo(runner: ImmortalRunner) -> None:
-    import immortals.wallaroo.worker as worker_module
     from immortals.wallaroo.worker import WallarooWorker
     from tests.wallaroo_process import COOKIE, V3Client, released_stream_id, v3_eos, v3_message
 
     worker = runner.start(
         WallarooWorker, "worker", listen="127.0.0.1:0", dialect="v3", cookie=COOKIE
     )
-    _wait(lambda: worker_module._transport is not None, "the worker's transport")
-    assert worker_module._transport is not None
-    connector = V3Client(worker_module._transport.address[1])
+    local = worker.dispatcher.immortal.local
+    _wait(lambda: getattr(local, "transport", None) is not None, "the worker's transport")
+    connector = V3Client(local.transport.address[1])
     try:
         connector.handshake()
         connector.notify("words", 0)

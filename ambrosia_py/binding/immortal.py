@@ -10,6 +10,7 @@ impulses (``self.impulse.method(...)``). ``docs/binding.md`` explains the bounda
 from __future__ import annotations
 
 import inspect
+import types
 import typing
 from collections.abc import Awaitable, Callable, Generator
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, overload
@@ -316,6 +317,18 @@ class Immortal:
     @property
     def instance_name(self) -> str:
         return self._dispatcher().instance
+
+    @property
+    def local(self) -> types.SimpleNamespace:
+        """This incarnation's own things: the servers, connections and clients its
+        ``@background`` tasks open and its effects use. Never checkpointed nor compared,
+        and empty again in every new process; a handler must not read it (it is not
+        logged input), only hand it to an effect: ``self.effect(self.send, reply)`` with
+        ``send`` reading ``self.local``."""
+        local: types.SimpleNamespace | None = self.__dict__.get("_ambrosia_local")
+        if local is None:  # the framework's prefix: left out of the state (dispatch_state)
+            local = self.__dict__["_ambrosia_local"] = types.SimpleNamespace()
+        return local
 
     @property
     def options(self) -> Any:

@@ -37,22 +37,6 @@ __all__ = ["OckamHub"]
 
 log = logging.getLogger("immortals.ockam.hub")
 
-# This incarnation's transport: not state (connections die with the process).
-_transport: HubTransport | None = None
-
-
-def _send(connection: bytes, wire: bytes) -> None:
-    if _transport is not None:
-        _transport.write(connection, wire)
-
-
-def _report(peer: str, problems: list[str]) -> None:
-    if _transport is not None:
-        _transport.report(peer, problems)  # rate-limited per source
-        return
-    for problem in problems:
-        log.warning("from %s: %s", peer, problem)
-
 
 class OckamHub(Immortal):
     """The stream service, stream workers and the index service of one Ockam node."""
@@ -89,6 +73,21 @@ class OckamHub(Immortal):
         self.hub = StreamHub()
         self.frames_handled = 0
 
+    # -- effects: this incarnation's transport lives in ``self.local`` (not state) --------
+
+    def _send(self, connection: bytes, wire: bytes) -> None:
+        transport: HubTransport | None = getattr(self.local, "transport", None)
+        if transport is not None:
+            transport.write(connection, wire)
+
+    def _report(self, peer: str, problems: list[str]) -> None:
+        transport: HubTransport | None = getattr(self.local, "transport", None)
+        if transport is not None:
+            transport.report(peer, problems)  # rate-limited per source
+            return
+        for problem in problems:
+            log.warning("from %s: %s", peer, problem)
+
     @rpc
     def configure(self, config: HubConfig) -> None:
         """Take the configuration the hub was started with (a logged impulse)."""
@@ -104,15 +103,14 @@ class OckamHub(Immortal):
             self.frames_handled += len(frames)
             wire = replies.wire
             if replies.problems:
-                self.effect(_report, peer, list(replies.problems))
+                self.effect(self._report, peer, list(replies.problems))
         finally:
             # Answered even with nothing (or if handling failed): the transport reads
             # the connection again only once its impulses are answered.
-            self.effect(_send, via.value, wire)
+            self.effect(self._send, via.value, wire)
 
     @background
     async def serve(self) -> None:
-        global _transport
         opts = self.options if self.options is not None else self.make_options()
         try:
             config = HubConfig(
@@ -130,7 +128,7 @@ class OckamHub(Immortal):
             self.impulse.configure(config)  # logged before any frame of this incarnation
         transport = HubTransport(self.impulse.frames, limits)
         await transport.start(host, port)
-        _transport = transport
+        self.local.transport = transport
         host, port = transport.address
         print(
             f"ockam hub listening on {host}:{port} ({config.dialect.value})",
@@ -140,7 +138,7 @@ class OckamHub(Immortal):
         try:
             await asyncio.Event().wait()  # serve until the binding stops
         finally:
-            _transport = None
+            self.local.transport = None
             transport.close()
 
 

@@ -426,18 +426,6 @@ class ConnectorEdge:
         await self._source.close()
 
 
-# This incarnation's edge: not state (connections die with the process).
-_edge: ConnectorEdge | None = None
-
-
-def _apply(actions: Actions) -> None:
-    if _edge is not None:
-        _edge.apply(actions)
-    else:
-        for problem in actions.problems:
-            log.warning("%s", problem)
-
-
 class WallarooConnector(Immortal):
     """A Wallaroo source connector: a replayable source's streams to a worker."""
 
@@ -454,7 +442,17 @@ class WallarooConnector(Immortal):
 
     def _out(self, actions: Actions) -> None:
         if actions.actions or actions.problems:
-            self.effect(_apply, actions)
+            self.effect(self._apply, actions)
+
+    def _apply(self, actions: Actions) -> None:
+        """Carry out what a handler decided (an effect), through this incarnation's edge,
+        which lives in ``self.local`` (not state)."""
+        edge: ConnectorEdge | None = getattr(self.local, "edge", None)
+        if edge is not None:
+            edge.apply(actions)
+        else:
+            for problem in actions.problems:
+                log.warning("%s", problem)
 
     # -- the edge's impulses ---------------------------------------------------------------
 
@@ -499,7 +497,6 @@ class WallarooConnector(Immortal):
 
     @background
     async def run(self) -> None:
-        global _edge
         opts = self.options if self.options is not None else self.make_options()
         try:
             if not opts.source:
@@ -517,7 +514,7 @@ class WallarooConnector(Immortal):
             raise SystemExit(f"wallaroo connector: {exc}") from None
         incarnation = os.urandom(4).hex()
         edge = ConnectorEdge(self.impulse, incarnation, config, source, float(opts.backoff_max))
-        _edge = edge  # before the start impulse: its effect dials through the edge
+        self.local.edge = edge  # before the start impulse: its effect dials through the edge
         self.impulse.start(incarnation, config)  # logged before anything of this incarnation
         print(
             f"wallaroo connector {self.instance_name}: {opts.source} -> {opts.worker} "
@@ -528,5 +525,5 @@ class WallarooConnector(Immortal):
         try:
             await asyncio.Event().wait()  # run until the binding stops
         finally:
-            _edge = None
+            self.local.edge = None
             await edge.close()

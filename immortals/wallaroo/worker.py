@@ -51,24 +51,6 @@ __all__ = ["WallarooWorker"]
 
 log = logging.getLogger("immortals.wallaroo.worker")
 
-# This incarnation's edges: not state (connections die with the process).
-_transport: WorkerTransport | None = None
-_control: ControlServer | None = None
-
-
-def _deliver(replies: Replies) -> None:
-    """Write the replies a handler produced, and log its problems (an effect)."""
-    for problem in replies.problems:
-        log.warning("%s", problem)
-    if _transport is not None:
-        for send in replies.sends:
-            _transport.write(send.conn, send.wire, send.close)
-
-
-def _answer(request: int, reply: dict[str, Any]) -> None:
-    if _control is not None:
-        _control.answer(request, reply)
-
 
 class WallarooWorker(Immortal):
     """A Wallaroo worker: connectors' streams in, the application's state kept."""
@@ -112,9 +94,25 @@ class WallarooWorker(Immortal):
     def __init__(self) -> None:
         self.core = WorkerCore()
 
+    # -- effects: this incarnation's edges live in ``self.local`` (not state) -------------
+
+    def _deliver(self, replies: Replies) -> None:
+        """Write the replies a handler produced, and log its problems."""
+        for problem in replies.problems:
+            log.warning("%s", problem)
+        transport: WorkerTransport | None = getattr(self.local, "transport", None)
+        if transport is not None:
+            for send in replies.sends:
+                transport.write(send.conn, send.wire, send.close)
+
+    def _answer(self, request: int, reply: dict[str, Any]) -> None:
+        control: ControlServer | None = getattr(self.local, "control", None)
+        if control is not None:
+            control.answer(request, reply)
+
     def _out(self, replies: Replies) -> None:
         if replies.sends or replies.problems:
-            self.effect(_deliver, replies)
+            self.effect(self._deliver, replies)
         for call in replies.calls:  # a move's hand-off: to the other worker, exactly once
             peer = self.proxy(call.peer, WallarooWorker)
             getattr(peer, call.method).fork(self.instance_name, *call.args)
@@ -154,10 +152,10 @@ class WallarooWorker(Immortal):
             sid = self._stream_id(stream)
             replies = self.core.nack(sid, point)
         except ValueError as exc:
-            self.effect(_answer, request, {"ok": False, "error": str(exc)})
+            self.effect(self._answer, request, {"ok": False, "error": str(exc)})
             return
         self._out(replies)
-        self.effect(_answer, request, {"ok": True, "stream_id": sid, "point": point})
+        self.effect(self._answer, request, {"ok": True, "stream_id": sid, "point": point})
 
     @rpc
     def move(self, request: int, target: str, instance: str = "") -> None:
@@ -169,11 +167,11 @@ class WallarooWorker(Immortal):
             host, port = parse_host_port(target)
             replies = self.core.begin_move(host, port, instance)
         except ValueError as exc:
-            self.effect(_answer, request, {"ok": False, "error": str(exc)})
+            self.effect(self._answer, request, {"ok": False, "error": str(exc)})
             return
         self._out(replies)
         answer = {"ok": True, "streams": len(self.core.streams), "to": instance}
-        self.effect(_answer, request, answer)
+        self.effect(self._answer, request, answer)
 
     # -- another worker's calls: a move's hand-off (handoff.py) ----------------------------
 
@@ -216,13 +214,13 @@ class WallarooWorker(Immortal):
     def _status(self) -> dict[str, Any]:
         """The state for operators, with the connectors' port's counts (not state)."""
         status = self.core.status()
-        if _transport is not None:
-            status["edge"] = _transport.stats()
+        transport: WorkerTransport | None = getattr(self.local, "transport", None)
+        if transport is not None:
+            status["edge"] = transport.stats()
         return status
 
     @background
     async def serve(self) -> None:
-        global _transport, _control
         opts = self.options if self.options is not None else self.make_options()
         try:
             config = WorkerConfig(
@@ -244,13 +242,13 @@ class WallarooWorker(Immortal):
         self.impulse.start(incarnation, config)  # logged before any frame of this incarnation
         transport = WorkerTransport(self.impulse, incarnation, config, limits)
         await transport.start(host, port)
-        _transport = transport
+        self.local.transport = transport
         where = "{}:{}".format(*transport.address)
         control = None
         if control_at is not None:
             control = ControlServer(opts.cookie, self._status, self._command, control_limits)
             await control.start(*control_at)
-            _control = control
+            self.local.control = control
             where += " control {}:{}".format(*control.address)
         print(
             f"wallaroo worker listening on {where} ({config.dialect.value})",
@@ -260,7 +258,7 @@ class WallarooWorker(Immortal):
         try:
             await asyncio.Event().wait()  # serve until the binding stops
         finally:
-            _transport = _control = None
+            self.local.transport = self.local.control = None
             transport.close()
             if control is not None:
                 control.close()
