@@ -9,8 +9,8 @@ import socket
 
 from ambrosia_py.testing import free_port
 from immortals.wallaroo import Dialect
-from immortals.wallaroo.connector import ConnectorEdge
 from immortals.wallaroo.connector_actions import Actions, ConnectorConfig, Dial
+from immortals.wallaroo.connector_transport import ConnectorEdge
 from immortals.wallaroo.sources import open_source
 
 

@@ -24,7 +24,6 @@ import struct
 from typing import Any
 
 from immortals.wallaroo import Dialect
-from immortals.wallaroo.connector import ConnectorEdge
 from immortals.wallaroo.connector_actions import (
     Action,
     Close,
@@ -38,6 +37,7 @@ from immortals.wallaroo.connector_actions import (
     granted,
 )
 from immortals.wallaroo.connector_core import ConnectorCore
+from immortals.wallaroo.connector_transport import ConnectorEdge
 from immortals.wallaroo.sources import generate, open_source
 from immortals.wallaroo.transport import split_frames
 from immortals.wallaroo.worker_core import WorkerConfig, WorkerCore
