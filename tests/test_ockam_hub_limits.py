@@ -239,7 +239,9 @@ async def test_idle_connections_are_held_at_the_cap_and_honest_clients_get_in(
             stream = await honest_client.create("honest")
             assert await honest_client.push(stream, b"in") == 0
             most = max(most, held_connections(pid, hub.port))
-            assert most == cap
+            # A newcomer is accepted and the oldest pending dropped in one step, but asyncio
+            # closes a dropped socket on the loop's next turn: a sample may catch both.
+            assert cap <= most <= cap + 1
             states = [tcp_state(s) for s in idle]
             # The newest flood connections are the ones held; the oldest were evicted.
             assert all(s == _ESTABLISHED for s in states[flood - cap + 1 :])

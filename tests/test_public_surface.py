@@ -55,6 +55,7 @@ MEMBERS = {
         "effect",
         "impulse",
         "instance_name",
+        "local",
         "make_options",
         "me",
         "on_first_start",
