@@ -10,6 +10,15 @@ STAMP_BENCH := $(VENV)/.installed-dev-spark-bench
 # test`), and elsewhere run the pure-Python twins.
 ACCEL := setup.py $(wildcard ambrosia_py/*/_c*.c)
 REQUIRE_ACCEL := $(if $(shell command -v cc 2>/dev/null),1,0)
+# They build against OpenSSL's libcrypto (HMAC-SHA256) and the system's xxHash (XXH64,
+# XXH3): where a compiler is found and those headers are not, an install step fetches
+# Debian's packages first, and says so in one line.
+ACCEL_DEBS := libssl-dev libxxhash-dev
+ACCEL_DEPS = if [ $(REQUIRE_ACCEL) = 1 ] && command -v apt-get >/dev/null && \
+	! dpkg -s $(ACCEL_DEBS) >/dev/null 2>&1; then \
+	echo "installing $(ACCEL_DEBS): the C accelerators' OpenSSL and xxHash headers"; \
+	{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	$(ACCEL_DEBS); } >/dev/null 2>&1 || echo "apt-get failed: the accelerators will not build"; fi
 
 .PHONY: demo test lint typecheck unit bench clean
 
@@ -20,6 +29,7 @@ $(BIN)/python:
 # After pyproject.toml changes the install is redone: its entry points (the plug-ins of
 # immortals/, docs/architecture.md) live in the installed metadata, not in the source.
 $(STAMP_DEV): $(BIN)/python pyproject.toml $(ACCEL)
+	@$(ACCEL_DEPS)
 	$(BIN)/pip install --quiet -e '.[dev,spark]'
 	touch $@
 
@@ -50,6 +60,7 @@ unit: $(STAMP_DEV)
 # Ours beside the peers (gRPC, DBOS: the `bench` extra) and this machine's limits, in one
 # run (docs/performance.md); `make bench BENCH_ARGS=--quick` for a fast check.
 $(STAMP_BENCH): $(BIN)/python pyproject.toml $(ACCEL)
+	@$(ACCEL_DEPS)
 	$(BIN)/pip install --quiet -e '.[dev,spark,bench]'
 	touch $@
 

@@ -31,6 +31,7 @@ def load(name: str) -> ModuleType | None:
         if os.environ.get(REQUIRE_ENV, "") not in ("", "0"):
             raise ImportError(
                 f"{name} is not built ({exc}); {REQUIRE_ENV} asks for it: install with a C "
-                "compiler and the Python headers (pip install -e . builds it)"
+                "compiler, the Python headers, and OpenSSL's and xxHash's (Debian: "
+                "libssl-dev, libxxhash-dev; `make` installs them; pip install -e . builds it)"
             ) from exc
         return None

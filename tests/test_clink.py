@@ -1,9 +1,10 @@
 """The C accelerator ``ambrosia_py.coordinator._clink`` against independent references.
 
-Its HMAC-SHA256 against the standard library's; the frames it seals against frames built
-from the layouts in ``tests/link_peer.py`` (no project code); what it opens against the
-Python path (the flow reader, then ``LinkChannel.open``) on good frames and on every kind
-of damage: it opens exactly what that path opens, alone in one read, and nothing else.
+Its HMAC-SHA256 (OpenSSL's, called from C) against the standard library's; the frames it
+seals against frames built from the layouts in ``tests/link_peer.py`` (no project code);
+what it opens against the Python path (the flow reader, then ``LinkChannel.open``) on
+good frames and on every kind of damage: it opens exactly what that path opens, alone in
+one read, and nothing else.
 Then the link connection that uses it, over a real socket, one frame per read.
 """
 
@@ -60,7 +61,24 @@ def _keys(key: bytes, sent: int = 0, received: int = 0) -> Keys:
 def test_hmac_is_the_standard_librarys(key: bytes, data: bytes) -> None:
     clink = link_auth._clink
     assert clink is not None
-    assert clink.hmac(clink.mac_state(key), data) == hmac.new(key, data, hashlib.sha256).digest()
+    state = clink.mac_state(key)
+    assert clink.hmac(state, data) == hmac.new(key, data, hashlib.sha256).digest()
+    # The keyed context serves message after message.
+    assert clink.hmac(state, data[::-1]) == hmac.new(key, data[::-1], hashlib.sha256).digest()
+
+
+@needs_clink
+def test_a_mac_state_is_only_what_mac_state_made() -> None:
+    clink = link_auth._clink
+    assert clink is not None
+    with pytest.raises(TypeError, match="MAC state"):
+        clink.hmac(bytes(64), b"data")
+    frame = LinkChannel(send_key=KEY, receive_key=KEY).seal_frame(LINK, (b"x",), LIMIT)
+    assert frame is not None
+    with pytest.raises(TypeError, match="MAC state"):
+        clink.open_frame(frame, LIMIT, None, 0, LINK.first, LINK.second)
+    with pytest.raises(TypeError, match="MAC state"):
+        clink.seal_frame((b"x",), LIMIT, "key", 0, LINK.first, LINK.second)
 
 
 @needs_clink

@@ -241,9 +241,9 @@ def test_tags_are_the_hmac_of_counter_token_and_message_whatever_its_size(
 
 @given(key=st.binary(max_size=150), parts=st.lists(st.binary(max_size=300), max_size=4))
 def test_a_keyed_mac_is_hmac_sha256_for_any_key_and_parts(key: bytes, parts: list[bytes]) -> None:
-    """The padded key states hashed once give RFC 2104's HMAC: keys shorter than SHA-256's
-    block, as long, and longer (hashed first), messages in any number of parts; and the
-    same object gives it again for the next message."""
+    """Keyed once, it gives the one-shot HMAC: keys shorter than SHA-256's block, as long,
+    and longer, messages in any number of parts; and the same object gives it again for
+    the next message."""
     keyed = KeyedMac(key)
     assert keyed.digest(*parts) == hmac.digest(key, b"".join(parts), "sha256")
     assert keyed.digest(b"next", *parts) == hmac.digest(key, b"".join([b"next", *parts]), "sha256")

@@ -37,9 +37,6 @@ import hmac
 import secrets
 import struct
 from collections.abc import Sequence
-from types import ModuleType
-
-import xxhash
 
 from .. import accel
 from ..flow import WELL_KNOWN_FIRST, Token
@@ -82,15 +79,9 @@ _KEY_TO_DIALER = b"ambrosia-link-v1 key acceptor->dialer"
 _COUNTER = struct.Struct("<Q")
 
 
-def _load_clink() -> ModuleType | None:
-    """The C twin of a small frame's flow and tag work (``_clink.c``), or None."""
-    module = accel.load("ambrosia_py.coordinator._clink")
-    if module is not None:
-        module.init(xxhash.xxh3_64_intdigest)
-    return module
-
-
-_clink = _load_clink()
+# The C twin of a small frame's flow and tag work (``_clink.c``: OpenSSL's HMAC and
+# libxxhash's XXH3 called from C), or None.
+_clink = accel.load("ambrosia_py.coordinator._clink")
 
 
 class LinkAuthError(LinkError):
@@ -149,38 +140,24 @@ def _mac(key: bytes, *parts: Buffer) -> bytes:
     return KeyedMac(key).digest(*parts)
 
 
-# RFC 2104's inner and outer key pads, as translation tables (the stdlib hmac's way).
-_PAD_INNER = bytes(x ^ 0x36 for x in range(256))
-_PAD_OUTER = bytes(x ^ 0x5C for x in range(256))
-_SHA256_BLOCK = 64
-
-
 class KeyedMac:
-    """HMAC-SHA256 under one key, for every frame of a link direction.
-
-    The padded key is hashed once, here; each tag is then two copies of those states and
-    a few updates. A one-shot ``hmac.digest`` sets the key up again on every call, which
-    for a small frame costs more than the tag itself, the more so where a coordinator
-    wakes for one frame with its caches cold.
+    """HMAC-SHA256 under one key, for every frame of a link direction: the standard
+    library's (OpenSSL's HMAC), keyed once here; each tag is then a copy of the keyed
+    state and a few updates, where a one-shot ``hmac.digest`` would set the key up again
+    on every call and need the parts joined first.
     """
 
-    __slots__ = ("_inner", "_outer")
+    __slots__ = ("_keyed",)
 
     def __init__(self, key: bytes) -> None:
-        if len(key) > _SHA256_BLOCK:
-            key = hashlib.sha256(key).digest()
-        key = key.ljust(_SHA256_BLOCK, b"\0")
-        self._inner = hashlib.sha256(key.translate(_PAD_INNER))
-        self._outer = hashlib.sha256(key.translate(_PAD_OUTER))
+        self._keyed = hmac.new(key, digestmod=hashlib.sha256)
 
     def digest(self, *parts: Buffer) -> bytes:
         """HMAC-SHA256 of the parts, as one message."""
-        inner = self._inner.copy()
+        mac = self._keyed.copy()
         for part in parts:
-            inner.update(part)
-        outer = self._outer.copy()
-        outer.update(inner.digest())
-        return outer.digest()
+            mac.update(part)
+        return mac.digest()
 
 
 class LinkHandshake:
@@ -338,7 +315,7 @@ class LinkChannel:
         self._receive_mac = KeyedMac(receive_key)
         self._sent = 0
         self._received = 0
-        # The keys' states for the C twin of the frame work (open_frame, seal_frame).
+        # The keyed contexts of the C twin of the frame work (open_frame, seal_frame).
         self._send_state = _clink.mac_state(send_key) if _clink is not None else None
         self._receive_state = _clink.mac_state(receive_key) if _clink is not None else None
 

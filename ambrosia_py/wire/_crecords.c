@@ -7,7 +7,7 @@
  * name, a record of 64 KiB or more) these functions stop *before* that record and the
  * caller's pure-Python path reads it, so errors, messages and offsets are the twin's.
  *
- * XXH64 is written from its published description (seed 0 here, any seed supported).
+ * The check bytes are XXH64 (seed 0), the system's libxxhash (setup.py links it).
  *
  * Results are the twin's attrs classes (given once to configure()). They are filled in
  * without running their generated __init__ (allocation, then the slots set through the
@@ -20,7 +20,27 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "xxh64.h"
+#include <xxhash.h>
+
+static inline uint64_t rd64(const unsigned char *p)
+{
+    uint64_t v;
+    memcpy(&v, p, 8);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    v = __builtin_bswap64(v);
+#endif
+    return v;
+}
+
+static inline uint32_t rd32(const unsigned char *p)
+{
+    uint32_t v;
+    memcpy(&v, p, 4);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    v = __builtin_bswap32(v);
+#endif
+    return v;
+}
 
 /* ---- configuration: the twin's classes --------------------------------------------- */
 
@@ -247,7 +267,7 @@ static int clean_head(const Ctx *c, Py_ssize_t at, Head *r)
             if (check != 0)
                 return 0;
         }
-        else if (xxh64(h + HEADER_SIZE, (size_t)(length - HEADER_SIZE), 0) != check)
+        else if (XXH64(h + HEADER_SIZE, (size_t)(length - HEADER_SIZE), 0) != check)
             return 0;
     }
     r->committer = committer;
@@ -532,14 +552,14 @@ static PyObject *py_xxh64(PyObject *self, PyObject *arg)
         return NULL;
     uint64_t h;
     Py_BEGIN_ALLOW_THREADS;
-    h = xxh64((const unsigned char *)view.buf, (size_t)view.len, 0);
+    h = XXH64(view.buf, (size_t)view.len, 0);
     Py_END_ALLOW_THREADS;
     PyBuffer_Release(&view);
     return PyLong_FromUnsignedLongLong(h);
 }
 
 static PyMethodDef methods[] = {
-    {"xxh64", py_xxh64, METH_O, "XXH64 (seed 0) of a buffer, as an int."},
+    {"xxh64", py_xxh64, METH_O, "XXH64 (seed 0) of a buffer, as an int (libxxhash's)."},
     {"configure", (PyCFunction)(void (*)(void))py_configure, METH_FASTCALL,
      "configure(RecordHeader, RawRecord, DiskRecordTail, Watermark, TrimWatermark)"},
     {"take_raws", (PyCFunction)(void (*)(void))py_take_raws, METH_FASTCALL,
