@@ -25,7 +25,7 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterable
 from typing import Final, Protocol
 
 from ambrosia_py.serving import ConnectionLimits, OutputStalled, limit_output, wait_for_room
@@ -104,6 +104,11 @@ class _Link:
         self.runs: dict[int, _Run] = {}
         self.wake = asyncio.Event()  # credits came or the queue emptied
         self.closed = asyncio.Event()
+
+    def send_charged(self, frames: Iterable[bytes]) -> None:
+        """Queue control frames that cost a credit each; they go before messages."""
+        self.queue.extend(frames)
+        self.flush()
 
     def flush(self) -> None:
         """Write the queued control frames the credits allow; they go before messages."""
@@ -193,8 +198,7 @@ class ConnectorEdge:
         if link is None:
             return  # the connection has gone; the core hears of it through ``closed``
         if w.charged:
-            link.queue.extend(w.frames)
-            link.flush()
+            link.send_charged(w.frames)
         else:
             link.writer.write(b"".join(w.frames))
 
@@ -306,8 +310,7 @@ class ConnectorEdge:
         if link is not None and run is not None and run.lead:
             # Stopped before its first read: its NOTIFY still answers a NACK on the stack
             # (seed 000: each NACK needs a NOTIFY), ahead of what the next reader sends.
-            link.queue.append(run.lead)
-            link.flush()
+            link.send_charged((run.lead,))
         return run
 
     def _halt(self, h: Halt) -> None:
@@ -377,9 +380,8 @@ class ConnectorEdge:
                 pending.extend(batch.records)
                 end = batch.end
                 if run.lead:  # the source reads from the point: its NOTIFY first (D5)
-                    link.queue.append(run.lead)
+                    link.send_charged((run.lead,))
                     run.lead = b""
-                    link.flush()
                 continue
             await wait_for_room(link.writer, LIMITS)
             n = await link.take(len(pending))

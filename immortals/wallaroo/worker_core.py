@@ -98,6 +98,7 @@ from .states import (
 from .worker_config import App, WorkerConfig, hello_refusal, load_app
 from .worker_move import Moving
 from .worker_state import (
+    LIVE,
     NOTHING,
     Batch,
     Connection,
@@ -122,7 +123,6 @@ __all__ = [
 
 _W = Role.WORKER
 _CS, _SS, _K = ConnectionState, StreamState, FrameKind
-_LIVE: Final = frozenset({_CS.STREAMING, _CS.MIGRATING})  # where frames cost credits
 _NO_IDENTITY: Final = MessageFlags.EPHEMERAL | MessageFlags.UNSTABLE_REFERENCE
 _MAX_REASON: Final = 2000  # characters of an ERROR reason (the seed: "a short reason")
 _OK_POINTS: Final = (DEFAULT_MAX_FRAME_BYTES - 5) // 16  # pairs that fit a default-size OK
@@ -298,7 +298,7 @@ class WorkerCore(Moving):
 
     def _frame(self, conn: str, c: Connection, frame: Frame, offset: int, batch: Batch) -> None:
         kind = kind_of(frame)
-        if c.machine.state in _LIVE and kind is not _K.ERROR:
+        if c.machine.state in LIVE and kind is not _K.ERROR:
             if c.credits <= 0:
                 raise NoCreditsError(self.config.dialect.value, type(frame).__name__, offset)
             c.credits -= 1
@@ -455,7 +455,7 @@ class WorkerCore(Moving):
         """Answer ERROR (after an ACK of what the read moved) and close (seed 000)."""
         if len(reason) > _MAX_REASON:
             reason = reason[: _MAX_REASON - 3] + "..."
-        if batch.acks and c.machine.state in _LIVE:
+        if batch.acks and c.machine.state in LIVE:
             ack = Ack(0, tuple(batch.acks.items()))
             c.machine.send(ack)
             batch.frames.append(ack)
@@ -467,7 +467,7 @@ class WorkerCore(Moving):
         batch.close = True
 
     def _finish(self, conn: str, c: Connection, batch: Batch) -> Replies:
-        if not batch.close and c.machine.state in _LIVE:
+        if not batch.close and c.machine.state in LIVE:
             cfg = self.config
             grant = cfg.max_credits - c.credits if c.credits <= cfg.refill_credits else 0
             if grant or batch.acks:

@@ -11,13 +11,12 @@ from .frames import Ack, Frame, Migrate, Restart
 from .handoff import Call, Handed, Move
 from .states import ConnectionState, Role, StreamMachine, StreamState
 from .worker_config import WorkerConfig
-from .worker_state import Connection, Replies, Send, Stream
+from .worker_state import LIVE, Connection, Replies, Send, Stream
 
 __all__ = ["Moving"]
 
 _W = Role.WORKER
 _CS = ConnectionState
-_LIVE = frozenset({_CS.STREAMING, _CS.MIGRATING})
 
 
 class Moving:
@@ -98,7 +97,7 @@ class Moving:
         conn, acks = m.held.pop(batch)
         done = (f"every stream moved to {m.peer}",) if m.done(len(self.streams)) else ()
         c = self.connections.get(conn) if conn is not None else None
-        if conn is None or c is None or not acks or c.machine.state not in _LIVE:
+        if conn is None or c is None or not acks or c.machine.state not in LIVE:
             return Replies((), done)
         ack = Ack(0, acks)
         c.machine.send(ack)

@@ -12,9 +12,10 @@ from .codec import NOTHING_SEEN
 from .errors import ProtocolError
 from .frames import Frame
 from .handoff import Call
-from .states import ConnectionMachine, Role, StreamMachine
+from .states import ConnectionMachine, ConnectionState, Role, StreamMachine
 
 __all__ = [
+    "LIVE",
     "NOTHING",
     "Batch",
     "Connection",
@@ -26,6 +27,8 @@ __all__ = [
 ]
 
 _W = Role.WORKER
+LIVE: Final = frozenset({ConnectionState.STREAMING, ConnectionState.MIGRATING})
+"""The connection states in which frames cost credits and ACKs may be sent."""
 
 
 class NoCreditsError(ProtocolError):
