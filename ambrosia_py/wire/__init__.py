@@ -4,6 +4,7 @@ Varints, message types, log records in wire and on-disk form, and incremental re
 Nothing here touches a socket, a file or a clock.
 """
 
+from .buffer import DEFAULT_MAX_CHECKPOINT_SIZE, DEFAULT_MAX_MESSAGE_SIZE
 from .decoding import decode_message, decode_messages
 from .errors import (
     BatchCountError,
@@ -19,6 +20,7 @@ from .errors import (
     UnknownMessageTypeError,
     VarintTooLongError,
 )
+from .message_reader import MessageReader, RawMessage
 from .messages import (
     AttachTo,
     BecomingPrimary,
@@ -52,14 +54,7 @@ from .messages import (
     encode_messages_parts,
     frame_parts,
 )
-from .reader import (
-    DEFAULT_MAX_CHECKPOINT_SIZE,
-    DEFAULT_MAX_MESSAGE_SIZE,
-    MessageReader,
-    RawMessage,
-    RawRecord,
-    RecordReader,
-)
+from .reader import RawRecord, RecordReader
 from .records import (
     CHECKPOINT_SEQ,
     CONTROL_SEQ,
