@@ -49,7 +49,7 @@ HASH_SEED_ENV = "PYTHONHASHSEED"
 _AGAIN_ENV = "AMBROSIA_PY_UNDER_INSTANCE_SEED"
 SEED_SUFFIX = ".hash-seed"
 # ``--data-dir``'s variable and default, here because this module imports nothing
-# (``cli/options.py`` and ``coordinator/data_dir.py`` take them from here).
+# (``cli/options.py`` and ``coordinator/storage/data_dir.py`` take them from here).
 DATA_DIR_ENV = "AMBROSIA_DATA_DIR"
 DEFAULT_DATA_DIR = Path("ambrosia-data")
 # The commands that run an instance's handlers, under its hash seed.

@@ -1,7 +1,7 @@
 """Buffers written as they are, never joined: the queue a socket sends them from.
 
 Shared by the binding's sockets (``binding/socket_io.py``), the coordinator's socket to
-its binding (``coordinator/binding_link.py``) and its log files (``storage.py``).
+its binding (``coordinator/core/binding_link.py``) and its log files (``storage.py``).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Flow framing from shared/reference/flow-transport.md; the handshake and tags from the
 layout in docs/security.md (*The link handshake, byte by byte*); the link hello from
-coordinator/links.py. :class:`Peer` dials a coordinator's link endpoint, :class:`Receiver`
+coordinator/links/protocol.py. :class:`Peer` dials a coordinator's link endpoint, :class:`Receiver`
 stands in for a destination's coordinator.
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import xxhash
 
-from ambrosia_py.coordinator.registry import Registry
+from ambrosia_py.coordinator.registry.store import Registry
 from tests.fake_binding import frame, unzz, zz
 
 DEADLINE = 30

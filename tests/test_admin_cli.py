@@ -12,8 +12,8 @@ from click.testing import CliRunner, Result
 
 from ambrosia_py import wire
 from ambrosia_py.cli import main
-from ambrosia_py.coordinator.registry import Registry
-from ambrosia_py.coordinator.storage import InstanceFiles
+from ambrosia_py.coordinator.registry.store import Registry
+from ambrosia_py.coordinator.storage.files import InstanceFiles
 
 COMMITTER = 7
 
@@ -227,7 +227,7 @@ def test_log_prune_needs_a_version_or_registration(files: InstanceFiles) -> None
 
 HOLDER = """
 import sys, pathlib
-from ambrosia_py.coordinator.storage import InstanceFiles
+from ambrosia_py.coordinator.storage.files import InstanceFiles
 files = InstanceFiles(pathlib.Path(sys.argv[1]), "svc", 0)
 files.acquire_lock()
 print("locked", flush=True)

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import pytest
 
-from ambrosia_py.coordinator.binding_link import BindingLink
+from ambrosia_py.coordinator.core.binding_link import BindingLink
 
 
 def _link() -> tuple[BindingLink, socket.socket]:

@@ -27,10 +27,10 @@ from ambrosia_py import Immortal, rpc
 from ambrosia_py.binding import Dispatcher, RemoteError, UnknownMethodError
 from ambrosia_py.binding import codec as binding_codec
 from ambrosia_py.binding.checkpoint import decode_snapshot
-from ambrosia_py.coordinator.binding_auth import Socket, TokenGate, encode_preamble
-from ambrosia_py.coordinator.binding_link import MAX_UNPROVEN, Listener
-from ambrosia_py.coordinator.ic_core import Intake
-from ambrosia_py.coordinator.links import LinkError
+from ambrosia_py.coordinator.core.binding_auth import Socket, TokenGate, encode_preamble
+from ambrosia_py.coordinator.core.binding_link import MAX_UNPROVEN, Listener
+from ambrosia_py.coordinator.core.intake import Intake
+from ambrosia_py.coordinator.links.protocol import LinkError
 from ambrosia_py.testing import readline_within
 from ambrosia_py.testing.runner import ImmortalRunner, RunningImmortal
 from ambrosia_py.wire import (

@@ -17,7 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ambrosia_py import accel, wire
-from ambrosia_py.coordinator import routing
+from ambrosia_py.coordinator.core import routing
 from ambrosia_py.wire import (
     Direction,
     IncomingReturnValue,

@@ -1,4 +1,4 @@
-"""The C accelerator ``ambrosia_py.coordinator._clink`` against independent references.
+"""The C accelerator ``ambrosia_py.coordinator.links._clink`` against independent references.
 
 Its HMAC-SHA256 (OpenSSL's, called from C) against the standard library's; the frames it
 seals against frames built from the layouts in ``tests/link_peer.py`` (no project code);
@@ -21,16 +21,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ambrosia_py.coordinator import link_auth
-from ambrosia_py.coordinator.link_auth import LinkAuthError, LinkChannel
-from ambrosia_py.coordinator.links import LINK_TOKEN as LINK
+from ambrosia_py.coordinator.links import auth as link_auth
+from ambrosia_py.coordinator.links.auth import LinkAuthError, LinkChannel
+from ambrosia_py.coordinator.links.protocol import LINK_TOKEN as LINK
 from ambrosia_py.flow import FlowError, FrameReader, Token
 from ambrosia_py.flow.errors import ChecksumError
 from tests.accel_state import PURE, skip_unless_built
 from tests.link_peer import LINK_TOKEN, PING_TOKEN, Keys, connect_packet, flow_frame
 from tests.test_link_conn import _open, _pair, _tagged
 
-_NAME = "ambrosia_py.coordinator._clink"
+_NAME = "ambrosia_py.coordinator.links._clink"
 KEY = bytes(range(32))
 LIMIT = 1 << 20
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from ambrosia_py.coordinator.commit import INLINE_MAX_BYTES, CommitPipeline
-from ambrosia_py.coordinator.storage import LogWriter, StorageError
+from ambrosia_py.coordinator.core.commit import INLINE_MAX_BYTES, CommitPipeline
+from ambrosia_py.coordinator.storage.files import LogWriter, StorageError
 
 
 class _RecordingWriter(LogWriter):

@@ -1,5 +1,5 @@
 """A coordinator's link endpoint, driven by a raw peer that speaks bytes built here from the
-layouts (flow: reference flow-transport.md; link: coordinator/links.py): ReplayFrom where
+layouts (flow: reference flow-transport.md; link: coordinator/links/protocol.py): ReplayFrom where
 the sender must resume — also after a crash, from the log's watermarks and from a
 checkpoint — Commit once input is durable, and bad peers disconnected with nothing logged.
 """
@@ -10,7 +10,7 @@ import struct
 import time
 from pathlib import Path
 
-from ambrosia_py.coordinator.registry import Registry
+from ambrosia_py.coordinator.registry.store import Registry
 from tests.fake_binding import (
     FakeBinding,
     checkpoint,

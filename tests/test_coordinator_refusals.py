@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ambrosia_py.coordinator.storage import log_data_size
+from ambrosia_py.coordinator.storage.files import log_data_size
 from ambrosia_py.testing import readline_within
 from ambrosia_py.wire import logfile
 from tests.fake_binding import (

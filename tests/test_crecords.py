@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ambrosia_py import accel, wire
-from ambrosia_py.coordinator.logscan import LogScan
+from ambrosia_py.coordinator.storage.scan import LogScan
 from ambrosia_py.wire import reader as reader_mod
 
 C = reader_mod._crecords

@@ -33,10 +33,10 @@ import attrs
 import pytest
 import xxhash
 
-from ambrosia_py.coordinator.binding_link import BindingLink
-from ambrosia_py.coordinator.ic_core import IcState
-from ambrosia_py.coordinator.log_replay import Replayed, replay_log
-from ambrosia_py.coordinator.storage import InstanceFiles
+from ambrosia_py.coordinator.core.binding_link import BindingLink
+from ambrosia_py.coordinator.core.intake import IcState
+from ambrosia_py.coordinator.storage.files import InstanceFiles
+from ambrosia_py.coordinator.storage.replay import Replayed, replay_log
 from tests.fake_binding import checkpoint, coordinator, frame
 
 INSTANCE = "vec"

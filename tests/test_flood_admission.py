@@ -28,7 +28,7 @@ from ambrosia_py import Immortal, rpc
 from ambrosia_py.binding.loading import load_service
 from ambrosia_py.client import Client
 from ambrosia_py.client.calls import encode_call, method_spec
-from ambrosia_py.coordinator.registry import Registry
+from ambrosia_py.coordinator.registry.store import Registry
 from ambrosia_py.ingress import ClientConnection, ConnectionState, IngressServer, IngressSettings
 from ambrosia_py.testing import ImmortalRunner, RunningImmortal, ServiceProcess
 from ambrosia_py.testing.processes import wait_for

@@ -1,4 +1,4 @@
-"""The link handshake and frame tags (coordinator/link_auth.py), byte by byte, and every
+"""The link handshake and frame tags (coordinator/links/auth.py), byte by byte, and every
 decoder a peer reaches before it has authenticated, fuzzed: the ConnectPacket parser,
 the frame header reader at the pre-auth limit, and the handshake messages."""
 
@@ -14,7 +14,7 @@ import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ambrosia_py.coordinator.link_auth import (
+from ambrosia_py.coordinator.links.auth import (
     AUTH_TOKEN,
     TAG_SIZE,
     HandshakeState,
@@ -24,8 +24,8 @@ from ambrosia_py.coordinator.link_auth import (
     LinkHandshake,
     Role,
 )
-from ambrosia_py.coordinator.link_config import PRE_AUTH_FRAME_LIMIT
-from ambrosia_py.coordinator.links import LINK_TOKEN
+from ambrosia_py.coordinator.links.config import PRE_AUTH_FRAME_LIMIT
+from ambrosia_py.coordinator.links.protocol import LINK_TOKEN
 from ambrosia_py.flow import (
     FRAME_HEADER_LENGTH,
     ConnectPacket,

@@ -17,7 +17,7 @@ import pytest
 from ambrosia_py import hashseed
 from ambrosia_py.binding.loading import load_service
 from ambrosia_py.client import Client
-from ambrosia_py.coordinator.data_dir import DATA_DIR_ENV, DEFAULT_DATA_DIR
+from ambrosia_py.coordinator.storage.data_dir import DATA_DIR_ENV, DEFAULT_DATA_DIR
 from ambrosia_py.hashseed import SEED_SUFFIX, instance_seed
 from ambrosia_py.testing import ServiceProcess, free_port
 

@@ -3,7 +3,7 @@ calls to other instances, and how the coordinator's checkpoint file keeps attach
 
 The binding's messages are laid out here from the seed (*Message Formats*: AttachTo is
 ``size | 01 | name``; an outgoing RPC ``size | 00 | ZigZagInt dest length | dest |``
-the incoming body), and the checkpoint file from the layout in ``ic_state.IcState``.
+the incoming body), and the checkpoint file from the layout in ``checkpoint.IcState``.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import attrs
 import pytest
 
 from ambrosia_py import wire
-from ambrosia_py.coordinator.ic_core import CheckpointArrived, Intake
-from ambrosia_py.coordinator.ic_state import IcState, StateFormatError
+from ambrosia_py.coordinator.core.checkpoint import IcState, StateFormatError
+from ambrosia_py.coordinator.core.intake import CheckpointArrived, Intake
 from tests.fake_binding import checkpoint, frame, zz
 
 

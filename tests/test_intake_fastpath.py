@@ -18,9 +18,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ambrosia_py import wire
-from ambrosia_py.coordinator import routing
-from ambrosia_py.coordinator.ic_core import Intake
-from ambrosia_py.coordinator.links import LinkError
+from ambrosia_py.coordinator.core import routing
+from ambrosia_py.coordinator.core.intake import Intake
+from ambrosia_py.coordinator.links.protocol import LinkError
 from ambrosia_py.wire import Direction, IncomingReturnValue, IncomingRpc, MessageReader, RpcType
 
 from .strategies import messages, rpc_messages
@@ -124,8 +124,8 @@ def test_feed_fast_path_matches_on_mangled_bytes(
 
 def _link_general(intake: Intake, sender: str, data: bytes) -> Any:
     with pytest.MonkeyPatch.context() as patch:  # the fast path off: every frame is decoded
-        patch.setattr("ambrosia_py.coordinator.ic_core.split_link_forks", lambda data: None)
-        patch.setattr("ambrosia_py.coordinator.ic_core._ONE_SMALL", 0)
+        patch.setattr("ambrosia_py.coordinator.core.intake.split_link_forks", lambda data: None)
+        patch.setattr("ambrosia_py.coordinator.core.intake._ONE_SMALL", 0)
         return _link(intake, sender, data)
 
 

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from ambrosia_py import wire
-from ambrosia_py.coordinator import peer_links
-from ambrosia_py.coordinator.ic_core import Intake
-from ambrosia_py.coordinator.peer_links import PeerLinks
+from ambrosia_py.coordinator.core.intake import Intake
+from ambrosia_py.coordinator.links import peers as peer_links
+from ambrosia_py.coordinator.links.peers import PeerLinks
 
 DEADLINE = 30
 

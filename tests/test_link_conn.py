@@ -1,4 +1,4 @@
-"""``coordinator/link_conn.py``: one link connection over real sockets, plain and TLS.
+"""``coordinator/links/conn.py``: one link connection over real sockets, plain and TLS.
 
 Frames are built here with the flow framing and tags of ``tests/link_peer.py`` (from the
 layouts, not with project code) and sent from a raw socket; the connection under test
@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from ambrosia_py import eventloop
-from ambrosia_py.coordinator.link_auth import LinkAuthError, LinkChannel
-from ambrosia_py.coordinator.link_config import LinkSettings, tls_contexts
-from ambrosia_py.coordinator.link_conn import FrameHandler, LinkConn, LinkProtocol
+from ambrosia_py.coordinator.links.auth import LinkAuthError, LinkChannel
+from ambrosia_py.coordinator.links.config import LinkSettings, tls_contexts
+from ambrosia_py.coordinator.links.conn import FrameHandler, LinkConn, LinkProtocol
 from ambrosia_py.flow import ConnectPacket, FlowConnection, PeerConnected
 from tests.certs import mutual_tls, needs_openssl
 from tests.link_peer import LINK_TOKEN, PING_TOKEN, Keys, connect_packet, flow_frame

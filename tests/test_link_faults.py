@@ -24,7 +24,7 @@ import pytest
 
 from ambrosia_py import Immortal, rpc
 from ambrosia_py.binding.replay import replay_instance
-from ambrosia_py.coordinator.link_auth import (
+from ambrosia_py.coordinator.links.auth import (
     CHALLENGE_SIZE,
     CONFIRM_SIZE,
     RESPONSE_SIZE,

@@ -22,10 +22,11 @@ from typing import TypeAlias
 
 import pytest
 
-from ambrosia_py.coordinator import link_config, peer_links
-from ambrosia_py.coordinator.ic_core import Intake
-from ambrosia_py.coordinator.links import Outbox
-from ambrosia_py.coordinator.peer_links import PeerLinks
+from ambrosia_py.coordinator.core.intake import Intake
+from ambrosia_py.coordinator.links import config as link_config
+from ambrosia_py.coordinator.links import peers as peer_links
+from ambrosia_py.coordinator.links.peers import PeerLinks
+from ambrosia_py.coordinator.links.protocol import Outbox
 from tests.fake_binding import coordinator, incoming_fork
 from tests.link_peer import (
     DEADLINE,

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from ambrosia_py.coordinator.link_config import LinkSettings, LinkSetupError, load_secret
-from ambrosia_py.coordinator.logscan import LogScan
+from ambrosia_py.coordinator.links.config import LinkSettings, LinkSetupError, load_secret
+from ambrosia_py.coordinator.storage.scan import LogScan
 from ambrosia_py.testing import ImmortalRunner
 from tests.fake_binding import (
     FakeBinding,

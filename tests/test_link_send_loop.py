@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from ambrosia_py.coordinator import peer_links
-from ambrosia_py.coordinator.ic_core import Intake
-from ambrosia_py.coordinator.links import Outbox
-from ambrosia_py.coordinator.peer_links import PeerLinks
+from ambrosia_py.coordinator.core.intake import Intake
+from ambrosia_py.coordinator.links import peers as peer_links
+from ambrosia_py.coordinator.links.peers import PeerLinks
+from ambrosia_py.coordinator.links.protocol import Outbox
 
 
 async def _no_room() -> None:

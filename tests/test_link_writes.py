@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import xxhash
 
-from ambrosia_py.coordinator.link_conn import LinkConn
+from ambrosia_py.coordinator.links.conn import LinkConn
 from ambrosia_py.iov import IOV_MAX
 from tests.certs import needs_openssl
 from tests.link_peer import LINK_TOKEN, PING_TOKEN, Keys

@@ -10,8 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ambrosia_py import wire
-from ambrosia_py.coordinator.ic_core import IcState, Intake, StateFormatError
-from ambrosia_py.coordinator.links import Hello, Inbox, LinkError, Outbox
+from ambrosia_py.coordinator.core.intake import IcState, Intake, StateFormatError
+from ambrosia_py.coordinator.links.protocol import Hello, Inbox, LinkError, Outbox
 from ambrosia_py.wire import AttachTo, IncomingRpc, OutgoingRpc, RpcType, encode_message
 
 

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ambrosia_py import wire
-from ambrosia_py.coordinator.storage import (
+from ambrosia_py.coordinator.storage.files import (
     PREALLOCATE_BYTES,
     CorruptLogError,
     InstanceFiles,

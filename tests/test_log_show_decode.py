@@ -17,7 +17,7 @@ from ambrosia_py import wire
 from ambrosia_py.binding.codec import encode_args
 from ambrosia_py.binding.immortal import method_id_for
 from ambrosia_py.cli import main
-from ambrosia_py.coordinator.storage import InstanceFiles
+from ambrosia_py.coordinator.storage.files import InstanceFiles
 from ambrosia_py.ingress.envelope import (
     INGRESS_METHOD_ID,
     RetentionEnvelope,

@@ -1,7 +1,7 @@
 """Recovery and the Spark reader hold the same records of every log, damaged or not.
 
 Both ask the one log scanner (``ambrosia_py.wire.scanner``) what bytes that do not read as
-a record are: recovery strictly (``coordinator/logscan.py``: it stops, or cuts a torn
+a record are: recovery strictly (``coordinator/storage/scan.py``: it stops, or cuts a torn
 tail), Spark leniently (``spark/scan.py``: damage is a row, and it reads on) or strictly
 (``on_damage="fail"``). The same hand-laid damaged logs (torn tails, flipped bytes, bad
 lengths, zeros after a power cut, a live tail) go to both, and they must agree:
@@ -25,8 +25,8 @@ import attrs
 import pytest
 
 from ambrosia_py import wire
-from ambrosia_py.coordinator.logscan import LogScan
-from ambrosia_py.coordinator.storage import CorruptLogError, LogWriter
+from ambrosia_py.coordinator.storage.files import CorruptLogError, LogWriter
+from ambrosia_py.coordinator.storage.scan import LogScan
 from ambrosia_py.spark import LogDamageError, read_rows
 from ambrosia_py.wire import logfile, scanner
 

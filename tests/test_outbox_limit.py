@@ -1,5 +1,5 @@
 """The sender's outbox limit and the forwarding that makes it safe (the bounded outbox:
-coordinator/links.py OutboxBudget, coordinator/forwarding.py).
+coordinator/links/protocol.py OutboxBudget, coordinator/core/forwarding.py).
 
 Past ``--max-outbox-mb`` of output not yet confirmed by its destinations, a coordinator
 stops reading its binding, which then blocks; it reads again once commits bring the total
@@ -24,13 +24,13 @@ from hypothesis import strategies as st
 
 from ambrosia_py import Immortal, eventloop, rpc, wire
 from ambrosia_py.cli.coordinator import link_argv, link_settings, pop_link_security
-from ambrosia_py.coordinator.binding_link import BindingLink
-from ambrosia_py.coordinator.forwarding import Forwarder, LogPlace
-from ambrosia_py.coordinator.ic_core import IcState, Intake
-from ambrosia_py.coordinator.link_config import MAX_OUTBOX_ENV, LinkSettings
-from ambrosia_py.coordinator.links import Outbox, OutboxBudget
-from ambrosia_py.coordinator.logscan import LogScan
-from ambrosia_py.coordinator.storage import CorruptLogError, LogWriter, log_bytes_in
+from ambrosia_py.coordinator.core.binding_link import BindingLink
+from ambrosia_py.coordinator.core.forwarding import Forwarder, LogPlace
+from ambrosia_py.coordinator.core.intake import IcState, Intake
+from ambrosia_py.coordinator.links.config import MAX_OUTBOX_ENV, LinkSettings
+from ambrosia_py.coordinator.links.protocol import Outbox, OutboxBudget
+from ambrosia_py.coordinator.storage.files import CorruptLogError, LogWriter, log_bytes_in
+from ambrosia_py.coordinator.storage.scan import LogScan
 from ambrosia_py.testing import ImmortalRunner
 from ambrosia_py.wire import AttachTo, OutgoingRpc, RpcType, encode_message
 from tests.fake_binding import DEADLINE, checkpoint, coordinator, frame, incoming_fork, self_fork

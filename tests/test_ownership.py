@@ -1,4 +1,4 @@
-"""Data dirs, secrets and keys another user owns are refused (``coordinator/ownership.py``).
+"""Data dirs, secrets and keys another user owns are refused (``coordinator/storage/ownership.py``).
 
 The attack: as ``nobody``, make ``ambrosia-data`` in a world-writable sticky directory
 (as /tmp) with a ``link-secret`` of one's choosing; root then runs a service from there,
@@ -28,15 +28,15 @@ import pytest
 from ambrosia_py.binding.loading import load_service
 from ambrosia_py.client import Client
 from ambrosia_py.client.calls import client_secret
-from ambrosia_py.coordinator.data_dir import DataDirError, writable_data_dir
-from ambrosia_py.coordinator.link_config import (
+from ambrosia_py.coordinator.links.config import (
     LinkSettings,
     LinkSetupError,
     load_secret,
     tls_contexts,
 )
-from ambrosia_py.coordinator.modes import tighten
-from ambrosia_py.coordinator.registry_files import RegistryRefusal, prepare_start
+from ambrosia_py.coordinator.registry.files import RegistryRefusal, prepare_start
+from ambrosia_py.coordinator.storage.data_dir import DataDirError, writable_data_dir
+from ambrosia_py.coordinator.storage.modes import tighten
 from ambrosia_py.ingress.errors import IngressError
 
 from .certs import mutual_tls, needs_openssl

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from ambrosia_py.cli.exits import ExitStatus
-from ambrosia_py.coordinator.registry import Registry
+from ambrosia_py.coordinator.registry.store import Registry
 from ambrosia_py.testing import ServiceProcess, free_port
 
 EXAMPLE = str(Path(__file__).resolve().parent.parent / "examples" / "counter.py")

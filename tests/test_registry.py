@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ambrosia_py.coordinator.registry import (
+from ambrosia_py.coordinator.registry.store import (
     PORT_RANGE,
     InstanceInfo,
     Registry,
@@ -78,7 +78,9 @@ def test_allocation_skips_ports_that_are_in_use(
         if not all(_bindable(p) for p in range(busy + 1, busy + 5)):
             pytest.skip("the ports next to the listener's are in use")
         first = registry.register("first", receive_port=busy + 1, send_port=busy + 2)
-        monkeypatch.setattr("ambrosia_py.coordinator.registry.PORT_RANGE", range(busy, busy + 5))
+        monkeypatch.setattr(
+            "ambrosia_py.coordinator.registry.store.PORT_RANGE", range(busy, busy + 5)
+        )
         info = registry.register("second")
         assert {info.receive_port, info.send_port} == {busy + 3, busy + 4}
         assert first.receive_port not in (info.receive_port, info.send_port)
@@ -134,7 +136,7 @@ def test_state_survives_reopening_and_close_is_final(tmp_path: Path) -> None:
 
 WORKER = """
 import sys, pathlib
-from ambrosia_py.coordinator.registry import Registry
+from ambrosia_py.coordinator.registry.store import Registry
 print("ready", flush=True)
 sys.stdin.readline()
 reg = Registry(pathlib.Path(sys.argv[1]))  # a fresh database, opened by all at once

@@ -22,12 +22,12 @@ from pathlib import Path
 import pytest
 
 from ambrosia_py import Immortal, rpc
-from ambrosia_py.coordinator.registry import Registry
-from ambrosia_py.coordinator.registry_files import (
+from ambrosia_py.coordinator.registry.files import (
     RegistryRefusal,
     clear_interrupted_first_start,
 )
-from ambrosia_py.coordinator.storage import InstanceFiles, LogScan
+from ambrosia_py.coordinator.registry.store import Registry
+from ambrosia_py.coordinator.storage.files import InstanceFiles, LogScan
 from ambrosia_py.testing import ImmortalRunner
 
 EXAMPLE = str(Path(__file__).resolve().parent.parent / "examples" / "counter.py")

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from ambrosia_py.coordinator.link_config import LinkSettings
+from ambrosia_py.coordinator.links.config import LinkSettings
 from ambrosia_py.ingress import IngressSettings
 from ambrosia_py.serving import (
     Admission,

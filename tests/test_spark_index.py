@@ -1,4 +1,4 @@
-"""The coordinator's sidecar log index (coordinator/logindex.py): what the writer puts in it,
+"""The coordinator's sidecar log index (coordinator/storage/index.py): what the writer puts in it,
 and that a reader can never be misled by a damaged, stale or foreign one."""
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from ambrosia_py import wire
-from ambrosia_py.coordinator import logindex
-from ambrosia_py.coordinator.logindex import (
+from ambrosia_py.coordinator.storage import index as logindex
+from ambrosia_py.coordinator.storage.files import InstanceFiles, LogWriter
+from ambrosia_py.coordinator.storage.index import (
     ENTRY_SIZE,
     INDEX_MAGIC,
     IndexEntry,
@@ -21,7 +22,6 @@ from ambrosia_py.coordinator.logindex import (
     index_path_for,
     read_index,
 )
-from ambrosia_py.coordinator.storage import InstanceFiles, LogWriter
 
 
 def record(seq: int, size: int = 100) -> bytes:

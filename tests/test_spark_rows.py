@@ -26,8 +26,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ambrosia_py import wire
-from ambrosia_py.coordinator.logindex import INDEX_MAGIC, IndexEntry, encode_entry
-from ambrosia_py.coordinator.storage import LogWriter
+from ambrosia_py.coordinator.storage.files import LogWriter
+from ambrosia_py.coordinator.storage.index import INDEX_MAGIC, IndexEntry, encode_entry
 from ambrosia_py.spark import LogDamageError, LogFormatError, NoLogsError, find_logs, read_rows
 from ambrosia_py.spark.plan import plan
 from tests import log_oracle as oracle

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ambrosia_py.coordinator.storage import LogWriter
+from ambrosia_py.coordinator.storage.files import LogWriter
 from tests.test_spark_rows import disk_record, reference_rows, write_log
 from tests.test_spark_source import collect
 

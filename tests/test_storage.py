@@ -14,7 +14,7 @@ import attrs
 import pytest
 
 from ambrosia_py import wire
-from ambrosia_py.coordinator.storage import (
+from ambrosia_py.coordinator.storage.files import (
     CorruptLogError,
     InstanceFiles,
     InstanceLockedError,
@@ -222,7 +222,7 @@ def test_listing_a_missing_directory_is_empty(tmp_path: Path) -> None:
 
 HOLDER = """
 import sys, pathlib
-from ambrosia_py.coordinator.storage import InstanceFiles
+from ambrosia_py.coordinator.storage.files import InstanceFiles
 files = InstanceFiles(pathlib.Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]))
 files.acquire_lock()
 print("locked", flush=True)

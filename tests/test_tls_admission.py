@@ -29,7 +29,7 @@ import pytest
 from ambrosia_py import eventloop
 from ambrosia_py.binding.loading import load_service
 from ambrosia_py.client import Client, tls_context
-from ambrosia_py.coordinator.link_config import LinkSettings, tls_contexts
+from ambrosia_py.coordinator.links.config import LinkSettings, tls_contexts
 from ambrosia_py.serving import Admission, ConnectionLimits, Incoming, Listener
 from ambrosia_py.serving.accept import ACCEPT_BATCH
 from ambrosia_py.testing.processes import wait_for

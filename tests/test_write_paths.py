@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ambrosia_py.coordinator import storage
-from ambrosia_py.coordinator.binding_link import BindingLink
+from ambrosia_py.coordinator.core.binding_link import BindingLink
+from ambrosia_py.coordinator.storage import files as storage
 from ambrosia_py.iov import nbytes
 
 RAW = bytes(range(256)) * 64  # 16 KiB

@@ -113,7 +113,7 @@ def measure_awaits(
 
 def _replayed(ic_log: Path, timeout: float = 30.0) -> tuple[int, float]:
     """What the coordinator's last start said: the records it replayed, and how long after
-    recovery began the binding had handled them all (``ic_server.recover``'s lines; the
+    recovery began the binding had handled them all (``Coordinator.recover``'s lines; the
     second comes once the coordinator has the checkpoint the binding sent as it became
     primary, so it may follow the binding's start by a moment)."""
     deadline = time.monotonic() + timeout

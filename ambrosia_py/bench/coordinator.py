@@ -24,8 +24,8 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from ..coordinator.binding_auth import Socket, encode_preamble, token_for_ready_line
-from ..coordinator.ic_run import coordinator_argv
+from ..coordinator.core.binding_auth import Socket, encode_preamble, token_for_ready_line
+from ..coordinator.core.process import coordinator_argv
 from ..wire import (
     Checkpoint,
     InitialMessage,

@@ -23,7 +23,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from ..coordinator.storage import LogWriter
+from ..coordinator.storage.files import LogWriter
 from ..extras import require
 from ..wire import IncomingRpc, RpcType, encode_disk_record, encode_message
 

@@ -4,7 +4,7 @@ It connects to the coordinator's receive port first (where it writes), then to i
 port (where it reads), and sends nothing until the first record arrives (reference
 ambrosia.md, *The two local sockets*) — nothing but, given this start's token, the
 42-byte preamble first on each socket that proves it was started for this coordinator
-(``coordinator/binding_auth.py``). Records are verified as they are read (check
+(``coordinator/core/binding_auth.py``). Records are verified as they are read (check
 bytes, committer id, consecutive sequence ids); a bad one stops the binding. When the
 coordinator goes away the binding stops: they live and die together. When the binding
 must stop (a failed background task, a record it cannot go on from) it closes both
@@ -22,7 +22,7 @@ from typing import Any
 
 from .. import crashpoints, wire
 from ..allocator import prime_allocator
-from ..coordinator.binding_auth import Socket, encode_preamble
+from ..coordinator.core.binding_auth import Socket, encode_preamble
 from ..wire import Message, RecordReader
 from .background import BackgroundFailure, BackgroundTasks
 from .dispatcher import Dispatcher

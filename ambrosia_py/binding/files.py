@@ -25,7 +25,7 @@ from pathlib import Path
 
 import attrs
 
-from ..coordinator.modes import fsync_dir
+from ..coordinator.storage.modes import fsync_dir
 
 __all__ = [
     "StateFiles",

@@ -28,10 +28,10 @@ import attrs
 import cloudpickle
 
 from .. import wire
-from ..coordinator.ic_state import IcState
-from ..coordinator.registry import REGISTRY_FILE, RegistryError
-from ..coordinator.registry_files import instance_directories, open_registry_for_start
-from ..coordinator.storage import InstanceFiles
+from ..coordinator.core.checkpoint import IcState
+from ..coordinator.registry.files import instance_directories, open_registry_for_start
+from ..coordinator.registry.store import REGISTRY_FILE, RegistryError
+from ..coordinator.storage.files import InstanceFiles
 from ..ingress.envelope import INGRESS_METHOD_ID, RetentionEnvelope, decode_envelope
 from ..ingress.errors import IngressProtocolError
 from ..ingress.keys import describe_key

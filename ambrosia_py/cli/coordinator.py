@@ -18,11 +18,11 @@ from typing import Any
 import click
 
 from .. import eventloop
-from ..coordinator.binding_auth import BindingAuth
-from ..coordinator.ic_config import DEFAULT_LOG_TRIGGER_MB, CoordinatorConfig, CoordinatorError
-from ..coordinator.ic_run import run_coordinator
-from ..coordinator.ic_state import StateFormatError
-from ..coordinator.link_config import (
+from ..coordinator.core.binding_auth import BindingAuth
+from ..coordinator.core.checkpoint import StateFormatError
+from ..coordinator.core.config import DEFAULT_LOG_TRIGGER_MB, CoordinatorConfig, CoordinatorError
+from ..coordinator.core.process import run_coordinator
+from ..coordinator.links.config import (
     DEFAULT_HANDSHAKE_TIMEOUT_S,
     DEFAULT_IDLE_TIMEOUT_S,
     DEFAULT_MAX_CONNECTIONS,
@@ -32,8 +32,8 @@ from ..coordinator.link_config import (
     LinkSettings,
     LinkSetupError,
 )
-from ..coordinator.registry import RegistryError
-from ..coordinator.storage import StorageError
+from ..coordinator.registry.store import RegistryError
+from ..coordinator.storage.files import StorageError
 
 __all__ = [
     "binding_auth_option",

@@ -1,6 +1,6 @@
 """``ambrosia-py debug``: replay an instance's history from a checkpoint, writing nothing.
 
-The coordinator's debug mode (``coordinator/ic_debug.py``) serves the checkpoint and the
+The coordinator's debug mode (``coordinator/core/debug.py``) serves the checkpoint and the
 logged records after it. With SERVICE the binding runs in this process too
 (:mod:`.debug_session`, imported only then); without it the coordinator waits for a
 binding of any language to attach to its ports.
@@ -13,10 +13,10 @@ from pathlib import Path
 
 import click
 
-from ..coordinator.binding_auth import BindingAuth
-from ..coordinator.data_dir import DataDirError, debuggable_instance
-from ..coordinator.ic_config import CoordinatorConfig
-from ..coordinator.ic_debug import run_debug
+from ..coordinator.core.binding_auth import BindingAuth
+from ..coordinator.core.config import CoordinatorConfig
+from ..coordinator.core.debug import run_debug
+from ..coordinator.storage.data_dir import DataDirError, debuggable_instance
 from .coordinator import (
     binding_auth_option,
     instance_option,

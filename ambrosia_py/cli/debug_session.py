@@ -1,6 +1,6 @@
 """``ambrosia-py debug SERVICE``: the debug coordinator and the binding, in one command.
 
-The coordinator's debug mode (``ic_debug.run_debug``) serves a checkpoint and every
+The coordinator's debug mode (``core.debug.run_debug``) serves a checkpoint and every
 logged record after it to a binding, exactly as recovery does, and writes nothing. Here
 both run on one event loop: the binding restores the checkpoint, handles the records
 up to the chosen one (``to_seq``, else the log's last), and stops there, where the
@@ -32,12 +32,12 @@ from ..binding.errors import BindingError
 from ..binding.immortal import Immortal
 from ..binding.loading import load_service
 from ..binding.socket_io import SocketStream
-from ..coordinator.binding_auth import BindingAuth, token_for_ready_line
-from ..coordinator.errors import StorageError
-from ..coordinator.ic_config import CoordinatorConfig, CoordinatorError
-from ..coordinator.ic_debug import run_debug
-from ..coordinator.ic_state import IcState, StateFormatError
-from ..coordinator.storage import InstanceFiles
+from ..coordinator.core.binding_auth import BindingAuth, token_for_ready_line
+from ..coordinator.core.checkpoint import IcState, StateFormatError
+from ..coordinator.core.config import CoordinatorConfig, CoordinatorError
+from ..coordinator.core.debug import run_debug
+from ..coordinator.storage.errors import StorageError
+from ..coordinator.storage.files import InstanceFiles
 from ..hashseed import instance_seed, run_under_seed
 from ..oneline import OneLineError
 from ..wire import CONTROL_SEQ, RecordReader

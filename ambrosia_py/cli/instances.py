@@ -12,8 +12,8 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from ..coordinator.data_dir import DataDirError, existing_data_dir
-from ..coordinator.registry import REGISTRY_FILE, InstanceInfo, Registry, RegistryError
+from ..coordinator.registry.store import REGISTRY_FILE, InstanceInfo, Registry, RegistryError
+from ..coordinator.storage.data_dir import DataDirError, existing_data_dir
 from .options import coordinators_data_dir, or_dash
 
 __all__ = ["instances"]

@@ -1,7 +1,7 @@
 """``ambrosia-py log show|verify|prune``: coordinator log files, read and maintained.
 
 They work on the files a coordinator leaves in its data directory (see
-``coordinator/storage.py``); none of them needs a running coordinator, and ``prune``
+``coordinator/storage/files.py``); none of them needs a running coordinator, and ``prune``
 refuses to run beside one. ``show`` and ``verify`` never modify a log.
 """
 
@@ -16,8 +16,8 @@ from typing import Protocol
 import click
 
 from .. import wire
-from ..coordinator.registry import REGISTRY_FILE, InstanceInfo, Registry, RegistryError
-from ..coordinator.storage import (
+from ..coordinator.registry.store import REGISTRY_FILE, InstanceInfo, Registry, RegistryError
+from ..coordinator.storage.files import (
     CorruptLogError,
     InstanceFiles,
     InstanceLockedError,

@@ -2,7 +2,7 @@
 
 ``--data-dir`` has one default and one environment variable everywhere
 (``hashseed.py`` holds them: its early step reads the option before click does); the
-checks on the directory itself are the coordinator's (``coordinator/data_dir.py``).
+checks on the directory itself are the coordinator's (``coordinator/storage/data_dir.py``).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from ..coordinator.registry import Registry, RegistryError
+from ..coordinator.registry.store import Registry, RegistryError
 from .options import coordinators_data_dir
 
 __all__ = ["register"]

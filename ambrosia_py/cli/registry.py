@@ -1,5 +1,5 @@
 """``ambrosia-py registry rebuild``: the registry of a data directory, recovered from the
-instance files in it (``coordinator/registry_files.py``); refused beside a running
+instance files in it (``coordinator/registry/files.py``); refused beside a running
 coordinator."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import click
 
-from ..coordinator.registry import RegistryError
-from ..coordinator.registry_files import rebuild_registry
-from ..coordinator.storage import StorageError
+from ..coordinator.registry.files import rebuild_registry
+from ..coordinator.registry.store import RegistryError
+from ..coordinator.storage.files import StorageError
 from ..helpformat import Group
 from .options import coordinators_data_dir, or_dash
 

@@ -31,16 +31,16 @@ from ..binding.dispatcher import Dispatcher
 from ..binding.files import StateFiles, state_files_dir, use_state_files
 from ..binding.immortal import Immortal
 from ..binding.loading import load_service
-from ..coordinator.binding_auth import (
+from ..coordinator.core.binding_auth import (
     BindingTokenError,
     read_token,
     token_for_ready_line,
     token_path,
 )
-from ..coordinator.data_dir import DataDirError, History, earlier_history, writable_data_dir
-from ..coordinator.ic_run import coordinator_argv
-from ..coordinator.link_config import LinkSetupError, load_secret, tls_contexts
-from ..coordinator.port_users import PortTakenError, cannot_listen, publish_ingress
+from ..coordinator.core.process import coordinator_argv
+from ..coordinator.links.config import LinkSetupError, load_secret, tls_contexts
+from ..coordinator.registry.port_users import PortTakenError, cannot_listen, publish_ingress
+from ..coordinator.storage.data_dir import DataDirError, History, earlier_history, writable_data_dir
 from ..hashseed import instance_seed, run_under_seed
 from ..ingress.keys import DEFAULT_KEEP_COUNT, DEFAULT_KEEP_SECONDS
 from ..ingress.server import IngressServer, IngressSettings, parse_address

@@ -15,14 +15,14 @@ from typing import Any
 from ..binding import codec
 from ..binding.errors import UnknownMethodError
 from ..binding.immortal import MethodSpec, rpc_spec
-from ..coordinator.data_dir import DATA_DIR_ENV, DEFAULT_DATA_DIR
-from ..coordinator.link_config import (
+from ..coordinator.links.config import (
     DEFAULT_SECRET_NAME,
     SECRET_ENV,
     LinkSettings,
     LinkSetupError,
     load_secret,
 )
+from ..coordinator.storage.data_dir import DATA_DIR_ENV, DEFAULT_DATA_DIR
 from ..ingress.errors import CallRefusedError, IngressError, KeyReusedError
 from ..ingress.frames import MAX_KEY_SIZE, Outcome, OutcomeKind, Refusal, RefusalReason
 from ..ingress.keys import describe_key
@@ -156,7 +156,7 @@ def client_secret(
     data dir's ``link-secret`` (``data_dir``); else ``$AMBROSIA_SECRET_FILE``; else
     ``link-secret`` in ``run``'s default data dir (``$AMBROSIA_DATA_DIR``, else
     ``./ambrosia-data``). Never made here. A secret another user owns or could replace
-    is refused, as the service refuses it (``coordinator/ownership.py``)."""
+    is refused, as the service refuses it (``coordinator/storage/ownership.py``)."""
     if secret_file is not None:
         path = Path(secret_file)
     elif data_dir is not None:

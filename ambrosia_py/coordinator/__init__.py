@@ -1,7 +1,7 @@
 """The Immortal Coordinator: binding sockets, durable log, checkpoints, recovery, registry."""
 
-from .registry import PORT_RANGE, REGISTRY_FILE, InstanceInfo, Registry, RegistryError
-from .storage import (
+from .registry.store import PORT_RANGE, REGISTRY_FILE, InstanceInfo, Registry, RegistryError
+from .storage.files import (
     CHECKPOINT_PREFIX,
     LOCK_FILE,
     LOG_PREFIX,

@@ -26,7 +26,7 @@ import click
 
 from ..binding.loading import load_service
 from ..client import Client
-from ..coordinator.storage import log_bytes_in
+from ..coordinator.storage.files import log_bytes_in
 from ..testing.processes import free_port, interruptible
 from .output import Output
 

@@ -99,7 +99,7 @@ def build_report(
     from .report_starts import classify
 
     if log_trigger_mb is None:
-        from ..coordinator.ic_config import DEFAULT_LOG_TRIGGER_MB
+        from ..coordinator.core.config import DEFAULT_LOG_TRIGGER_MB
 
         log_trigger_mb = float(DEFAULT_LOG_TRIGGER_MB)
     names = names or {}

@@ -1,6 +1,6 @@
 """Planning a read: which byte ranges of which logs, split at verified index entries.
 
-A log with a sidecar index (``serverindex<N>``, :mod:`ambrosia_py.coordinator.logindex`)
+A log with a sidecar index (``serverindex<N>``, :mod:`ambrosia_py.coordinator.storage.index`)
 is split at indexed offsets about every ``split_bytes``; an entry is used only if a valid
 record with the entry's seq starts at its offset. A log without one is one piece. Small
 pieces are then packed together, so a data dir of many small logs is not one Spark task
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import attrs
 
-from ..coordinator.logindex import INDEX_PREFIX, IndexEntry, decode_index
+from ..coordinator.storage.index import INDEX_PREFIX, IndexEntry, decode_index
 from ..wire import scanner
 from .layout import LogFile
 from .scan import Neighbour, Span
@@ -46,7 +46,7 @@ def _entries_for(entries: Sequence[IndexEntry], span: Span) -> tuple[IndexEntry,
 
 def index_of(log: LogFile) -> list[IndexEntry]:
     """The valid entries of the sidecar index beside ``log`` (none without one), read
-    through its file system (:func:`ambrosia_py.coordinator.logindex.decode_index`)."""
+    through its file system (:func:`ambrosia_py.coordinator.storage.index.decode_index`)."""
     if log.number == 0:
         return []
     data = log.location.sibling(f"{INDEX_PREFIX}{log.number}").read_bytes()

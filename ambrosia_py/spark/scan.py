@@ -43,7 +43,7 @@ from typing import Any
 import attrs
 
 from .. import wire
-from ..coordinator.logindex import IndexEntry
+from ..coordinator.storage.index import IndexEntry
 from ..wire import scanner
 from .errors import LogDamageError, LogFormatError
 from .frames import frame_ends

@@ -3,7 +3,7 @@
 An impulse is input from the outside world: background code (or a test) sends it, the
 binding writes it to its coordinator, and the coordinator appends it to a log record.
 It is durable once that record is written and ``fdatasync``ed; only then does the
-coordinator forward the record to the binding (``coordinator/commit.py``), and only
+coordinator forward the record to the binding (``coordinator/core/commit.py``), and only
 then does the handler run. Before that it is in a socket or the coordinator's memory,
 and a crash of either process loses it: nothing replays an input that was never logged.
 

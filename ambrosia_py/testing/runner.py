@@ -31,8 +31,8 @@ from ..binding.client import serve
 from ..binding.dispatcher import Mode
 from ..binding.files import StateFiles, state_files_dir, use_state_files
 from ..binding.immortal import Immortal
-from ..coordinator.binding_auth import token_for_ready_line
-from ..coordinator.ic_run import coordinator_argv
+from ..coordinator.core.binding_auth import token_for_ready_line
+from ..coordinator.core.process import coordinator_argv
 from .impulses import CountingDispatcher
 from .processes import readline_within, wait_for
 

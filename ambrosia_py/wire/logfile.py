@@ -5,7 +5,7 @@ records back to back, the file ending with the last one. A log that a coordinato
 writing is *preallocated*, so that a commit's ``fdatasync`` overwrites space the file
 already has instead of growing it (no journal commit of the file's size on every sync:
 see ``docs/performance.md``). Its *live tail* (written by
-:class:`ambrosia_py.coordinator.storage.LogWriter`) is:
+:class:`ambrosia_py.coordinator.storage.files.LogWriter`) is:
 
 * :data:`END_MARKER` right after the last record: every write carries its records and
   then the marker, and the next write starts over it;

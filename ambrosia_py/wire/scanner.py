@@ -1,6 +1,6 @@
 """The one log scanner: which bytes of a log file are records, and what the rest is.
 
-Recovery (``coordinator/logscan.py``) and the Spark reader (``spark/scan.py``) read a log's
+Recovery (``coordinator/storage/scan.py``) and the Spark reader (``spark/scan.py``) read a log's
 good records each their own fast way (:class:`~.reader.RecordReader`; a window of bytes).
 Where the bytes at an offset do not read as a record, both ask this module what they are,
 so both hold the same records of every log. It owns:

@@ -11,19 +11,19 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from ..allocator import prime_allocator
-from .ic_config import (
+from ...allocator import prime_allocator
+from ..links.config import load_secret, tls_contexts
+from ..registry.files import clear_interrupted_first_start, prepare_start
+from ..registry.port_users import PortTakenError, cannot_listen
+from ..storage.files import CorruptLogError, InstanceFiles
+from .config import (
     BindingLeftError,
     CoordinatorConfig,
     CoordinatorError,
     print_ready,
     resolve_start,
 )
-from .ic_server import Coordinator
-from .link_config import load_secret, tls_contexts
-from .port_users import PortTakenError, cannot_listen
-from .registry_files import clear_interrupted_first_start, prepare_start
-from .storage import CorruptLogError, InstanceFiles
+from .server import Coordinator
 
 __all__ = ["coordinator_argv", "run_coordinator"]
 

@@ -1,6 +1,6 @@
 """The errors of the coordinator's on-disk storage: one :class:`StorageError` hierarchy.
 
-Shared by :mod:`.storage` (files, writer, lock) and :mod:`.logscan` (log verification).
+Shared by :mod:`.files` (files, writer, lock) and :mod:`.scan` (log verification).
 They live here, not in storage, because storage imports logscan: the scan must not import
 storage back.
 """

@@ -28,8 +28,8 @@ from collections.abc import Callable, Iterable
 
 import attrs
 
-from .. import wire
-from ..flow import Token
+from ... import wire
+from ...flow import Token
 
 __all__ = [
     "LINK_MAGIC",

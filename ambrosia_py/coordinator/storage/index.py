@@ -35,7 +35,7 @@ from pathlib import Path
 import attrs
 import xxhash
 
-from .. import wire
+from ... import wire
 from .modes import create_private
 
 __all__ = [

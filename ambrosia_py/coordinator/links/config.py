@@ -6,7 +6,7 @@ atomically (written to a private temporary file, then hard-linked into place, wh
 fails if the name exists), so two coordinators starting at once in one data directory
 end up with the same secret. A second machine joins by copying the file. A secret, a
 data dir or a TLS key another user owns, or could replace, is refused
-(:mod:`.ownership`).
+(:mod:`..storage.ownership`).
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from pathlib import Path
 
 import attrs
 
-from ..flow import PACKET_LIMIT
-from ..serving import ConnectionLimits
-from .modes import own_data_dir
-from .ownership import (
+from ...flow import PACKET_LIMIT
+from ...serving import ConnectionLimits
+from ..storage.modes import own_data_dir
+from ..storage.ownership import (
     OwnershipError,
     Trusted,
     check_file,
@@ -99,7 +99,7 @@ class LinkSettings:
 
 
 def _read_secret(path: Path) -> bytes:
-    """The secret in ``path``: a regular file, ours (:mod:`.ownership`, checked on the open
+    """The secret in ``path``: a regular file, ours (:mod:`..storage.ownership`, checked on the open
     file), that neither group nor others can read or write."""
     try:
         # Whoever chose the secret can send the service pickles. Not following a link,

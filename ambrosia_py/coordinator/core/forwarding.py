@@ -45,11 +45,11 @@ from pathlib import Path
 
 import attrs
 
-from .. import wire
+from ... import wire
+from ..links.protocol import Outbox, OutboxBudget
+from ..storage.errors import CorruptLogError
+from ..storage.files import LogWriter
 from .binding_link import BindingLink
-from .errors import CorruptLogError
-from .links import Outbox, OutboxBudget
-from .storage import LogWriter
 
 __all__ = ["FORWARD_MEMORY_BYTES", "Forwarded", "Forwarder", "LogPlace", "OutboxGate"]
 

@@ -8,12 +8,12 @@ checkpoint N is the state at the start of log N, so recovering from it needs log
 into space preallocated ahead of the records, and truncated to their last record when
 closed (the live tail, :mod:`ambrosia_py.wire.logfile`); checkpoints are written to a
 temporary file and renamed into place, so a reader only ever sees a whole checkpoint.
-Beside each log the writer keeps a sidecar index ``serverindex<N>`` (:mod:`.logindex`):
+Beside each log the writer keeps a sidecar index ``serverindex<N>`` (:mod:`.index`):
 a hint for readers, never read by recovery.
 Every file is created 0600 and the directory 0700 (:mod:`.modes`):
 logs hold call arguments, checkpoints whole states.
 
-Scanning a log (:meth:`InstanceFiles.scan_log`) is :mod:`.logscan`'s job: it verifies every
+Scanning a log (:meth:`InstanceFiles.scan_log`) is :mod:`.scan`'s job: it verifies every
 record and tells a torn tail from corruption. The errors live in :mod:`.errors`; this
 module re-exports them and the scan's names, so importers need only this one.
 """
@@ -31,13 +31,13 @@ from collections.abc import Sequence
 from itertools import islice
 from pathlib import Path
 
-from .. import crashpoints
-from ..iov import IOV_MAX, advance, nbytes, unsent
-from ..wire import logfile
+from ... import crashpoints
+from ...iov import IOV_MAX, advance, nbytes, unsent
+from ...wire import logfile
 from .errors import CorruptLogError, InstanceLockedError, StorageError
-from .logindex import EVERY_BYTES, INDEX_PREFIX, IndexWriter, index_path_for
-from .logscan import LogScan, TailDamage, records_end
+from .index import EVERY_BYTES, INDEX_PREFIX, IndexWriter, index_path_for
 from .modes import PRIVATE_FILE, create_private, fsync_dir, make_private_dir
+from .scan import LogScan, TailDamage, records_end
 
 __all__ = [
     "CHECKPOINT_PREFIX",

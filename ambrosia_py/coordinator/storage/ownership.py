@@ -31,7 +31,7 @@ import stat
 from collections.abc import Iterable
 from pathlib import Path
 
-from ..hashseed import DATA_DIR_ENV
+from ...hashseed import DATA_DIR_ENV
 
 __all__ = [
     "OwnershipError",

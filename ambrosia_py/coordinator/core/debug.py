@@ -13,15 +13,15 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 
-from .. import wire
-from ..wire import CHECKPOINT_SEQ, Checkpoint, TakeBecomingPrimaryCheckpoint, UpgradeService
+from ... import wire
+from ...wire import CHECKPOINT_SEQ, Checkpoint, TakeBecomingPrimaryCheckpoint, UpgradeService
+from ..registry.files import prepare_start
+from ..storage.files import CorruptLogError, InstanceFiles
+from ..storage.replay import replay_log
 from .binding_auth import open_gate
 from .binding_link import connect_binding
-from .ic_config import CoordinatorConfig, CoordinatorError, print_ready, resolve_start
-from .ic_state import IcState
-from .log_replay import replay_log
-from .registry_files import prepare_start
-from .storage import CorruptLogError, InstanceFiles
+from .checkpoint import IcState
+from .config import CoordinatorConfig, CoordinatorError, print_ready, resolve_start
 
 __all__ = ["run_debug"]
 

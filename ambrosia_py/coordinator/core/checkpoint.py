@@ -11,7 +11,7 @@ import struct
 
 import attrs
 
-from .. import wire
+from ... import wire
 
 __all__ = ["FORMAT_VERSION", "IcState", "OutboxState", "StateFormatError"]
 
@@ -45,7 +45,7 @@ class IcState:
     ``inbox`` is, per sender instance, the seq of the first message not logged before log
     N; ``outboxes`` per destination the next seq and the messages not yet confirmed by it
     when the binding sent this checkpoint; ``senders`` the incarnation (committer id) of
-    each sender that has linked (see :mod:`links`). ``attached`` is every instance the
+    each sender that has linked (see :mod:`..links.protocol`). ``attached`` is every instance the
     binding had sent AttachTo for when it sent this checkpoint: a binding restored from
     the blob need not attach to them again (ours keeps them in its checkpoint, as the
     released C# binding keeps its proxies). None: not recorded (a file of format 1 or 2,

@@ -1,11 +1,11 @@
-"""The coordinator's TCP links to other coordinators: the asyncio side of :mod:`links`.
+"""The coordinator's TCP links to other coordinators: the asyncio side of :mod:`.protocol`.
 
 Each link is one TCP connection (optionally TLS), dialed by the sender, framed with the
 flow transport (:mod:`ambrosia_py.flow`: ConnectPacket, then frames). Right after the
-ConnectPackets both ends run the secret handshake of :mod:`link_auth`; until it is done
+ConnectPackets both ends run the secret handshake of :mod:`.auth`; until it is done
 a peer may send only frames of a few hundred bytes, and nothing it sends reaches a
 decoder but the ConnectPacket and frame readers and the handshake's own fixed-size
-checks. After it every frame carries a tag, and the link conversation of :mod:`links`
+checks. After it every frame carries a tag, and the link conversation of :mod:`.protocol`
 runs on :data:`LINK_TOKEN`.
 
 A coordinator publishes where it accepts links in the registry; a sender looks its
@@ -40,15 +40,15 @@ from functools import partial
 from pathlib import Path
 from typing import NoReturn
 
-from .. import wire
-from ..flow import ConnectPacket, FlowConnection, FlowError
-from ..serving import Admission, ConnectionLimits, Incoming, Listener, RefusalLog, Slot
-from .ic_core import Intake
-from .link_auth import TAG_SIZE, LinkAuthError, LinkHandshake, Role, name_digest
-from .link_config import PRE_AUTH_FRAME_LIMIT, LinkSettings, load_secret, tls_contexts
-from .link_conn import LinkConn, LinkProtocol
-from .links import Hello, LinkError, Outbox
-from .port_users import PortTakenError
+from ... import wire
+from ...flow import ConnectPacket, FlowConnection, FlowError
+from ...serving import Admission, ConnectionLimits, Incoming, Listener, RefusalLog, Slot
+from ..core.intake import Intake
+from ..registry.port_users import PortTakenError
+from .auth import TAG_SIZE, LinkAuthError, LinkHandshake, Role, name_digest
+from .config import PRE_AUTH_FRAME_LIMIT, LinkSettings, load_secret, tls_contexts
+from .conn import LinkConn, LinkProtocol
+from .protocol import Hello, LinkError, Outbox
 
 __all__ = ["PeerLinks"]
 

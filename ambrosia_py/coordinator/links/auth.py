@@ -38,10 +38,10 @@ import secrets
 import struct
 from collections.abc import Sequence
 
-from .. import accel
-from ..flow import WELL_KNOWN_FIRST, Token
-from ..flow.constants import Buffer
-from .links import LinkError
+from ... import accel
+from ...flow import WELL_KNOWN_FIRST, Token
+from ...flow.constants import Buffer
+from .protocol import LinkError
 
 __all__ = [
     "AUTH_MAGIC",
@@ -81,7 +81,7 @@ _COUNTER = struct.Struct("<Q")
 
 # The C twin of a small frame's flow and tag work (``_clink.c``: OpenSSL's HMAC and
 # libxxhash's XXH3 called from C), or None.
-_clink = accel.load("ambrosia_py.coordinator._clink")
+_clink = accel.load("ambrosia_py.coordinator.links._clink")
 
 
 class LinkAuthError(LinkError):

@@ -25,8 +25,8 @@ import asyncio
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-from .. import wire
-from .storage import LogWriter
+from ... import wire
+from ..storage.files import LogWriter
 
 __all__ = ["INLINE_MAX_BYTES", "CommitPipeline"]
 

@@ -1,6 +1,6 @@
 """The coordinator's side of the two binding sockets (reference ambrosia.md, *The two
 local sockets*): listening in the released order, admitting only the binding that shows
-this start's token (:mod:`binding_auth`), refusing a second binding, and moving bytes
+this start's token (:mod:`.binding_auth`), refusing a second binding, and moving bytes
 without copying them.
 
 Raw sockets rather than asyncio streams: the coordinator moves every byte it logs through
@@ -22,12 +22,12 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from .. import crashpoints, wire
-from ..iov import IOV_MAX, nbytes, send_all, unsent
-from ..serving import RefusalLog, source_of
-from ..wire import CONTROL_SEQ, Message
+from ... import crashpoints, wire
+from ...iov import IOV_MAX, nbytes, send_all, unsent
+from ...serving import RefusalLog, source_of
+from ...wire import CONTROL_SEQ, Message
+from ..registry.port_users import PortTakenError
 from .binding_auth import PREAMBLE_SIZE, Socket, TokenGate
-from .port_users import PortTakenError
 
 __all__ = ["BindingGoneError", "BindingLink", "Listener", "connect_binding"]
 

@@ -22,7 +22,7 @@ A released AMBROSIA binding (C#, Node) cannot send the preamble: ``--binding-aut
 turns the check off, and then, as in the released coordinator, every local process that
 can connect to the ports is trusted.
 
-This module is the format and the file; :mod:`binding_link` applies it to sockets.
+This module is the format and the file; :mod:`.binding_link` applies it to sockets.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from pathlib import Path
 
 import attrs
 
-from .errors import StorageError
+from ..storage.errors import StorageError
 
 __all__ = [
     "MAGIC",

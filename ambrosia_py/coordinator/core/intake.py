@@ -5,7 +5,7 @@ return values addressed to its own instance — in the incoming form its binding
 receive, and handles the rest itself. :class:`Intake` takes the binding's frames and
 sorts them into input to log, output for other instances, and control events. It owns no
 socket, file or clock; ``ic_server`` drives it. The byte format of the coordinator's
-checkpoint files is :mod:`ic_state`'s.
+checkpoint files is :mod:`.checkpoint`'s.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from collections.abc import Sequence
 
 import attrs
 
-from .. import wire
-from ..wire import (
+from ... import wire
+from ...wire import (
     AttachTo,
     Checkpoint,
     IncomingReturnValue,
@@ -29,8 +29,8 @@ from ..wire import (
     RpcBatch,
     TakeCheckpoint,
 )
-from .ic_state import IcState, OutboxState, StateFormatError
-from .links import Inbox, LinkError, Outbox, OutboxBudget
+from ..links.protocol import Inbox, LinkError, Outbox, OutboxBudget
+from .checkpoint import IcState, OutboxState, StateFormatError
 from .routing import (
     is_replayable,
     large_link_forks,

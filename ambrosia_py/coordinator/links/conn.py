@@ -21,8 +21,8 @@ import os
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import cast
 
-from .. import crashpoints
-from ..flow import (
+from ... import crashpoints
+from ...flow import (
     ConnectionClosed,
     ConnectPacket,
     FlowConnection,
@@ -31,10 +31,10 @@ from ..flow import (
     Token,
     WellKnown,
 )
-from ..iov import IOV_MAX, advance
-from ..wire import Payload
-from .link_auth import AUTH_TOKEN, LinkAuthError, LinkChannel, LinkHandshake, Role
-from .links import LINK_TOKEN, LinkError
+from ...iov import IOV_MAX, advance
+from ...wire import Payload
+from .auth import AUTH_TOKEN, LinkAuthError, LinkChannel, LinkHandshake, Role
+from .protocol import LINK_TOKEN, LinkError
 
 __all__ = ["PING_TOKEN", "PRE_AUTH_READ_SIZE", "LinkConn", "LinkProtocol"]
 
@@ -418,7 +418,7 @@ class LinkConn:
         return event.packet
 
     async def authenticate(self, handshake: LinkHandshake, max_frame: int) -> None:
-        """Run the secret handshake (:mod:`link_auth`); then allow frames up to
+        """Run the secret handshake (:mod:`.auth`); then allow frames up to
         ``max_frame`` and tag every frame."""
         if handshake.role is Role.DIALER:
             self._send_raw(AUTH_TOKEN, handshake.start())

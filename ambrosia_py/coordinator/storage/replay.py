@@ -2,7 +2,7 @@
 
 Shared by the coordinator's recovery and ``ambrosia-py debug``. A torn tail of the last
 log is cut (recovery) or only reported (debug); damage before it stops with
-:class:`~ambrosia_py.coordinator.storage.CorruptLogError`. While replaying it counts the
+:class:`~ambrosia_py.coordinator.storage.files.CorruptLogError`. While replaying it counts the
 binding's replayable outputs and the link senders' watermarks, which the coordinator
 needs to de-duplicate what the binding regenerates.
 """
@@ -14,11 +14,11 @@ from collections.abc import Iterable
 
 import attrs
 
-from .. import accel, wire
-from .binding_link import BindingLink
-from .ic_state import IcState
-from .routing import count_replayable
-from .storage import InstanceFiles
+from ... import accel, wire
+from ..core.binding_link import BindingLink
+from ..core.checkpoint import IcState
+from ..core.routing import count_replayable
+from .files import InstanceFiles
 
 __all__ = ["Replayed", "replay_log"]
 

@@ -17,7 +17,7 @@ rename) and only then committed, so the newest whole one is safe to recover from
 if the crash came between the two.
 
 Start-up also checks owners and tightens modes (:func:`prepare_start`): a data directory,
-registry file or instance file another user owns is refused (:mod:`.ownership`); then the
+registry file or instance file another user owns is refused (:mod:`..storage.ownership`); then the
 data directory, the registry files and the instance's directories and files lose group
 and other permissions, logged once, before anything is read.
 """
@@ -33,12 +33,12 @@ from pathlib import Path
 
 import attrs
 
-from .errors import StorageError
-from .ic_state import IcState, StateFormatError
-from .modes import own_data_dir, tighten
-from .ownership import OwnershipError, Trusted, check_owned
-from .registry import REGISTRY_FILE, Registry, RegistryError, registry_paths
-from .storage import InstanceFiles, log_data_size, log_numbers_in
+from ..core.checkpoint import IcState, StateFormatError
+from ..storage.errors import StorageError
+from ..storage.files import InstanceFiles, log_data_size, log_numbers_in
+from ..storage.modes import own_data_dir, tighten
+from ..storage.ownership import OwnershipError, Trusted, check_owned
+from .store import REGISTRY_FILE, Registry, RegistryError, registry_paths
 
 __all__ = [
     "RebuiltInstance",
@@ -96,7 +96,7 @@ def _rebuild_hint(data_dir: Path) -> str:
 
 def _refuse_others(data_dir: Path, files: list[Path]) -> None:
     """Refuse a data dir another user owns (or could replace), or ``files`` in it of
-    another user (:mod:`.ownership`): their registry and checkpoints are not ours to
+    another user (:mod:`..storage.ownership`): their registry and checkpoints are not ours to
     read, their modes not ours to change. A missing data dir is made first, as the
     registry would make it."""
     try:
@@ -273,7 +273,7 @@ def rebuild_registry(data_dir: Path) -> tuple[list[RebuiltInstance], list[Path]]
     Instances the registry knows are left as they are. An unreadable registry is first
     moved aside (its bytes are kept, renamed ``registry.sqlite3.damaged-<UTC time>``).
     Each instance version's lock is taken while its files are read, so this refuses to
-    run beside a coordinator, and on a data dir another user owns (:mod:`.ownership`).
+    run beside a coordinator, and on a data dir another user owns (:mod:`..storage.ownership`).
     Returns the instances registered and the moved files.
     """
     data_dir = Path(data_dir)

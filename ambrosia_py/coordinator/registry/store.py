@@ -19,7 +19,7 @@ tried from a random start (registries in other data directories cannot see ours)
 unused by any registered instance, and must be bindable on 127.0.0.1 right now.
 
 The database and its ``-wal``/``-shm``/``-journal`` files are 0600 and a data directory
-it creates 0700 (:mod:`.modes`): the file is made 0600 before SQLite opens it, and
+it creates 0700 (:mod:`..storage.modes`): the file is made 0600 before SQLite opens it, and
 SQLite gives its side files the database's mode. Every SQLite or OS failure surfaces as a
 :class:`RegistryError` naming the database, never as a raw ``sqlite3`` exception.
 """
@@ -36,8 +36,8 @@ from pathlib import Path
 
 import attrs
 
-from .modes import PRIVATE_FILE, create_private, own_data_dir
-from .ownership import OwnershipError, Trusted, check_owned
+from ..storage.modes import PRIVATE_FILE, create_private, own_data_dir
+from ..storage.ownership import OwnershipError, Trusted, check_owned
 
 __all__ = [
     "PORT_RANGE",

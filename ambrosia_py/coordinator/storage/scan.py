@@ -35,9 +35,9 @@ from pathlib import Path
 
 import attrs
 
-from .. import wire
-from ..wire import logfile, scanner
-from ..wire.records import HEADER
+from ... import wire
+from ...wire import logfile, scanner
+from ...wire.records import HEADER
 from .errors import CorruptLogError, StorageError
 from .modes import create_private, fsync_dir
 

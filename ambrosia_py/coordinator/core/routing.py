@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .. import accel, wire
-from ..wire.decoding import calls_decoder
+from ... import accel, wire
+from ...wire.decoding import calls_decoder
 
 __all__ = [
     "count_replayable",
@@ -218,7 +218,7 @@ def _load_count_replayable() -> Callable[[wire.Payload, int], int] | None:
     # The C twin reads fork as 1 and impulse as 2, as the wire format has them.
     if (_FORK, _IMPULSE) != (1, 2) or accel.load("ambrosia_py.wire._cdecode") is None:
         return None
-    from ..wire import _cdecode
+    from ...wire import _cdecode
 
     return _cdecode.count_replayable
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import attrs
 
+from ..links.config import LinkSettings
+from ..registry.store import Registry
 from .binding_auth import BindingAuth
-from .link_config import LinkSettings
-from .registry import Registry
 
 __all__ = [
     "print_ready",

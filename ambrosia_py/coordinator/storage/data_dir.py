@@ -19,12 +19,12 @@ from pathlib import Path
 
 import attrs
 
-from ..hashseed import DATA_DIR_ENV, DEFAULT_DATA_DIR
+from ...hashseed import DATA_DIR_ENV, DEFAULT_DATA_DIR
+from ..registry.files import open_registry_for_start
+from ..registry.store import REGISTRY_FILE, InstanceInfo, Registry, RegistryError
+from .files import LOCK_FILE, InstanceFiles
 from .modes import own_data_dir
 from .ownership import OwnershipError, check_data_dir
-from .registry import REGISTRY_FILE, InstanceInfo, Registry, RegistryError
-from .registry_files import open_registry_for_start
-from .storage import LOCK_FILE, InstanceFiles
 
 __all__ = [
     "DATA_DIR_ENV",

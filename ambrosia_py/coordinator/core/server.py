@@ -1,7 +1,7 @@
 """The Immortal Coordinator process: the two binding sockets, start-up, group commit.
 
-This is the thin asyncio adapter around :mod:`ic_core` (routing), :mod:`storage` (files)
-and :mod:`registry` (metadata). The rules it keeps (seed 002, *Communication Protocols*;
+This is the thin asyncio adapter around :mod:`.intake` (routing), :mod:`..storage.files` (files)
+and :mod:`..registry.store` (metadata). The rules it keeps (seed 002, *Communication Protocols*;
 reference ambrosia.md, *Start-up* and *The two local sockets*):
 
 * Listen on the receive port (where the binding writes) first, accept one binding, then
@@ -18,8 +18,8 @@ reference ambrosia.md, *Start-up* and *The two local sockets*):
 * Normal processing, group commit: a reader (a callback on the binding's socket) sorts
   the binding's bytes into pending input; a committer task packs everything pending
   into one record and writes it in a worker thread — input keeps arriving meanwhile and
-  forms the next record — while a second stage (:mod:`commit`) ``fdatasync``s what was
-  written and only then forwards the same bytes to the binding (:mod:`forwarding`). The
+  forms the next record — while a second stage (:mod:`.commit`) ``fdatasync``s what was
+  written and only then forwards the same bytes to the binding (:mod:`.forwarding`). The
   binding only ever sees durable input.
 * Checkpoints: when the binding sends TakeCheckpoint or the log passes its size trigger,
   the committer moves to log N+1 and sends TakeCheckpoint (a seq -1 record) between the
@@ -41,27 +41,27 @@ from collections.abc import Callable
 
 import attrs
 
-from .. import crashpoints, wire
-from ..eventloop import running_loop_name
-from ..wire import (
+from ... import crashpoints, wire
+from ...eventloop import running_loop_name
+from ...wire import (
     CHECKPOINT_SEQ,
     Checkpoint,
     TakeBecomingPrimaryCheckpoint,
     TakeCheckpoint,
     UpgradeTakeCheckpoint,
 )
+from ..links.peers import PeerLinks
+from ..links.protocol import Inbox
+from ..registry.store import Registry
+from ..storage.files import InstanceFiles, LogWriter
+from ..storage.replay import replay_log
 from .binding_auth import open_gate
 from .binding_link import BindingLink, connect_binding
+from .checkpoint import IcState
 from .commit import CommitPipeline
+from .config import BindingLeftError, CoordinatorConfig, resolve_start
 from .forwarding import Forwarded, Forwarder, LogPlace, OutboxGate
-from .ic_config import BindingLeftError, CoordinatorConfig, resolve_start
-from .ic_core import CheckpointArrived, CheckpointRequested, InitialArrived, Intake
-from .ic_state import IcState
-from .links import Inbox
-from .log_replay import replay_log
-from .peer_links import PeerLinks
-from .registry import Registry
-from .storage import InstanceFiles, LogWriter
+from .intake import CheckpointArrived, CheckpointRequested, InitialArrived, Intake
 
 __all__ = ["Coordinator"]
 

@@ -15,9 +15,9 @@ import logging
 import os
 from pathlib import Path
 
-from .data_dir import running_pid
-from .registry import REGISTRY_FILE, Registry, RegistryError
-from .storage import InstanceFiles
+from ..storage.data_dir import running_pid
+from ..storage.files import InstanceFiles
+from .store import REGISTRY_FILE, Registry, RegistryError
 
 __all__ = ["PortTakenError", "cannot_listen", "holder", "publish_ingress"]
 
