@@ -20,6 +20,13 @@ ACCEL_DEPS = if [ $(REQUIRE_ACCEL) = 1 ] && command -v apt-get >/dev/null && \
 	{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 	$(ACCEL_DEBS); } >/dev/null 2>&1 || echo "apt-get failed: the accelerators will not build"; fi
 
+# The etcd registry's tests run a real etcd (tests/etcd_server.py): where the command is
+# missing, Debian's etcd-server is installed, and this says so in one line.
+ETCD_DEPS = if ! command -v etcd >/dev/null && command -v apt-get >/dev/null; then \
+	echo "installing etcd-server: the etcd registry's tests run a real etcd"; \
+	{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	etcd-server; } >/dev/null 2>&1 || echo "apt-get failed: the etcd registry tests will skip"; fi
+
 .PHONY: demo test lint typecheck unit bench clean
 
 $(BIN)/python:
@@ -55,6 +62,7 @@ typecheck: $(STAMP_DEV)
 
 unit: $(STAMP_DEV)
 	@$(JAVA_CHECK)
+	@$(ETCD_DEPS)
 	AMBROSIA_REQUIRE_ACCEL=$(REQUIRE_ACCEL) $(BIN)/pytest -q
 
 # Ours beside the peers (gRPC, DBOS: the `bench` extra) and this machine's limits, in one

@@ -88,40 +88,6 @@ def test_allocation_skips_ports_that_are_in_use(
             registry.register("third")
 
 
-def test_versions_checkpoints_and_committer(registry: Registry) -> None:
-    registry.register("a")
-    registry.commit_checkpoint("a", 0, 1, 1)
-    registry.commit_checkpoint("a", 0, 3, 3)
-    registry.set_committer_id("a", -5)
-    info = registry.get("a")
-    assert info is not None
-    assert (info.last_checkpoint, info.last_log, info.committer_id) == (3, 3, -5)
-    with pytest.raises(RegistryError, match="refusing to go back to 2"):
-        registry.commit_checkpoint("a", 0, 2, 2)
-    registry.set_current_version("a", 1)
-    info = registry.get("a")
-    assert info is not None
-    assert (info.current_version, info.last_checkpoint, info.last_log) == (1, None, None)
-    registry.commit_checkpoint("a", 1, 1, 1)
-    registry.set_current_version("a", 0)  # back: version 0's record is kept
-    info = registry.get("a")
-    assert info is not None and (info.last_checkpoint, info.last_log) == (3, 3)
-
-
-def test_unknown_instances_and_bad_values(registry: Registry) -> None:
-    with pytest.raises(RegistryError, match="unknown instance 'nobody'"):
-        registry.set_current_version("nobody", 1)
-    with pytest.raises(RegistryError, match="unknown instance 'nobody'"):
-        registry.commit_checkpoint("nobody", 0, 1, 1)
-    with pytest.raises(RegistryError, match="unknown instance 'nobody'"):
-        registry.set_committer_id("nobody", 1)
-    registry.register("a")
-    with pytest.raises(RegistryError, match="32 bits"):
-        registry.set_committer_id("a", 2**31)
-    with pytest.raises(RegistryError, match="start at 1"):
-        registry.commit_checkpoint("a", 0, 0, 1)
-
-
 def test_state_survives_reopening_and_close_is_final(tmp_path: Path) -> None:
     with Registry(tmp_path) as reg:
         a = reg.register("a")

@@ -12,11 +12,9 @@ runs in WAL mode with a busy timeout, every change is one short ``BEGIN IMMEDIAT
 transaction (which serialises writers, so checking and taking ports cannot race), and
 ``synchronous=FULL`` makes a committed checkpoint survive power loss.
 
-Ports: a port given explicitly must not be used by another registered instance. A port
-not given is allocated from :data:`PORT_RANGE`, which sits below Linux's default
-ephemeral range (32768-60999) so outgoing connections never take it later; candidates are
-tried from a random start (registries in other data directories cannot see ours), must be
-unused by any registered instance, and must be bindable on 127.0.0.1 right now.
+The rules for ports, versions and checkpoints are :mod:`.rules`', shared with the etcd
+backend. The database may also live outside the data dir (``path``), one file shared by
+processes whose data dirs differ (:func:`.backends.open_registry`).
 
 The database and its ``-wal``/``-shm``/``-journal`` files are 0600 and a data directory
 it creates 0700 (:mod:`..storage.modes`): the file is made 0600 before SQLite opens it, and
@@ -27,17 +25,24 @@ SQLite gives its side files the database's mode. Every SQLite or OS failure surf
 from __future__ import annotations
 
 import os
-import random
-import socket
 import sqlite3
 import threading
 import time
 from pathlib import Path
 
-import attrs
-
 from ..storage.modes import PRIVATE_FILE, create_private, own_data_dir
 from ..storage.ownership import OwnershipError, Trusted, check_owned
+from .interface import InstanceInfo, RegistryError
+from .rules import (
+    PORT_RANGE,
+    check_checkpoint,
+    check_committer_id,
+    check_register,
+    check_version,
+    choose_ports,
+)
+from .rules import bindable as _bindable  # noqa: F401 (the tests probe ports with it)
+from .rules import check_port as _check_port
 
 __all__ = [
     "PORT_RANGE",
@@ -50,7 +55,6 @@ __all__ = [
 
 REGISTRY_FILE = "registry.sqlite3"
 REGISTRY_SIDE_FILES = ("-wal", "-shm", "-journal")  # SQLite's, beside the database
-PORT_RANGE = range(20000, 32768)
 _BUSY_TIMEOUT_S = 30.0
 
 _SCHEMA = """
@@ -88,23 +92,6 @@ LEFT JOIN versions AS v ON v.name = i.name AND v.version = i.current_version
 """
 
 
-class RegistryError(Exception):
-    """A registry request that cannot be met (unknown instance, port clash, ...)."""
-
-
-@attrs.frozen
-class InstanceInfo:
-    """One registered instance; ``last_checkpoint``/``last_log`` are for its current version."""
-
-    name: str
-    receive_port: int
-    send_port: int
-    current_version: int
-    last_checkpoint: int | None
-    last_log: int | None
-    committer_id: int | None
-
-
 def _info(row: tuple[object, ...]) -> InstanceInfo:
     name, rp, sp, version, chk, log, committer = row
     assert isinstance(name, str) and isinstance(rp, int) and isinstance(sp, int)
@@ -113,22 +100,6 @@ def _info(row: tuple[object, ...]) -> InstanceInfo:
     assert log is None or isinstance(log, int)
     assert committer is None or isinstance(committer, int)
     return InstanceInfo(name, rp, sp, version, chk, log, committer)
-
-
-def _bindable(port: int) -> bool:
-    """Whether a listener could take ``port`` on 127.0.0.1 now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def _check_port(port: int, what: str) -> None:
-    if not 1 <= port <= 65535:
-        raise RegistryError(f"{what} {port} is not a TCP port (1-65535)")
 
 
 def _set_wal(db: sqlite3.Connection) -> None:
@@ -153,21 +124,29 @@ def _set_wal(db: sqlite3.Connection) -> None:
 
 def registry_paths(data_dir: Path) -> list[Path]:
     """The registry database of ``data_dir`` and its SQLite side files (present or not)."""
-    path = Path(data_dir) / REGISTRY_FILE
+    return registry_file_paths(Path(data_dir) / REGISTRY_FILE)
+
+
+def registry_file_paths(path: Path) -> list[Path]:
+    """The registry database ``path`` and its SQLite side files (present or not)."""
     return [path, *(path.with_name(path.name + side) for side in REGISTRY_SIDE_FILES)]
 
 
 class Registry:
-    """The registry of one data directory. Thread-safe; share one per process."""
+    """The registry of one data directory. Thread-safe; share one per process.
 
-    def __init__(self, data_dir: Path) -> None:
+    ``path``: the database, if not the data dir's own (its directory is made 0700 if
+    missing, and checked to be ours, as a data dir is).
+    """
+
+    def __init__(self, data_dir: Path, path: Path | None = None) -> None:
         self.data_dir = Path(data_dir)
-        self.path = self.data_dir / REGISTRY_FILE
+        self.path = self.data_dir / REGISTRY_FILE if path is None else Path(path)
         self._lock = threading.Lock()
         self._db: sqlite3.Connection | None = None
         try:  # every command that opens a registry: another user's is not ours to read
-            own_data_dir(self.data_dir)
-            check_owned(registry_paths(self.data_dir), Trusted.DATA_FILE)
+            own_data_dir(self.path.parent)
+            check_owned(registry_file_paths(self.path), Trusted.DATA_FILE)
         except OwnershipError as exc:
             raise RegistryError(str(exc)) from None
         try:
@@ -204,7 +183,7 @@ class Registry:
 
     def _private_side_files(self) -> None:
         """Belt and braces: SQLite mirrors the database's mode, this states it."""
-        for path in registry_paths(self.data_dir)[1:]:
+        for path in registry_file_paths(self.path)[1:]:
             try:
                 if path.stat().st_mode & 0o077:
                     os.chmod(path, PRIVATE_FILE)
@@ -275,13 +254,7 @@ class Registry:
         instance) or kept (existing one). ``version`` is the current version of a new
         instance; change an existing one's with :meth:`set_current_version`.
         """
-        if not name:
-            raise RegistryError("an instance needs a name")
-        for port, what in ((receive_port, "receive port"), (send_port, "send port")):
-            if port is not None:
-                _check_port(port, what)
-        if version < 0:
-            raise RegistryError(f"version {version} is negative")
+        check_register(name, receive_port, send_port, version)
         with self._write() as db:
             existing = self._get(db, name)
             if existing is not None and receive_port is None and send_port is None:
@@ -292,26 +265,10 @@ class Registry:
             ):
                 used[rp] = other
                 used[sp] = other
-            for port, what in ((receive_port, "receive port"), (send_port, "send port")):
-                if port is not None and port in used:
-                    raise RegistryError(
-                        f"{what} {port} for {name!r} is already used by instance "
-                        f"{used[port]!r}: give another --{what.replace(' ', '-')}, or none "
-                        "(a free one is allocated)"
-                    )
-            if existing is not None:
-                receive_port = existing.receive_port if receive_port is None else receive_port
-                send_port = existing.send_port if send_port is None else send_port
-            taken = set(used) | {p for p in (receive_port, send_port) if p is not None}
-            if receive_port is None:
-                receive_port = _allocate(taken)
-                taken.add(receive_port)
-            if send_port is None:
-                send_port = _allocate(taken)
-            if receive_port == send_port:
-                raise RegistryError(
-                    f"receive and send port of {name!r} must differ (both {receive_port})"
-                )
+            ports = None if existing is None else (existing.receive_port, existing.send_port)
+            receive_port, send_port = choose_ports(
+                name, ports, receive_port, send_port, used, PORT_RANGE
+            )
             if existing is None:
                 db.execute(
                     "INSERT INTO instances (name, receive_port, send_port, current_version) "
@@ -337,8 +294,7 @@ class Registry:
 
     def set_current_version(self, name: str, version: int) -> None:
         """Make ``version`` the instance's current version (after an upgrade)."""
-        if version < 0:
-            raise RegistryError(f"version {version} is negative")
+        check_version(version)
         with self._write() as db:
             self._require(db, name)
             db.execute("UPDATE instances SET current_version = ? WHERE name = ?", (version, name))
@@ -352,19 +308,14 @@ class Registry:
         Checkpoint numbers only grow: recording an older one than the registry already
         has is refused, since recovery would then start from stale state.
         """
-        if checkpoint < 1 or log < 1:
-            raise RegistryError(f"checkpoint {checkpoint} / log {log}: numbers start at 1")
+        check_checkpoint(name, version, checkpoint, log, None)
         with self._write() as db:
             self._require(db, name)
             row = db.execute(
                 "SELECT last_checkpoint FROM versions WHERE name = ? AND version = ?",
                 (name, version),
             ).fetchone()
-            if row is not None and row[0] is not None and row[0] > checkpoint:
-                raise RegistryError(
-                    f"instance {name!r} version {version} already committed checkpoint "
-                    f"{row[0]}; refusing to go back to {checkpoint}"
-                )
+            check_checkpoint(name, version, checkpoint, log, None if row is None else row[0])
             db.execute(
                 "INSERT INTO versions (name, version, last_checkpoint, last_log) "
                 "VALUES (?, ?, ?, ?) ON CONFLICT (name, version) DO UPDATE SET "
@@ -374,8 +325,7 @@ class Registry:
 
     def set_committer_id(self, name: str, committer_id: int) -> None:
         """Record the instance's committer id (a 32-bit signed integer)."""
-        if not -(2**31) <= committer_id < 2**31:
-            raise RegistryError(f"committer id {committer_id} does not fit in 32 bits")
+        check_committer_id(committer_id)
         with self._write() as db:
             self._require(db, name)
             db.execute("UPDATE instances SET committer_id = ? WHERE name = ?", (committer_id, name))
@@ -501,13 +451,3 @@ class _Transaction:
             self._registry._lock.release()
         if isinstance(exc, sqlite3.Error):
             raise self._registry._error("cannot write", exc) from exc
-
-
-def _allocate(taken: set[int]) -> int:
-    """A port from :data:`PORT_RANGE` not in ``taken`` and bindable on 127.0.0.1 now."""
-    start = random.SystemRandom().randrange(len(PORT_RANGE))
-    for i in range(len(PORT_RANGE)):
-        port = PORT_RANGE[(start + i) % len(PORT_RANGE)]
-        if port not in taken and _bindable(port):
-            return port
-    raise RegistryError(f"no free loopback port left in {PORT_RANGE.start}-{PORT_RANGE.stop - 1}")

@@ -1,0 +1,132 @@
+"""One etcd lease per process, kept alive, and what the process published under it.
+
+A coordinator's addresses are put under its process's lease (:meth:`LeaseKeeper.publish`)
+and this keeps the lease alive: a keep-alive every third of the TTL etcd granted. If the
+process dies (or is cut off from etcd for longer than the TTL) the keep-alives stop, etcd
+ends the lease and deletes its keys: a dead coordinator's addresses are gone within the
+TTL, and watchers see them go.
+
+When etcd is unreachable the keeper keeps trying, and once it answers again:
+
+- if etcd no longer has the lease (it ran out meanwhile), a new one is granted and every
+  address held is published again under it;
+- if it has (etcd extends every lease when it restarts), each address held is read back
+  and put again if it is missing or differs (a store restored from an older snapshot).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from .etcd_client import EtcdClient, EtcdError, compare, put_op
+
+__all__ = ["LeaseKeeper"]
+
+log = logging.getLogger("ambrosia_py.coordinator")
+
+
+class LeaseKeeper:
+    """The lease of one process and the keys it holds; runs on one event loop."""
+
+    def __init__(self, client: EtcdClient, ttl: int) -> None:
+        self._client = client
+        self._ttl = ttl
+        self._lease = 0
+        self._granted = ttl
+        self._held: dict[str, bytes] = {}
+        self._lock = asyncio.Lock()
+        self._task: asyncio.Task[None] | None = None
+        self._outage: str | None = None
+        self.renewals = 0  # keep-alive rounds etcd answered
+        self.regrants = 0  # times the lease was found gone and granted anew
+
+    @property
+    def lease(self) -> int:
+        """The lease's id (0 before the first publication)."""
+        return self._lease
+
+    @property
+    def granted_ttl(self) -> int:
+        return self._granted
+
+    async def publish(self, key: str, value: bytes, require: str) -> bool:
+        """Put ``key`` under the lease if the key ``require`` exists (the instance is
+        registered); whether it did."""
+        async with self._lock:
+            if not self._lease:
+                await self._grant()
+            done, _ = await self._client.txn(
+                [compare(require, "VERSION", "GREATER", 0)], [put_op(key, value, self._lease)]
+            )
+            if done:
+                self._held[key] = value
+            return done
+
+    async def withdraw(self, key: str) -> None:
+        async with self._lock:
+            self._held.pop(key, None)
+            await self._client.delete(key)
+
+    async def stop(self, *, revoke: bool) -> None:
+        """Stop keeping the lease alive; with ``revoke``, end it now (its keys go at once)."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        if revoke and self._lease:
+            try:
+                await self._client.revoke(self._lease)
+            except EtcdError as exc:
+                log.info(
+                    "could not revoke the etcd lease %x (it ends by itself): %s", self._lease, exc
+                )
+        self._lease = 0
+        self._held.clear()
+
+    async def _grant(self) -> None:
+        self._lease, self._granted = await self._client.grant(self._ttl)
+        if self._granted != self._ttl:
+            log.info("etcd granted a %d s lease (asked for %d s)", self._granted, self._ttl)
+        if self._task is None:
+            self._task = asyncio.create_task(self._keep(), name="etcd lease keep-alive")
+
+    async def _keep(self) -> None:
+        while True:
+            await asyncio.sleep(self._granted / 3)
+            try:
+                async with self._lock:
+                    await self._renew()
+            except EtcdError as exc:
+                if self._outage is None:
+                    log.warning(
+                        "cannot keep the etcd lease %x alive (%s); trying again every %.1f s",
+                        self._lease,
+                        exc,
+                        self._granted / 3,
+                    )
+                self._outage = str(exc)
+
+    async def _renew(self) -> None:
+        if await self._client.keepalive(self._lease) <= 0:
+            log.warning(
+                "the etcd lease %x ran out, withdrawing what it held; publishing %d "
+                "addresses again under a new lease",
+                self._lease,
+                len(self._held),
+            )
+            self._lease, self._granted = await self._client.grant(self._ttl)
+            self.regrants += 1
+            for key, value in self._held.items():
+                await self._client.put(key, value, self._lease)
+        elif self._outage is not None:
+            for key, value in self._held.items():
+                _, found = await self._client.range(key)
+                if not found or found[0].value != value or found[0].lease != self._lease:
+                    await self._client.put(key, value, self._lease)
+        if self._outage is not None:
+            log.info("etcd answers again; the lease %x is kept alive", self._lease)
+            self._outage = None
+        self.renewals += 1
