@@ -10,7 +10,7 @@ import asyncio
 import pytest
 
 from ambrosia_py import eventloop
-from immortals.ockam.connection import HubError, OckamClient
+from immortals.ockam.hub_connection import HubError, OckamClient
 
 DEADLINE = 30.0
 

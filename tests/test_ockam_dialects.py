@@ -20,8 +20,9 @@ from ambrosia_py.wire import Checkpoint, IncomingRpc, LogRecord, RpcType
 from immortals.ockam import codec
 from immortals.ockam.codec import Dialect, GetIndex, PullRequest, PullResponse
 from immortals.ockam.hub import OckamHub
+from immortals.ockam.hub_core import HubConfig, StreamHub
+from immortals.ockam.report import REPORT
 from immortals.ockam.routing import Address, TransportMessage, encode_message
-from immortals.ockam.service import HubConfig, StreamHub
 
 CONN = Address.tcp("127.0.0.1", 50000)
 APP = Address.local("app")
@@ -171,12 +172,33 @@ def test_the_dialect_reaches_the_state_as_a_logged_name() -> None:
 
     class OnlyHubConfig(pickle.Unpickler):
         def find_class(self, module: str, name: str) -> object:
-            if (module, name) != ("immortals.ockam.service", "HubConfig"):
+            if (module, name) not in REPORT.allowed_globals:
                 raise pickle.UnpicklingError(f"{module}.{name} is not allowed")
-            return HubConfig
+            return super().find_class(module, name)
 
     config = HubConfig(retention_messages=5, dialect=Dialect.RELEASED)
     assert OnlyHubConfig(io.BytesIO(pickle.dumps(config))).load() == config
+
+
+def test_a_configure_logged_under_the_cores_former_module_is_read() -> None:
+    """Logs written before the core was ``hub_core`` name ``immortals.ockam.service``;
+    they load as they did, and the log analysis still allows the class there."""
+    config = HubConfig(stream_service="streams", retention_ms=9, dialect=Dialect.RELEASED)
+    new = pickle.dumps(config, protocol=2)  # GLOBAL: the module path as a text line
+    assert b"cimmortals.ockam.hub_core\nHubConfig\n" in new
+    old = new.replace(b"immortals.ockam.hub_core\n", b"immortals.ockam.service\n")
+    back = pickle.loads(old)
+    assert type(back) is HubConfig and back == config
+    assert ("immortals.ockam.service", "HubConfig") in REPORT.allowed_globals
+    hub = StreamHub(config)
+    hub.generated = 3
+    state = pickle.dumps(hub, protocol=2).replace(
+        b"immortals.ockam.hub_core\n", b"immortals.ockam.service\n"
+    )
+    assert b"immortals.ockam.hub_core" not in state
+    restored = pickle.loads(state)
+    assert type(restored) is StreamHub
+    assert (restored.config, restored.generated) == (config, 3)
 
 
 # -- a checkpoint written before there were dialects -------------------------------------

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 from immortals.ockam.bench import HubProcess
-from immortals.ockam.client import Consumer, HubError, OckamClient, Publisher
 from immortals.ockam.codec import Dialect
+from immortals.ockam.hub_client import Consumer, HubError, OckamClient, Publisher
 
 
 @pytest.fixture

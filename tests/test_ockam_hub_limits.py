@@ -3,7 +3,7 @@ peer reaches before it has sent a valid frame, fuzzed.
 
 The hub runs as ``ambrosia-py run immortals.ockam.hub`` (``HubProcess``, as in
 ``test_ockam_hub_e2e.py``); the attacks use plain sockets, the honest client
-:class:`~immortals.ockam.client.OckamClient`. Memory is the hub service process's
+:class:`~immortals.ockam.hub_client.OckamClient`. Memory is the hub service process's
 resident set (``VmRSS``), sampled while the attack runs; connections the hub holds are
 its sockets on the hub's port (``/proc/PID/fd`` against ``/proc/net/tcp``). Every wait
 has a deadline; nothing here asserts on wall time (the figures are printed).
@@ -28,8 +28,10 @@ from hypothesis import strategies as st
 from ambrosia_py.testing.processes import wait_for
 from immortals.ockam import codec, pushes
 from immortals.ockam.bench import HubProcess
-from immortals.ockam.client import OckamClient
 from immortals.ockam.errors import OckamError
+from immortals.ockam.hub_client import OckamClient
+from immortals.ockam.hub_core import REPLY_BUDGET, StreamHub
+from immortals.ockam.hub_transport import HUB_LIMITS
 from immortals.ockam.routing import (
     MAX_FRAME,
     Address,
@@ -40,8 +42,6 @@ from immortals.ockam.routing import (
     encode_message,
     frame,
 )
-from immortals.ockam.service import REPLY_BUDGET, StreamHub
-from immortals.ockam.transport import HUB_LIMITS
 
 from .strategies_ockam import chunked, requests, transport_messages
 

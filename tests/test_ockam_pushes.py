@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from immortals.ockam import bare, codec, pushes
 from immortals.ockam.codec import CreateStreamRequest, PullRequest, PushConfirm, PushRequest, Status
+from immortals.ockam.hub_core import StreamHub
 from immortals.ockam.routing import (
     VERSION,
     Address,
@@ -23,7 +24,6 @@ from immortals.ockam.routing import (
     frame,
     hop,
 )
-from immortals.ockam.service import StreamHub
 
 from .strategies_ockam import blobs, routes, uints
 

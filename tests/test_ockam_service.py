@@ -34,6 +34,7 @@ from immortals.ockam.codec import (
     SavePartitionIndex,
     Status,
 )
+from immortals.ockam.hub_core import HubConfig, StreamHub
 from immortals.ockam.routing import (
     MAX_FRAME,
     Address,
@@ -41,7 +42,6 @@ from immortals.ockam.routing import (
     encode_message,
 )
 from immortals.ockam.segments import SEAL_MESSAGES, Segment, SegmentError
-from immortals.ockam.service import HubConfig, StreamHub
 
 CONN = Address.tcp("127.0.0.1", 50000)
 APP = Address.local("app")

@@ -66,8 +66,8 @@ def _hello(runner: ImmortalRunner) -> None:
 
 
 def _ockam(runner: ImmortalRunner) -> None:
-    from immortals.ockam.client import OckamClient
     from immortals.ockam.hub import OckamHub
+    from immortals.ockam.hub_client import OckamClient
 
     hub = runner.start(OckamHub, "hub", listen="127.0.0.1:0")
     local = hub.dispatcher.immortal.local  # this incarnation's things: its transport

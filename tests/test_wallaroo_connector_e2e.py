@@ -32,10 +32,10 @@ import pytest
 
 from ambrosia_py.testing import ServiceProcess, free_port
 from ambrosia_py.testing import wait_for as _wait_for
-from immortals.ockam.client import OckamClient, Publisher
+from immortals.ockam.hub_client import OckamClient, Publisher
 from immortals.wallaroo import stream_id_for
 from immortals.wallaroo.sources import generate
-from immortals.wallaroo.worker_ctl import request
+from immortals.wallaroo.worker_client import request
 
 ROOT = Path(__file__).resolve().parents[1]
 COOKIE = "e2e-cookie"
@@ -272,6 +272,44 @@ def test_v3_generator_exactly_once_through_sigkills(
     assert worker.counts() == words([generate(9, k) for k in range(1, n + 1)])
 
 
+class Move:
+    """Two workers sharing a data dir (so they find each other's calls), a generator's
+    connector streaming to ``a``, and ``a`` told to move it to ``b`` once it has applied
+    ``share`` of the records; then :meth:`wait_finished`, and across both, exactly once."""
+
+    def __init__(
+        self, tmp_path: Path, processes: list[Service], dialect: str, seed: int, n: int
+    ) -> None:
+        self.gen, self.n, self.seed = f"gen://{n}?seed={seed}", n, seed
+        self.a = Worker(tmp_path / "w", "a", dialect)
+        self.b = Worker(tmp_path / "w", "b", dialect)
+        self.conn = Connector(tmp_path / "c", "conn", self.a, self.gen, dialect)
+        processes += [self.a, self.b, self.conn]
+        for process in (self.a, self.b, self.conn):
+            process.start()
+
+    def order(self, share: float) -> dict[str, Any]:
+        """Wait until ``a`` has applied ``share`` of the records, tell it to move; its
+        answer."""
+        wait_for(f"{share:.0%} of the stream at a", lambda: self.a.applied() >= self.n * share)
+        body = {"op": "move", "target": self.b.address, "instance": "b"}
+        return dict(request(self.a.control, COOKIE, body))
+
+    def wait_finished(self) -> None:
+        a, b = self.a, self.b
+        wait_for(
+            "the stream to finish at b",
+            lambda: finished(b, self.gen, self.n),
+            context=lambda: (
+                f"applied a={a.applied()} b={b.applied()}\n"
+                + "\n".join(f"--- {s.instance}:\n{s.tail(3000)}" for s in (a, b, self.conn))
+            ),
+        )
+        assert a.applied() + b.applied() == self.n
+        records = [generate(self.seed, k) for k in range(1, self.n + 1)]
+        assert a.counts() + b.counts() == words(records)
+
+
 @pytest.mark.parametrize("dialect", ["draft", "v3"])
 def test_a_worker_moves_its_connector_mid_stream(
     tmp_path: Path, processes: list[Service], dialect: str
@@ -279,35 +317,18 @@ def test_a_worker_moves_its_connector_mid_stream(
     """Draft: MIGRATE (seed 001); v3: RESTART. The stream's point goes from a to b first
     (calls between the two immortals, which share a data dir and so find each other),
     with the default options: across both workers, exactly once."""
-    gen, n = "gen://12000?seed=4", 12000
-    a = Worker(tmp_path / "w", "a", dialect)
-    b = Worker(tmp_path / "w", "b", dialect)
-    conn = Connector(tmp_path / "c", "conn", a, gen, dialect)
-    processes += [a, b, conn]
-    a.start()
-    b.start()
-    conn.start()
-    wait_for("a quarter of the stream at a", lambda: a.applied() >= n // 4)
-    answer = request(a.control, COOKIE, {"op": "move", "target": b.address, "instance": "b"})
+    move = Move(tmp_path, processes, dialect, seed=4, n=12000)
+    answer = move.order(1 / 4)
     assert answer == {"ok": True, "streams": 1, "to": "b"}, answer
-    wait_for(
-        "the stream to finish at b",
-        lambda: finished(b, gen, n),
-        context=lambda: (
-            f"applied a={a.applied()} b={b.applied()}\n"
-            + "\n".join(f"--- {svc.instance}:\n{svc.tail(3000)}" for svc in (a, b, conn))
-        ),
-    )
-    assert a.applied() + b.applied() == n
-    assert n // 4 <= a.applied() < n
-    assert a.counts() + b.counts() == words([generate(4, k) for k in range(1, n + 1)])
-    log = conn.tail(100_000)
+    move.wait_finished()
+    assert move.n // 4 <= move.a.applied() < move.n
+    log = move.conn.tail(100_000)
     assert ("migrated to" if dialect == "draft" else "sent RESTART to") in log
     # The connector goes on to the new worker after a restart too: its target is state.
-    conn.kill("both")
-    conn.start()
-    wait_for("the restarted connector at b", lambda: len(b.status()["connections"]) == 1)
-    assert not a.status()["connections"]
+    move.conn.kill("both")
+    move.conn.start()
+    wait_for("the restarted connector at b", lambda: len(move.b.status()["connections"]) == 1)
+    assert not move.a.status()["connections"]
 
 
 @pytest.mark.parametrize("dialect", ["draft", "v3"])
@@ -317,33 +338,16 @@ def test_a_move_is_exactly_once_through_sigkills_of_both_workers(
     """The old worker SIGKILLed right after it was told to move (the hand-off to b under
     way, its connector on the move), then the new one once it took over: across both,
     every record exactly once, and the stream closed where it ended."""
-    gen, n = "gen://9000?seed=6", 9000
-    a = Worker(tmp_path / "w", "a", dialect)
-    b = Worker(tmp_path / "w", "b", dialect)
-    conn = Connector(tmp_path / "c", "conn", a, gen, dialect)
-    processes += [a, b, conn]
-    a.start()
-    b.start()
-    conn.start()
-    wait_for("a third of the stream at a", lambda: a.applied() >= n // 3)
-    answer = request(a.control, COOKIE, {"op": "move", "target": b.address, "instance": "b"})
+    move = Move(tmp_path, processes, dialect, seed=6, n=9000)
+    answer = move.order(1 / 3)
     assert answer["ok"], answer
-    a.kill("both")
-    a.start()
-    wait_for("b to take the stream over", lambda: b.applied() >= 1)
-    b.kill("service")
-    b.start()
-    wait_for(
-        "the stream to finish at b",
-        lambda: finished(b, gen, n),
-        context=lambda: (
-            f"applied a={a.applied()} b={b.applied()}\n"
-            + "\n".join(f"--- {svc.instance}:\n{svc.tail(3000)}" for svc in (a, b, conn))
-        ),
-    )
-    assert a.applied() + b.applied() == n
-    assert a.counts() + b.counts() == words([generate(6, k) for k in range(1, n + 1)])
-    moved = a.status()["move"]
+    move.a.kill("both")
+    move.a.start()
+    wait_for("b to take the stream over", lambda: move.b.applied() >= 1)
+    move.b.kill("service")
+    move.b.start()
+    move.wait_finished()
+    moved = move.a.status()["move"]
     assert moved["done"] and moved["handed"] == 1, moved
 
 

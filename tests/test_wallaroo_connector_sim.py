@@ -28,6 +28,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from immortals.wallaroo import Dialect, stream_id_for
+from immortals.wallaroo.codec import split_frames
 from immortals.wallaroo.connector_actions import (
     Actions,
     Close,
@@ -45,7 +46,6 @@ from immortals.wallaroo.connector_actions import (
 from immortals.wallaroo.connector_core import ConnectorCore
 from immortals.wallaroo.handoff import Call
 from immortals.wallaroo.sources import Batch
-from immortals.wallaroo.transport import split_frames
 from immortals.wallaroo.worker_core import Replies, WorkerConfig, WorkerCore
 
 A, B = "127.0.0.1:7100", "127.0.0.1:7200"

@@ -21,7 +21,6 @@ from immortals.wallaroo import (
     LENGTH_PREFIX_BYTES,
     Dialect,
     EncodeError,
-    FrameReader,
     FrameTooLargeError,
     Hello,
     InvalidBoolError,
@@ -38,6 +37,7 @@ from immortals.wallaroo import (
     encode,
 )
 from tests import strategies_wallaroo as s
+from tests.wallaroo_reader import FrameReader
 
 DRAFT, V3 = Dialect.DRAFT, Dialect.V3
 

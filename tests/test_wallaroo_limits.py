@@ -46,9 +46,9 @@ from immortals.wallaroo import (
     WorkerConfig,
     encode,
 )
-from immortals.wallaroo.codec import decode_tagged
-from immortals.wallaroo.control import ControlServer, parse_request
-from immortals.wallaroo.transport import LIMITS, WorkerTransport, screen_hello, split_frames
+from immortals.wallaroo.codec import decode_tagged, split_frames
+from immortals.wallaroo.worker_control import ControlServer, parse_request
+from immortals.wallaroo.worker_transport import LIMITS, WorkerTransport, screen_hello
 from tests.wallaroo_process import (
     COOKIE,
     NOTHING_SEEN,

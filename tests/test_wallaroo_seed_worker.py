@@ -10,7 +10,7 @@ import struct
 from typing import Any
 
 from immortals.wallaroo import Dialect
-from immortals.wallaroo.transport import split_frames
+from immortals.wallaroo.codec import split_frames
 from immortals.wallaroo.worker_core import WorkerConfig, WorkerCore
 from tests.wallaroo_seed_bytes import (
     DRAFT,

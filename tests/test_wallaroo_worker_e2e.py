@@ -43,7 +43,6 @@ from immortals.wallaroo import (
     Dialect,
     Error,
     Frame,
-    FrameReader,
     Hello,
     Message,
     Migrate,
@@ -55,8 +54,8 @@ from immortals.wallaroo import (
     encode,
     end_of_stream,
 )
-from immortals.wallaroo.transport import split_frames
-from immortals.wallaroo.worker_ctl import request
+from immortals.wallaroo.codec import split_frames
+from immortals.wallaroo.worker_client import request
 from tests.wallaroo_process import (
     COOKIE,
     NOTHING_SEEN,
@@ -70,6 +69,7 @@ from tests.wallaroo_process import (
     v3_message,
     v3_notify,
 )
+from tests.wallaroo_reader import FrameReader
 
 DEADLINE = 120.0  # seconds for a whole exchange to finish
 
@@ -368,7 +368,7 @@ def test_operators_move_connectors_with_restart(worker: WorkerProcess) -> None:
     status = worker.status()
     assert status["streams"][str(released_stream_id("zeta"))]["point"] == 5
     assert status["connections"] == {} and status["move"]["done"]
-    ctl = [sys.executable, "-m", "immortals.wallaroo.worker_ctl", "--control", worker.control]
+    ctl = [sys.executable, "-m", "immortals.wallaroo.worker_client", "--control", worker.control]
     shown = subprocess.run(
         [*ctl, "--cookie", COOKIE, "status"], capture_output=True, text=True, timeout=60
     )

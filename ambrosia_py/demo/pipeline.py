@@ -26,7 +26,6 @@ connection at the worker. Every wait has a deadline; a failure raises
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import socket
@@ -38,6 +37,7 @@ from typing import Any
 
 import attrs
 
+from ..client.lines import ask
 from ..testing.processes import ServiceProcess, Victim, free_port
 from .producer import ProducerProcess
 from .view import PipelineView
@@ -118,21 +118,6 @@ class Crash:
     recovered_in: float
 
 
-def _control(address: str, cookie: str, body: dict[str, Any], timeout: float) -> Any:
-    """One request to the worker's operators' port and its answer: one JSON line each
-    way, the request carrying the cookie (docs/wallaroo.md, *Operators*), as any
-    operator's program speaks it. OSError if it does not answer, ValueError if the
-    answer is not JSON."""
-    host, _, port = address.rpartition(":")
-    with socket.create_connection((host, int(port)), timeout=timeout) as sock:
-        sock.sendall(json.dumps({**body, "cookie": cookie}).encode() + b"\n")
-        with sock.makefile("rb") as answers:
-            line = answers.readline()
-    if not line:
-        raise ConnectionError(f"{address} closed the connection without an answer")
-    return json.loads(line)
-
-
 def _accepts(port: int) -> bool:
     try:
         socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
@@ -198,7 +183,7 @@ class Pipeline:
 
     def _worker_status(self) -> dict[str, Any] | None:
         try:
-            answer = _control(self.control, self.cookie, {"op": "status"}, timeout=2.0)
+            answer = ask(self.control, {"op": "status", "cookie": self.cookie}, timeout=2.0)
         except (OSError, ValueError):
             return None
         return dict(answer["status"]) if answer.get("ok") else None

@@ -10,6 +10,14 @@ version, port), checks the length against the version, then waits for the rest. 
   nothing it sends is parsed or delivered (the bytes are counted in ``ignored_bytes``), and
   nothing but pings to the well-known ping endpoint may be sent to it.
 
+The machine is written down once, as a table (:data:`TRANSITIONS`): for each state, the
+events (:class:`ConnectionEvent`: what the peer's bytes turned out to be, and what we
+send) it admits and the state each leads to. An event a state does not admit raises
+:class:`UnexpectedEventError`, a :class:`FlowStateError` naming the state and the event.
+Two facts are kept beside the table: whether our ConnectPacket was sent (once, and
+before any frame, whichever state the peer's put us in), and the error a failed
+connection raises again.
+
 Like h11, :class:`FlowConnection` only turns bytes into events and calls into bytes; the
 caller owns the socket. Any :class:`FlowError` from :meth:`FlowConnection.receive_data`
 means: close the connection. It is raised at once, so frames completed earlier in the same
@@ -20,7 +28,9 @@ chunk are not delivered; they count as in flight, like every frame on a broken c
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
+from typing import Final
 
 from .connect import ConnectPacket, compatible, connect_packet_size
 from .constants import CONNECT_PREFIX_LENGTH, PACKET_LIMIT, Buffer, WellKnown
@@ -29,12 +39,27 @@ from .events import ConnectionClosed, Event, FrameReceived, PeerConnected
 from .frames import FrameReader, check_frame_limit, encode_frame, encode_frame_parts
 from .tokens import Token
 
-__all__ = ["ConnectionState", "FlowConnection"]
+__all__ = [
+    "MEANINGS",
+    "TRANSITIONS",
+    "ConnectionEvent",
+    "ConnectionState",
+    "FlowConnection",
+    "UnexpectedEventError",
+    "step",
+]
 
 _PING = Token.well_known(WellKnown.PING)
 
 
-class ConnectionState(enum.Enum):
+class _Member(enum.Enum):
+    """An enum hashed by identity: its members are singletons, and Enum's own
+    ``__hash__`` is Python code, run here on every frame sent."""
+
+    __hash__ = object.__hash__
+
+
+class ConnectionState(_Member):
     """What the connection expects from the peer."""
 
     AWAIT_PEER = "await-peer"  # reading the peer's ConnectPacket
@@ -44,32 +69,100 @@ class ConnectionState(enum.Enum):
     ERROR = "error"  # the peer broke the protocol; close the connection
 
 
-_S = ConnectionState
+class ConnectionEvent(_Member):
+    """What moves the machine: what the peer's bytes turned out to be, and what we send.
+    (What :meth:`FlowConnection.receive_data` reports are the :mod:`.events` values.)"""
 
-# The whole state machine: where each state may go next.
-_TRANSITIONS: dict[ConnectionState, frozenset[ConnectionState]] = {
-    _S.AWAIT_PEER: frozenset({_S.COMPATIBLE, _S.INCOMPATIBLE, _S.CLOSED, _S.ERROR}),
-    _S.COMPATIBLE: frozenset({_S.CLOSED, _S.ERROR}),
-    _S.INCOMPATIBLE: frozenset({_S.CLOSED}),
-    _S.CLOSED: frozenset(),
-    _S.ERROR: frozenset(),
-}
-
-
-class _May(enum.Enum):
-    SEND_ANY = "any"
-    SEND_PINGS = "pings only"
-    SEND_NOTHING = "nothing"
+    DATA = "bytes received"
+    PEER_COMPATIBLE = "the peer's ConnectPacket, compatible"
+    PEER_INCOMPATIBLE = "the peer's ConnectPacket, incompatible"
+    END = "the end of the stream"
+    BROKEN = "bytes that break the protocol"
+    SEND_CONNECT_PACKET = "sending our ConnectPacket"
+    SEND_FRAME = "sending a frame"
+    SEND_PING = "sending a ping"
 
 
-# What we may send in each state, and why not when we may not.
-_MAY_SEND: dict[ConnectionState, tuple[_May, str]] = {
-    _S.AWAIT_PEER: (_May.SEND_NOTHING, "the peer's ConnectPacket has not arrived"),
-    _S.COMPATIBLE: (_May.SEND_ANY, ""),
-    _S.INCOMPATIBLE: (_May.SEND_PINGS, "the peer is incompatible: only pings may be sent"),
-    _S.CLOSED: (_May.SEND_NOTHING, "the peer has closed the connection"),
-    _S.ERROR: (_May.SEND_NOTHING, "the connection failed with a protocol error"),
-}
+S, E = ConnectionState, ConnectionEvent
+
+TRANSITIONS: Final[Mapping[ConnectionState, Mapping[ConnectionEvent, ConnectionState]]] = (
+    MappingProxyType(
+        {
+            S.AWAIT_PEER: MappingProxyType(
+                {
+                    E.DATA: S.AWAIT_PEER,  # a part of the peer's ConnectPacket
+                    E.PEER_COMPATIBLE: S.COMPATIBLE,
+                    E.PEER_INCOMPATIBLE: S.INCOMPATIBLE,
+                    E.END: S.CLOSED,
+                    E.BROKEN: S.ERROR,  # a bad ConnectPacket
+                    E.SEND_CONNECT_PACKET: S.AWAIT_PEER,  # the dialer's, or an acceptor's
+                }
+            ),
+            S.COMPATIBLE: MappingProxyType(
+                {
+                    E.DATA: S.COMPATIBLE,
+                    E.END: S.CLOSED,
+                    E.BROKEN: S.ERROR,  # a bad frame
+                    E.SEND_CONNECT_PACKET: S.COMPATIBLE,  # an acceptor's, after the peer's
+                    E.SEND_FRAME: S.COMPATIBLE,
+                    E.SEND_PING: S.COMPATIBLE,
+                }
+            ),
+            S.INCOMPATIBLE: MappingProxyType(
+                {
+                    E.DATA: S.INCOMPATIBLE,  # counted, never parsed: nothing breaks
+                    E.END: S.CLOSED,
+                    E.SEND_CONNECT_PACKET: S.INCOMPATIBLE,
+                    E.SEND_PING: S.INCOMPATIBLE,  # seed 004: only pings to such a peer
+                }
+            ),
+            S.CLOSED: MappingProxyType({}),
+            S.ERROR: MappingProxyType({}),
+        }
+    )
+)
+"""The whole machine: state -> event -> next state. An event absent from a state's row
+is not valid there. CLOSED and ERROR admit nothing: a failed connection raises its error
+again instead (:meth:`FlowConnection.receive_data`)."""
+
+MEANINGS: Final[Mapping[ConnectionState, str]] = MappingProxyType(
+    {
+        S.AWAIT_PEER: "the peer's ConnectPacket has not arrived",
+        S.COMPATIBLE: "the peer's ConnectPacket has arrived, and frames follow",
+        S.INCOMPATIBLE: "the peer is incompatible: only pings may be sent",
+        S.CLOSED: "the peer closed the connection: nothing is valid after the end of the stream",
+        S.ERROR: "the connection failed with a protocol error",
+    }
+)
+"""What each state means, for the events it refuses."""
+
+
+class UnexpectedEventError(FlowStateError):
+    """An event the connection's state does not admit: ``state`` and ``event`` name them,
+    ``detail`` (e.g. where a frame was going) completes the event's description."""
+
+    def __init__(self, state: ConnectionState, event: ConnectionEvent, detail: str = "") -> None:
+        super().__init__(
+            f"{event.value}{detail} is not valid in flow connection state {state.name}: "
+            f"{MEANINGS[state]}"
+        )
+        self.state = state
+        self.event = event
+        self.detail = detail
+
+    def __reduce__(
+        self,
+    ) -> tuple[type[UnexpectedEventError], tuple[ConnectionState, ConnectionEvent, str]]:
+        return (type(self), (self.state, self.event, self.detail))
+
+
+def step(state: ConnectionState, event: ConnectionEvent, detail: str = "") -> ConnectionState:
+    """The state after ``event`` in ``state``; :class:`UnexpectedEventError` if the table
+    does not admit it there."""
+    after = TRANSITIONS[state].get(event)
+    if after is None:
+        raise UnexpectedEventError(state, event, detail)
+    return after
 
 
 def _as_bytes(view: memoryview) -> bytes:
@@ -161,7 +254,7 @@ class FlowConnection:
         Never more than the ConnectPacket or a frame header plus ``max_frame_length``:
         a longer declared length is refused as soon as its 4 bytes are in.
         """
-        held = len(self._head) if self._state is _S.AWAIT_PEER else 0
+        held = len(self._head) if self._state is S.AWAIT_PEER else 0
         return held + (self._reader.buffered if self._reader is not None else 0)
 
     @property
@@ -177,15 +270,15 @@ class FlowConnection:
         """
         if self._connect_sent:
             raise FlowStateError("our ConnectPacket was already sent")
-        if self._state in (_S.CLOSED, _S.ERROR):
-            raise FlowStateError(f"no ConnectPacket on a connection in state {self._state.name}")
+        self._step(E.SEND_CONNECT_PACKET)
         self._connect_sent = True
         return self._local.encode()
 
     def send(self, token: Token, message: Buffer) -> list[bytes | memoryview]:
         """A frame for ``message`` to ``token``, as buffers for ``writelines``.
 
-        Raises :class:`FlowStateError` before our ConnectPacket was sent or the peer's
+        Raises :class:`FlowStateError` before our ConnectPacket was sent, and where the
+        table refuses it (:class:`UnexpectedEventError`): before the peer's packet
         arrived, after the connection closed or failed, and for anything but a ping to
         the well-known ping endpoint when the peer is incompatible.
         """
@@ -213,7 +306,7 @@ class FlowConnection:
         reader = self._reader
         if (
             reader is None
-            or self._state is not _S.COMPATIBLE
+            or self._state is not S.COMPATIBLE
             or not self._checksum
             or reader.buffered
             or self._error is not None
@@ -229,13 +322,11 @@ class FlowConnection:
         self._reader.skip(size)
 
     def _may_send(self, token: Token) -> None:
-        may, why = _MAY_SEND[self._state]
-        if may is _May.SEND_NOTHING:
-            raise FlowStateError(f"cannot send a frame: {why}")
+        if E.SEND_FRAME not in TRANSITIONS[self._state]:  # else a ping is a frame like any
+            ping = token == _PING
+            self._step(E.SEND_PING if ping else E.SEND_FRAME, "" if ping else f" to {token}")
         if not self._connect_sent:
             raise FlowStateError("cannot send a frame before our ConnectPacket")
-        if may is _May.SEND_PINGS and token != _PING:
-            raise FlowStateError(f"cannot send a frame to {token}: {why}")
 
     def receive_data(self, data: Buffer) -> list[Event]:
         """Bytes from the peer in, events out. ``b""`` means the peer ended the stream.
@@ -245,29 +336,28 @@ class FlowConnection:
         """
         if self._error is not None:
             raise self._error
-        if self._state is _S.CLOSED:
-            raise FlowStateError("data received after the end of the stream")
         with memoryview(data) as mv, mv.cast("B") as buf:
             if not len(buf):
                 return [self._close()]
+            self._step(E.DATA)
             try:
                 return self._receive(data, buf)
             except FlowError as exc:
                 self._error = exc
-                self._go(_S.ERROR)
+                self._step(E.BROKEN)
                 raise
 
     def _receive(self, data: Buffer, buf: memoryview) -> list[Event]:
         events: list[Event] = []
         pos = 0
-        if self._state is _S.AWAIT_PEER:
+        if self._state is S.AWAIT_PEER:
             pos = self._read_connect_packet(buf, events)
         rest = len(buf) - pos
         if not rest:
             return events
-        if self._state is _S.INCOMPATIBLE:
+        if self._state is S.INCOMPATIBLE:
             self._ignored += rest
-        elif self._state is _S.COMPATIBLE:
+        elif self._state is S.COMPATIBLE:
             assert self._reader is not None
             self._reader.feed(data if pos == 0 else buf[pos:])
             events.extend(FrameReceived(f.token, _as_bytes(f.message)) for f in self._reader)
@@ -294,25 +384,23 @@ class FlowConnection:
                 self._reader = FrameReader(
                     max_length=self._max, start_offset=len(self._head), checksum=self._checksum
                 )
-                self._go(_S.COMPATIBLE)
+                self._step(E.PEER_COMPATIBLE)
             else:
-                self._go(_S.INCOMPATIBLE)
+                self._step(E.PEER_INCOMPATIBLE)
             break
         return pos
 
     def _close(self) -> ConnectionClosed:
         """The peer ended the stream: clean only at a boundary we can vouch for."""
-        if self._state is _S.AWAIT_PEER:
+        if self._state is S.AWAIT_PEER:
             clean = not self._head
-        elif self._state is _S.COMPATIBLE:
+        elif self._state is S.COMPATIBLE:
             assert self._reader is not None
             clean = self._reader.buffered == 0
         else:  # incompatible: unparsed, so clean only if nothing followed the packet
             clean = self._ignored == 0
-        self._go(_S.CLOSED)
+        self._step(E.END)
         return ConnectionClosed(clean)
 
-    def _go(self, new: ConnectionState) -> None:
-        if new not in _TRANSITIONS[self._state]:  # pragma: no cover - a bug, not bad input
-            raise RuntimeError(f"flow connection cannot go from {self._state} to {new}")
-        self._state = new
+    def _step(self, event: ConnectionEvent, detail: str = "") -> None:
+        self._state = step(self._state, event, detail)

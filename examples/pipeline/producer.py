@@ -4,7 +4,7 @@
         --events 50000 --rate 2500 --manifest produced.json
 
 A plain program, not an immortal: it needs no log of its own because the
-:class:`~immortals.ockam.client.Publisher` gets each reading stored exactly once even
+:class:`~immortals.ockam.hub_client.Publisher` gets each reading stored exactly once even
 when the hub is SIGKILLed mid-push. After a drop it reconnects and, before sending
 again, reads the stream after its last confirmed index; the unconfirmed readings the hub
 did store are taken as confirmed there, and only the rest is sent again. Each reading
@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from immortals.ockam.client import Publisher
+from immortals.ockam.hub_client import Publisher
 
 from .sensors import format_reading, readings
 

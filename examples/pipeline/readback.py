@@ -4,7 +4,7 @@
 
 Pulls the stream from index 0 to its end, a pull at a time, and checks that the reading
 at index ``i`` carries sequence number ``i`` (:func:`.sensors.parse_reading`): what the
-producer's :class:`~immortals.ockam.client.Publisher` promises across hub crashes. On
+producer's :class:`~immortals.ockam.hub_client.Publisher` promises across hub crashes. On
 stdout, one JSON line: ``{"messages": N, "problem": "..."}``, the problem being the first
 reading out of place, or empty. The demo runs it once the pipeline is done.
 """
@@ -16,7 +16,7 @@ import asyncio
 import json
 import sys
 
-from immortals.ockam.client import OckamClient
+from immortals.ockam.hub_client import OckamClient
 from immortals.ockam.errors import OckamError
 
 from .sensors import parse_reading

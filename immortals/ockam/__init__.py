@@ -1,19 +1,20 @@
 """The Ockam stream service as an immortal hub, and a client for it.
 
-Sans-IO: ``bare`` holds the BARE primitives, ``messages`` the stream-service messages
-(seed 003) and both dialects' protocol names, ``codec`` their payloads, ``routing`` the
-Ockam routing messages and the TCP transport's u16 framing, ``errors`` the error
-hierarchy, ``service`` the stream service and stream workers (state and handlers),
-``indexes`` the index service's records and their meaning in each dialect, ``segments``
-where messages are kept. The edges: ``hub`` is the immortal (``ambrosia-py run
-immortals.ockam.hub``), ``transport`` its TCP server, ``connection`` one client
-connection, ``client`` what a user imports. ``docs/ockam.md`` tells the whole story.
-Everything public is re-exported here.
+The hub has the services' shape (``docs/architecture.md``, *Services*): ``hub_core``
+is its core, sans-IO (the stream service, the stream workers and the index service:
+state and handlers), ``hub`` the immortal (``ambrosia-py run immortals.ockam.hub``),
+``hub_transport`` its TCP server, ``hub_client`` what a program uses to talk to it
+(with ``hub_connection``, one connection). The protocol they share, sans-IO: ``bare``
+the BARE primitives, ``messages`` the stream-service messages (seed 003) and both
+dialects' protocol names, ``codec`` their payloads, ``routing`` the Ockam routing
+messages and the TCP transport's u16 framing, ``pushes`` the pushes' fast paths,
+``errors`` the error hierarchy, ``indexes`` the index service's records and their
+meaning in each dialect, ``segments`` where messages are kept. ``docs/ockam.md`` tells
+the whole story. Everything public is re-exported here.
 """
 
 from __future__ import annotations
 
-from .client import Consumer, HubError, OckamClient, Publisher, Stream
 from .codec import (
     ANSWERED_WITH,
     PROTOCOLS,
@@ -53,6 +54,8 @@ from .codec import (
 )
 from .errors import DecodeError, FrameTooLargeError, OckamError, UnknownProtocolError
 from .hub import OckamHub
+from .hub_client import Consumer, HubError, OckamClient, Publisher, Stream
+from .hub_core import HubConfig, Outcome, StreamHub
 from .routing import (
     MAX_FRAME,
     VERSION,
@@ -70,7 +73,6 @@ from .routing import (
     reply_to,
 )
 from .segments import Segment, SegmentError, StreamLog
-from .service import HubConfig, Outcome, StreamHub
 
 __all__ = [
     # the hub, its state and the client

@@ -5,11 +5,11 @@ A plug-in of ``ambrosia-py bench`` (the entry point group ``ambrosia_py.bench`` 
 
 A real hub (``ambrosia-py run immortals.ockam.hub``, its coordinator logging every frame
 durably) runs in a temporary data directory on a free port; this process talks to it
-over TCP with :mod:`.client`, 100-byte payloads throughout:
+over TCP with :mod:`.hub_client`, 100-byte payloads throughout:
 
 - confirmed pushes per second with one push in flight (each waits for its confirm,
   which the hub sends only once the push is in the fsynced log) and with 64 in flight
-  on one connection (:class:`~.client.Publisher`, pipelined);
+  on one connection (:class:`~.hub_client.Publisher`, pipelined);
 - pulled messages per second, reading a filled stream front to back, one pull of up to
   1,000 messages at a time (a pull is logged too, and its reply is cut to one u16 frame).
 
@@ -39,9 +39,9 @@ from ambrosia_py.bench.coordinator import measure_fsync_rate
 from ambrosia_py.binding.files import StateFiles, sync_written, use_state_files
 from ambrosia_py.testing.processes import ServiceProcess, free_port, wait_for
 
-from .client import OckamClient, Publisher
+from .hub_client import OckamClient, Publisher
+from .hub_core import StreamHub
 from .segments import StreamLog
-from .service import StreamHub
 
 __all__ = [
     "PAYLOAD_SIZE",

@@ -3,9 +3,9 @@
     ambrosia-py run immortals.ockam.hub --instance hub --data-dir DATA --listen 127.0.0.1:4000
 
 The streams, their messages and the saved indexes are the immortal's state
-(:class:`~immortals.ockam.service.StreamHub`), checkpointed and replayed; sealed message
+(:class:`~immortals.ockam.hub_core.StreamHub`), checkpointed and replayed; sealed message
 segments live in files beside the checkpoints (:mod:`immortals.ockam.segments`). The TCP
-transport (:mod:`immortals.ockam.transport`) lives outside the determinism boundary:
+transport (:mod:`immortals.ockam.hub_transport`) lives outside the determinism boundary:
 frames come in as impulses, logged before they are handled, and replies leave as effects
 of the incarnation that handles them first. A PushConfirm is therefore sent only once the
 push it confirms is in the durable log. The options that change what handlers do (the
@@ -14,8 +14,8 @@ at start, so replay sees the configuration each frame was handled with.
 
 Every ``frames`` impulse is answered with exactly one ``_send`` effect, even when there is
 nothing to send: the transport counts a connection's unanswered impulses and stops
-reading it past a few (:data:`~immortals.ockam.transport.MAX_UNANSWERED`). The connection
-limits are options (their defaults are :data:`~immortals.ockam.transport.HUB_LIMITS`);
+reading it past a few (:data:`~immortals.ockam.hub_transport.MAX_UNANSWERED`). The connection
+limits are options (their defaults are :data:`~immortals.ockam.hub_transport.HUB_LIMITS`);
 they change only what the transport admits, never what a handler does, so they are not
 logged.
 """
@@ -29,9 +29,9 @@ import sys
 from ambrosia_py import Immortal, background, rpc
 from ambrosia_py.serving import ConnectionLimits
 
+from .hub_core import HubConfig, StreamHub
+from .hub_transport import HUB_LIMITS, HubTransport, parse_host_port
 from .routing import Address, AddressType
-from .service import HubConfig, StreamHub
-from .transport import HUB_LIMITS, HubTransport, parse_host_port
 
 __all__ = ["OckamHub"]
 

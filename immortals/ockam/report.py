@@ -5,10 +5,11 @@ entry point group ``ambrosia_py.report_services`` as :data:`REPORT`.
 The hub (:mod:`.hub`) logs every read from a client as one impulse ``frames(peer,
 now_ms, frames)``, the Ockam routing messages it read, and ``configure(HubConfig)`` (its
 service names) when its configuration changes. A ``configure`` carrying a
-:class:`~.service.HubConfig` makes an instance a hub; each frame is then counted by the
+:class:`~.hub_core.HubConfig` makes an instance a hub; each frame is then counted by the
 stream it addresses and its request (its partition, and for a push the bytes of its
-data). Unpickling a logged call allows :class:`~.service.HubConfig` alone, which pickles
-its dialect as a string for that reason.
+data). Unpickling a logged call allows :class:`~.hub_core.HubConfig` alone (under its
+path, or its former one in older logs: :mod:`.service`), which pickles its dialect as a
+string for that reason.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from ambrosia_py.spark.report_plugins import Frame, Undecodable
 from . import codec
 from .errors import OckamError
 from .hub import OckamHub
+from .hub_core import HubConfig
 from .routing import AddressType, decode_message
-from .service import HubConfig
 
 __all__ = ["REPORT", "OckamReport"]
 
@@ -98,7 +99,12 @@ class OckamReport:
     charted = "PushRequest"
     restarts_logged: frozenset[str] = frozenset()  # configure is logged on a change only
     start_method = None
-    allowed_globals = frozenset({("immortals.ockam.service", "HubConfig")})
+    allowed_globals = frozenset(
+        {
+            ("immortals.ockam.hub_core", "HubConfig"),
+            ("immortals.ockam.service", "HubConfig"),  # its path in logs written before
+        }
+    )
 
     def methods(self) -> Mapping[str, int]:
         hub = OckamHub.rpc_methods_by_name()

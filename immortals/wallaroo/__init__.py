@@ -1,18 +1,22 @@
 """The Wallaroo connector protocol: a connector and a worker as deterministic immortals.
 
-Sans-IO: ``frames`` holds the frame classes both dialects share, ``codec`` the two
+Both have the services' shape (``docs/architecture.md``, *Services*). The worker:
+``worker_core`` its sans-IO state and handlers (with ``worker_config``, its configuration
+and the rule for a HELLO; ``worker_state``, the records they change; ``worker_move``, the
+handlers of a move), ``worker`` the immortal (``ambrosia-py run
+immortals.wallaroo.worker``), ``worker_transport`` its connectors' port, ``worker_control``
+its operators' port, ``worker_client`` the operators' client. ``docs/wallaroo.md`` tells
+its story. The connector: ``connector_core`` its sans-IO handlers (with
+``connector_state``, what they keep; ``connector_actions``, what they return),
+``connector`` the immortal (``ambrosia-py run immortals.wallaroo.connector``),
+``connector_transport`` its edge (with ``connector_link``, its connections), ``sources``
+the replayable sources it reads; ``docs/wallaroo_connector.md``. The protocol both
+share, sans-IO: ``frames`` the frame classes both dialects share, ``codec`` the two
 dialects (the seed's ``draft``, the default, and the released ``v3``), one table of tags
-and layouts each, with :func:`encode` and :func:`decode`; ``framing`` the incremental
-:class:`FrameReader`; ``states`` the connection and stream state machines as transition
-tables; ``errors`` the error hierarchy. The worker: ``worker_core`` its sans-IO state and
-handlers, ``worker_config`` its configuration and the rule for a HELLO, ``worker`` the
-immortal (``ambrosia-py run immortals.wallaroo.worker``), ``transport`` its connectors'
-port, ``control`` its operators' port, ``worker_ctl`` the operators' client.
-``docs/wallaroo.md`` tells the whole story. The connector: ``connector_core`` its
-sans-IO handlers, ``connector_state`` what they keep, ``connector_actions`` what they
-return, ``connector`` the immortal (``ambrosia-py run immortals.wallaroo.connector``)
-and its edge, ``connector_link`` its connections, ``sources`` the replayable sources it
-reads. Everything public is re-exported here.
+and layouts each, with :func:`encode`, :func:`decode` and the length-prefix splitting;
+``states`` the connection and stream state machines as transition tables; ``errors``
+the error hierarchy; ``handoff`` the state a move carries from worker to worker.
+Everything public is re-exported here.
 """
 
 from __future__ import annotations
@@ -34,7 +38,6 @@ from .codec import (
 from .connector import WallarooConnector
 from .connector_actions import ConnectorConfig, MessageEncoder
 from .connector_core import ConnectorCore, UnknownStreamError
-from .control import ControlRequestError
 from .errors import (
     EncodeError,
     FrameTooLargeError,
@@ -64,7 +67,6 @@ from .frames import (
     Ok,
     Restart,
 )
-from .framing import FrameReader
 from .sources import Source, SourceError, open_source, stream_names
 from .states import (
     ConnectionMachine,
@@ -78,6 +80,7 @@ from .states import (
     kind_of,
 )
 from .worker import WallarooWorker
+from .worker_control import ControlRequestError
 from .worker_core import NoCreditsError, StreamNotOpenError, WorkerConfig, WorkerCore
 
 __all__ = [
@@ -90,7 +93,6 @@ __all__ = [
     "V3_VERSION",
     "Dialect",
     "DialectSpec",
-    "FrameReader",
     "decode",
     "encode",
     "end_of_stream",

@@ -3,13 +3,15 @@
 Owns the wire facts of seed 000 (the draft), seed 001 (MIGRATE, MIGRATION_ACK) and the
 reference's released revision (v3): per dialect one table of rows ``tag, frame class,
 body layout``, its byte order and its string length widths. :func:`encode` and
-:func:`decode` read that table, and :class:`~.framing.FrameReader` decodes a byte stream
-with it, so a tag or a field order is written down once.
+:func:`decode` read that table, so a tag or a field order is written down once.
 
 Every frame is ``u32 length | u8 tag | body``; the length counts the tag and the body
 (seed 000, *Wire Format*). The draft is little-endian with ASCII tags; v3 big-endian with
 tags 0..8. Short strings are a u16 length and the bytes, RESTART's address and MIGRATE's
-host a u32 length (the ``*_length_bytes`` of :class:`DialectSpec`).
+host a u32 length (the ``*_length_bytes`` of :class:`DialectSpec`). :func:`split_frames`
+cuts a byte stream at those lengths, and refuses a length over the limit as soon as its
+four bytes are in, before any of its body is held (footnote B1): that is all the edges
+do to the bytes; the cores decode each frame's tag and body with :func:`decode_tagged`.
 
 Where the seed is vague we chose, and say so here once:
 
@@ -89,6 +91,7 @@ __all__ = [
     "decode",
     "encode",
     "end_of_stream",
+    "split_frames",
     "stream_id_for",
 ]
 
@@ -451,8 +454,8 @@ _MESSAGE_TAG: Final = {Dialect.DRAFT: ord("M"), Dialect.V3: 5}
 def decode_tagged(data: bytes, dialect: Dialect, offset: int = 0) -> Frame:
     """One frame from ``data`` = its tag and body (no length prefix), exactly.
 
-    ``offset`` is the stream offset of the tag, so errors name stream offsets. Used by
-    :class:`~.framing.FrameReader`; not re-exported.
+    ``offset`` is the stream offset of the tag, so errors name stream offsets. The cores
+    read the frames :func:`split_frames` cut with it; not re-exported.
     """
     if data and data[0] == _MESSAGE_TAG[dialect]:
         fast = _fast_message(bytes(data), dialect)
@@ -494,6 +497,29 @@ def decode(
         reason = f"{present - size} bytes after a frame of {size}"
         raise TrailingBytesError(d.value, "Frame", None, end, reason)
     return decode_tagged(data[LENGTH_PREFIX_BYTES:], d, LENGTH_PREFIX_BYTES)
+
+
+def split_frames(
+    buf: bytearray, byte_order: Literal["little", "big"], limit: int, most: int | None = None
+) -> tuple[list[bytes], int, tuple[int, int] | None]:
+    """The whole frames at the start of ``buf`` (tag and body each; at most ``most``),
+    the bytes they take, and ``(offset in buf, length)`` of a length prefix over
+    ``limit``, if one came before them."""
+    frames: list[bytes] = []
+    at, end, prefix = 0, len(buf), LENGTH_PREFIX_BYTES
+    view = memoryview(buf)
+    try:
+        while end - at >= prefix and (most is None or len(frames) < most):
+            size = int.from_bytes(view[at : at + prefix], byte_order)
+            if size > limit:
+                return frames, at, (at, size)
+            if end - at - prefix < size:
+                break
+            frames.append(bytes(view[at + prefix : at + prefix + size]))
+            at += prefix + size
+    finally:
+        view.release()
+    return frames, at, None
 
 
 # --- helpers ----------------------------------------------------------------------------

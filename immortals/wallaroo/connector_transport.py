@@ -30,7 +30,7 @@ from typing import Final, Protocol
 
 from ambrosia_py.serving import ConnectionLimits, OutputStalled, limit_output, wait_for_room
 
-from .codec import DIALECTS
+from .codec import DIALECTS, split_frames
 from .connector_actions import (
     Actions,
     Close,
@@ -44,11 +44,11 @@ from .connector_actions import (
     Stop,
     Write,
     granted,
+    parse_address,
 )
 from .connector_link import LinkReader, open_connection
 from .errors import EncodeError
 from .sources import Source, SourceError
-from .transport import parse_host_port, split_frames
 
 __all__ = ["LIMITS", "ConnectorEdge", "Sink"]
 
@@ -223,7 +223,7 @@ class ConnectorEdge:
         refused = 0
         while True:
             address = addresses[refused % len(addresses)]
-            host, port = parse_host_port(address)
+            host, port = parse_address(address)
             try:
                 reader, writer = await asyncio.wait_for(
                     open_connection(host, port), _CONNECT_TIMEOUT

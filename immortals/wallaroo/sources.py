@@ -43,8 +43,8 @@ from typing import BinaryIO, Final, Protocol
 import attrs
 import xxhash
 
-from immortals.ockam.client import OckamClient, Stream
 from immortals.ockam.errors import OckamError
+from immortals.ockam.hub_client import OckamClient, Stream
 
 from .errors import WallarooError
 

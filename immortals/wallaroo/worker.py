@@ -7,11 +7,11 @@
 
 The worker's state (:class:`~immortals.wallaroo.worker_core.WorkerCore`: connections,
 streams with their points of reference, the application's state) is the immortal's,
-checkpointed and replayed. The TCP edges (:mod:`immortals.wallaroo.transport`) live
-outside the determinism boundary: connection events and frames come in as impulses,
-logged before a handler sees them, and replies leave as effects of the incarnation that
-handles them first. So an ACK leaves only once the record holding the messages it
-acknowledges is durable.
+checkpointed and replayed. The TCP edges (:mod:`immortals.wallaroo.worker_transport`,
+:mod:`immortals.wallaroo.worker_control`) live outside the determinism boundary:
+connection events and frames come in as impulses, logged before a handler sees them, and
+replies leave as effects of the incarnation that handles them first. So an ACK leaves
+only once the record holding the messages it acknowledges is durable.
 
 Connections belong to one incarnation. Each start logs a ``start`` impulse first, with a
 fresh incarnation name and the options that change what handlers do (the cookie,
@@ -19,13 +19,14 @@ dialect, credits, frame limit, application): it drops every connection of the
 incarnation before (releasing their streams) and sets the configuration, so replay sees
 both where they happened, before any frame of the new incarnation.
 
-Operators (``python -m immortals.wallaroo.worker_ctl``, through ``--control``) read the
+Operators (``python -m immortals.wallaroo.worker_client``, through ``--control``) read the
 state, or have the worker NACK a stream or send its connectors elsewhere (MIGRATE in the
 draft, RESTART in v3): those are impulses too, logged like frames.
 
 What a peer can make the edges hold is bounded by limits whose defaults live with each
-port (:data:`.transport.LIMITS`, :data:`.control.CONTROL_LIMITS`); every one is an option
-here. They are not in the logged configuration: they decide only what reaches the log.
+port (:data:`.worker_transport.LIMITS`, :data:`.worker_control.CONTROL_LIMITS`); every
+one is an option here. They are not in the logged configuration: they decide only what
+reaches the log.
 """
 
 from __future__ import annotations
@@ -42,10 +43,10 @@ from ambrosia_py import Immortal, background, rpc
 from ambrosia_py.serving import ConnectionLimits
 
 from .codec import DEFAULT_MAX_FRAME_BYTES
-from .control import CONTROL_LIMITS, ControlServer
 from .handoff import Handed
-from .transport import LIMITS, WorkerTransport, parse_host_port
+from .worker_control import CONTROL_LIMITS, ControlServer
 from .worker_core import Replies, WorkerConfig, WorkerCore, load_app
+from .worker_transport import LIMITS, WorkerTransport, parse_host_port
 
 __all__ = ["WallarooWorker"]
 
@@ -65,7 +66,7 @@ class WallarooWorker(Immortal):
         app: str = ""  # module:function(state: dict, payload: bytes) -> None
         adopt_points: bool = False  # a new stream resumes from its NOTIFY's point
         control: str = ""  # HOST:PORT of the operators' port; empty: none
-        # The connectors' port's limits (transport.LIMITS; docs/wallaroo.md, *Limits*):
+        # The connectors' port's limits (worker_transport.LIMITS; docs/wallaroo.md, *Limits*):
         max_connections: int = LIMITS.max_connections
         """Connector connections open at once; a newcomer evicts the oldest that has not
         yet sent a good HELLO."""
@@ -81,7 +82,7 @@ class WallarooWorker(Immortal):
         """Bytes a connector may leave unread before the worker stops reading it."""
         output_stall: float = LIMITS.output_stall_s
         """Seconds a connector may stay over that bound before it is closed."""
-        # The operators' port's limits (control.CONTROL_LIMITS):
+        # The operators' port's limits (worker_control.CONTROL_LIMITS):
         control_max_connections: int = CONTROL_LIMITS.max_connections
         """Connections to the operators' port open at once."""
         control_max_line: int = CONTROL_LIMITS.max_pre_handshake_frame

@@ -4,7 +4,7 @@
 sees what each frame was handled with); :func:`load_app` finds the application it names;
 :func:`hello_refusal` is the one rule for a HELLO, shared by the core
 (:mod:`.worker_core`) and the edge that screens a connection's first frame before
-anything of it is logged (:mod:`.transport`). Sans-IO, as the core is.
+anything of it is logged (:mod:`.worker_transport`). Sans-IO, as the core is.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def load_app(spec: str) -> App | None:
 
 def hello_refusal(hello: Hello, config: WorkerConfig) -> str | None:
     """Why the worker refuses ``hello`` (its ERROR's reason), or None: one rule for the
-    core and for the edge, which refuses before anything is logged (:mod:`.transport`)."""
+    core and for the edge, which refuses before anything is logged (:mod:`.worker_transport`)."""
     version = DRAFT_VERSION if config.dialect is Dialect.DRAFT else V3_VERSION
     if hello.version != version:
         shown = hex(hello.version) if isinstance(hello.version, int) else hello.version

@@ -5,9 +5,9 @@ One JSON object per line in, one per line out. Requests: ``{"cookie": C, "op":
 ``{"cookie": C, "op": "move", "target": "HOST:PORT", "instance": NAME}``. ``status`` is
 answered at once from the state; the others become impulses, answered by
 :meth:`ControlServer.answer` (an effect) once handled.
-:mod:`immortals.wallaroo.worker_ctl` is its client.
+:mod:`immortals.wallaroo.worker_client` is its client.
 
-Like the connectors' port (:mod:`.transport`), it bounds what a peer can make the
+Like the connectors' port (:mod:`.worker_transport`), it bounds what a peer can make the
 worker hold (:data:`CONTROL_LIMITS`, one place for the defaults): a line is at most
 ``max_pre_handshake_frame`` bytes (a longer one is answered with an error and closed);
 at most ``max_connections`` at once, a newcomer evicting the oldest connection that has
@@ -44,7 +44,7 @@ from .errors import WallarooError
 
 __all__ = ["CONTROL_LIMITS", "ControlRequestError", "ControlServer", "parse_request"]
 
-log = logging.getLogger("immortals.wallaroo.control")
+log = logging.getLogger("immortals.wallaroo.worker_control")
 _CLOSED: Final = "operators' connection closed"
 
 CONTROL_LIMITS: Final = ConnectionLimits(

@@ -26,7 +26,7 @@ What a peer can make the hub hold (limits in :data:`HUB_LIMITS`, ``OckamHub.Opti
   not answered yet is not read. One read becomes one impulse whose replies are built in
   this process, so without this a peer could have thousands of requests delivered before
   any reply exists. The hub bounds the replies one impulse builds
-  (:data:`~immortals.ockam.service.REPLY_BUDGET`).
+  (:data:`~immortals.ockam.hub_core.REPLY_BUDGET`).
 - **Unsent output**: a connection whose unsent replies pass ``max_buffered_output`` is
   not read (:func:`~ambrosia_py.serving.wait_for_room`), and is reset if it stays over
   for ``output_stall_s``; so a connection holds at most that bound plus the replies to
@@ -61,7 +61,7 @@ from .routing import MAX_FRAME, FrameReader, decode_message
 
 __all__ = ["HUB_LIMITS", "MAX_UNANSWERED", "HubTransport", "parse_host_port"]
 
-log = logging.getLogger("immortals.ockam.transport")
+log = logging.getLogger("immortals.ockam.hub_transport")
 _READ_SIZE = 256 * 1024
 _PREFIX: Final = 2  # the u16 length in front of every frame (routing)
 

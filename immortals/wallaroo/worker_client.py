@@ -1,8 +1,8 @@
-"""Operate a running worker through its ``--control`` port.
+"""Operate a running worker through its ``--control`` port: the worker's client.
 
-    python -m immortals.wallaroo.worker_ctl --control 127.0.0.1:7101 --cookie C status
-    python -m immortals.wallaroo.worker_ctl --control ... nack STREAM [POINT]
-    python -m immortals.wallaroo.worker_ctl --control ... move HOST:PORT --instance NAME
+    python -m immortals.wallaroo.worker_client --control 127.0.0.1:7101 --cookie C status
+    python -m immortals.wallaroo.worker_client --control ... nack STREAM [POINT]
+    python -m immortals.wallaroo.worker_client --control ... move HOST:PORT --instance NAME
 
 ``status`` prints the worker's state as JSON (connections, streams with their points of
 reference, the application's state). ``nack`` rewinds a stream (its name, or its id in
@@ -10,21 +10,21 @@ decimal) to POINT, or to its start without one: a NACK in the draft, an ACK with
 lower point in v3. ``move`` moves every stream to the worker instance NAME at HOST:PORT,
 its state first, then its connector (MIGRATE in the draft, seed 001; RESTART in v3; see
 :mod:`immortals.wallaroo.handoff`). Both are impulses: the worker logs them like frames,
-and answers once it has handled them.
+and answers once it has handled them. The port speaks JSON lines
+(:mod:`.worker_control`), so :func:`request` is the framework's line client
+(:func:`ambrosia_py.client.lines.ask`) with the cookie added.
 """
 
 from __future__ import annotations
 
 import json
-import socket
 import sys
 from typing import Any
 
 import click
 
+from ambrosia_py.client.lines import ask
 from ambrosia_py.helpformat import Group
-
-from .transport import parse_host_port
 
 __all__ = ["request"]
 
@@ -32,16 +32,10 @@ __all__ = ["request"]
 def request(control: str, cookie: str, body: dict[str, Any], timeout: float = 10.0) -> Any:
     """Send one request to the worker's control port and return its JSON answer.
 
-    OSError (or TimeoutError) if the port cannot be reached or does not answer in time.
+    OSError (or TimeoutError) if the port cannot be reached or does not answer in time,
+    ValueError for a bad address or an answer that is not JSON (:func:`ask`).
     """
-    host, port = parse_host_port(control)
-    with socket.create_connection((host, port), timeout=timeout) as sock:
-        sock.sendall(json.dumps({**body, "cookie": cookie}).encode() + b"\n")
-        with sock.makefile("rb") as answers:
-            line = answers.readline()
-    if not line:
-        raise ConnectionError(f"{control} closed the connection without an answer")
-    return json.loads(line)
+    return ask(control, {**body, "cookie": cookie}, timeout)
 
 
 @click.group(cls=Group)

@@ -1,6 +1,6 @@
 """Talking to an Ockam hub over its TCP transport, from asyncio: what a user imports.
 
-:class:`OckamClient` (:mod:`~immortals.ockam.connection`) is one connection: ``create``,
+:class:`OckamClient` (:mod:`~immortals.ockam.hub_connection`) is one connection: ``create``,
 ``create_partitioned``, ``push`` (confirmed; many may be in flight at once), ``pull``,
 ``get_index``, ``save_index``. Two helpers here add what a user of a stream service
 needs across restarts of either side:
@@ -28,11 +28,11 @@ import time
 from collections.abc import AsyncIterator, Sequence
 
 from .codec import Dialect, StreamMessage
-from .connection import HubError, OckamClient, Stream
+from .hub_connection import HubError, OckamClient, Stream
 
 __all__ = ["Consumer", "HubError", "OckamClient", "Publisher", "Stream"]
 
-log = logging.getLogger("immortals.ockam.client")
+log = logging.getLogger("immortals.ockam.hub_client")
 
 
 async def _connect_retrying(

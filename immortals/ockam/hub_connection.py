@@ -7,7 +7,7 @@ find their waiter whatever order they come in, and an ``error`` reply raises
 :class:`HubError`. A client speaks one :class:`~immortals.ockam.codec.Dialect`'s
 protocol names (the seed's by default; the released ones for a released Ockam hub,
 which knows no other) and reads each reply as the response to what it asked, which the
-seed's names need (``codec``'s module docstring). :mod:`~immortals.ockam.client` builds
+seed's names need (``codec``'s module docstring). :mod:`~immortals.ockam.hub_client` builds
 what a user needs across restarts on top of it.
 """
 

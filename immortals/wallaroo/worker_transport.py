@@ -10,7 +10,7 @@ call, and closes the connection when the worker decided to (after an ERROR, a RE
 a MIGRATION_ACK).
 
 Splitting is all the edge does to the bytes of a connector that said HELLO: it reads
-length prefixes (the codec's width and byte order, seed 000 *Wire Format*) and hands on
+length prefixes (:func:`~.codec.split_frames`, seed 000 *Wire Format*) and hands on
 each frame's tag and body. Decoding, and so every judgement of those frames, happens in
 the worker core, in logged order. A length over ``max_frame_bytes`` is refused before
 its body is buffered (seed 000, B1), as a ``too_large`` impulse: the core answers ERROR
@@ -64,7 +64,7 @@ still queued, and a connector busy writing fails on it before it reads them, so 
 RESTART (reference) could send it back to the worker it was sent away from.
 
 Refusals and closes are logged through one :class:`~ambrosia_py.serving.RefusalLog`.
-The operators' port is :mod:`.control`.
+The operators' port is :mod:`.worker_control`.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ import contextlib
 import itertools
 import logging
 import time
-from typing import Any, Final, Literal, Protocol
+from typing import Any, Final, Protocol
 
 from ambrosia_py.serving import (
     Admission,
@@ -88,7 +88,7 @@ from ambrosia_py.serving import (
     wait_for_room,
 )
 
-from .codec import DIALECTS, LENGTH_PREFIX_BYTES, decode_tagged, encode
+from .codec import DIALECTS, LENGTH_PREFIX_BYTES, decode_tagged, encode, split_frames
 from .errors import ProtocolError
 from .frames import Error, Hello
 from .states import ConnectionMachine, Role
@@ -100,10 +100,9 @@ __all__ = [
     "WorkerTransport",
     "parse_host_port",
     "screen_hello",
-    "split_frames",
 ]
 
-log = logging.getLogger("immortals.wallaroo.transport")
+log = logging.getLogger("immortals.wallaroo.worker_transport")
 
 LIMITS: Final = ConnectionLimits(
     max_connections=128,
@@ -128,29 +127,6 @@ def parse_host_port(text: str) -> tuple[str, int]:
     if not colon or not host or not port.isdigit() or not 0 <= int(port) < 65536:
         raise ValueError(f"{text!r} is not HOST:PORT")
     return host.strip("[]"), int(port)
-
-
-def split_frames(
-    buf: bytearray, byte_order: Literal["little", "big"], limit: int, most: int | None = None
-) -> tuple[list[bytes], int, tuple[int, int] | None]:
-    """The whole frames at the start of ``buf`` (tag and body each; at most ``most``),
-    the bytes they take, and ``(offset in buf, length)`` of a length prefix over
-    ``limit``, if one came before them."""
-    frames: list[bytes] = []
-    at, end, prefix = 0, len(buf), LENGTH_PREFIX_BYTES
-    view = memoryview(buf)
-    try:
-        while end - at >= prefix and (most is None or len(frames) < most):
-            size = int.from_bytes(view[at : at + prefix], byte_order)
-            if size > limit:
-                return frames, at, (at, size)
-            if end - at - prefix < size:
-                break
-            frames.append(bytes(view[at + prefix : at + prefix + size]))
-            at += prefix + size
-    finally:
-        view.release()
-    return frames, at, None
 
 
 def screen_hello(raw: bytes, config: WorkerConfig) -> str | None:
