@@ -269,7 +269,7 @@ def test_forks_that_raise_or_do_not_decode_are_logged_and_the_rest_still_run(
     errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
     assert len(errors) == 3 and all(e.startswith("handler take raised") for e in errors)
     assert "negative -2" in errors[0]
-    assert d._tail[-5:] == calls
+    assert d._checkpoints.tail[-5:] == calls
 
 
 class Busy(Chain):
@@ -292,10 +292,14 @@ def test_the_tail_is_dropped_with_nothing_in_flight_and_checkpoints_still_restor
     bump = Busy.rpc_methods_by_name()["bump"].id
     for seq in range(1, 31):  # 30 records of 100 forks: past the tail's 1,024
         d.handle(rec(seq, *(IncomingRpc(bump, RpcType.FORK, args(1)) for _ in range(100))))
-    assert len(d._tail) <= 1024 and d._base is None
+    assert len(d._checkpoints.tail) <= 1024 and d._checkpoints.base is None
     relay = Busy.rpc_methods_by_name()["relay"].id
     (self_call,) = d.handle(rec(31, IncomingRpc(relay, RpcType.ASYNC_AWAIT, args(5), "c", 9)))
-    assert isinstance(self_call, OutgoingRpc) and d._base is not None and len(d._tail) == 1
+    assert (
+        isinstance(self_call, OutgoingRpc)
+        and d._checkpoints.base is not None
+        and len(d._checkpoints.tail) == 1
+    )
     d.handle(rec(32, IncomingRpc(bump, RpcType.FORK, args(7))))
     (cp,) = d.handle(rec(-1, TakeCheckpoint()))
     assert isinstance(cp, Checkpoint)

@@ -17,7 +17,8 @@ import pytest
 import xxhash
 
 from ambrosia_py import Immortal, rpc
-from ambrosia_py.binding import Dispatcher, serve
+from ambrosia_py.binding.client import serve
+from ambrosia_py.binding.dispatcher import Dispatcher
 from tests.fake_binding import frame, unzz, zz
 
 HEADER = struct.Struct("<iiQq")

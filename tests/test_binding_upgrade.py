@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from ambrosia_py import Immortal, rpc
-from ambrosia_py.binding import BindingError, Dispatcher, Mode
+from ambrosia_py.binding import BindingError
+from ambrosia_py.binding.dispatcher import Dispatcher, Mode
 from ambrosia_py.wire import (
     Checkpoint,
     IncomingRpc,

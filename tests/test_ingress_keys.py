@@ -15,23 +15,25 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ambrosia_py import Immortal, rpc
-from ambrosia_py.binding import Dispatcher
 from ambrosia_py.binding.checkpoint import decode_snapshot
+from ambrosia_py.binding.dispatcher import Dispatcher
 from ambrosia_py.ingress import (
     INGRESS_METHOD_ID,
-    CallEnvelope,
     IngressProtocolError,
     KeyTable,
     Outcome,
     OutcomeKind,
     Refusal,
     RefusalReason,
+)
+from ambrosia_py.ingress.envelope import (
+    CallEnvelope,
     RetentionEnvelope,
-    Running,
     decode_envelope,
     encode_call_envelope,
     encode_retention_envelope,
 )
+from ambrosia_py.ingress.keys import Running
 from ambrosia_py.wire import (
     Checkpoint,
     IncomingReturnValue,
@@ -104,12 +106,18 @@ Answers = list[tuple[bytes, int, Outcome | Refusal]]
 
 
 def started() -> tuple[Dispatcher, Answers]:
-    d = Dispatcher(Ledger, "ledger")
+    d = Dispatcher(Ledger, "ledger", ingress=KeyTable)
     d.handle(rec(-1, TakeBecomingPrimaryCheckpoint()))
     d.handle(rec(0, InitialMessage(b"")))
     answers: Answers = []
-    d.ingress_answer = lambda key, method_id, answer: answers.append((key, method_id, answer))
+    d.ingress_answer = lambda a: answers.append((a.key, a.method_id, a.answer))
     return d, answers
+
+
+def keys(d: Dispatcher) -> KeyTable:
+    """The dispatcher's key table: its ingress hook."""
+    assert isinstance(d.ingress, KeyTable)
+    return d.ingress
 
 
 def handle(d: Dispatcher, seq: int, *messages: Message) -> list[Message]:
@@ -178,7 +186,7 @@ def test_a_retried_key_gets_the_stored_result_without_running_again() -> None:
         (b"k2", spec("apply"), value(2)),
         (b"k1", spec("apply"), value(1)),  # the stored outcome, not a second run
     ]
-    assert d.keys.lookup(b"k1", spec("apply")) == value(1)
+    assert keys(d).lookup(b"k1", spec("apply")) == value(1)
 
 
 def test_exceptions_and_none_are_stored_as_outcomes_too() -> None:
@@ -256,7 +264,7 @@ def test_a_retry_while_the_call_runs_waits_for_the_same_outcome() -> None:
     d, answers = started()
     (out,) = handle(d, 1, ingress(b"slow", "via_self", "t"))
     assert isinstance(out, OutgoingRpc)
-    assert d.keys.lookup(b"slow", spec("via_self")) is Running.RUNNING
+    assert keys(d).lookup(b"slow", spec("via_self")) is Running.RUNNING
     assert handle(d, 2, ingress(b"slow", "via_self", "t")) == []  # waits: nothing runs
     (_ret,) = handle(d, 3, self_call(out))
     assert handle(d, 4, reply_to_self(out, 1)) == []
@@ -277,13 +285,13 @@ def test_the_table_is_checkpointed_with_a_waiting_call_and_rebuilt_from_the_tail
 
     restored = Dispatcher(Ledger, "ledger")
     restored.handle(rec(-2, Checkpoint(cp.blob)))
-    assert restored.keys.lookup(b"slow", spec("via_self")) is Running.RUNNING
-    assert restored.keys == d.keys
+    assert keys(restored).lookup(b"slow", spec("via_self")) is Running.RUNNING
+    assert keys(restored) == keys(d)
     for disp in (d, restored):
         handle(disp, 3, self_call(out))
         handle(disp, 4, reply_to_self(out, 2))
-        assert disp.keys.lookup(b"slow", spec("via_self")) == value(200)
-    assert restored.keys == d.keys
+        assert keys(disp).lookup(b"slow", spec("via_self")) == value(200)
+    assert keys(restored) == keys(d)
 
 
 def test_replay_fills_the_table_but_answers_nobody() -> None:
@@ -293,11 +301,11 @@ def test_replay_fills_the_table_but_answers_nobody() -> None:
     assert isinstance(cp, Checkpoint)
     recovering = Dispatcher(Ledger, "ledger")
     heard: Answers = []
-    recovering.ingress_answer = lambda *a: heard.append(a)
+    recovering.ingress_answer = lambda a: heard.append((a.key, a.method_id, a.answer))
     recovering.handle(rec(-2, Checkpoint(cp.blob)))
     handle(recovering, 2, ingress(b"b", "apply", "y"))  # replayed: recovering, not primary
     assert heard == [] and recovering.take_effects() == []
-    assert recovering.keys.lookup(b"b", spec("apply")) == value(2)
+    assert keys(recovering).lookup(b"b", spec("apply")) == value(2)
 
 
 def test_a_format_1_checkpoint_loads_with_an_empty_table() -> None:
@@ -330,26 +338,26 @@ def test_retention_by_count_drops_the_oldest_finished_calls() -> None:
             INGRESS_METHOD_ID, RpcType.IMPULSE, encode_retention_envelope(RetentionEnvelope(2, 0))
         ),
     )
-    assert d.keys.retention == RetentionEnvelope(2, 0)
+    assert keys(d).retention == RetentionEnvelope(2, 0)
     for n, key in enumerate((b"a", b"b", b"c"), start=2):
         handle(d, n, ingress(key, "apply", key.decode()))
-    assert d.keys.finished == 2 and d.keys.dropped == 1
+    assert keys(d).finished == 2 and keys(d).dropped == 1
     handle(d, 5, ingress(b"a", "apply", "a"))  # dropped: it runs again
     assert applied(d) == ["a", "b", "c", "a"]
 
 
 def test_retention_by_age_reads_only_logged_time() -> None:
     d, _ = started()
-    d.keys.configure(RetentionEnvelope(0, 1000))
+    keys(d).configure(RetentionEnvelope(0, 1000))
     handle(d, 1, ingress(b"old", "apply", "1", time_ms=10_000))
     handle(d, 2, ingress(b"new", "apply", "2", time_ms=10_900))
     handle(d, 3, ingress(b"old", "apply", "1", time_ms=11_000))  # 1000 ms: still kept
     assert applied(d) == ["1", "2"]
     handle(d, 4, ingress(b"x", "apply", "3", time_ms=11_001))  # now "old" is 1001 ms old
-    assert d.keys.lookup(b"old", spec("apply")) is None
-    assert d.keys.lookup(b"new", spec("apply")) == value(2)
+    assert keys(d).lookup(b"old", spec("apply")) is None
+    assert keys(d).lookup(b"new", spec("apply")) == value(2)
     handle(d, 5, ingress(b"y", "apply", "4", time_ms=5))  # a clock going back changes nothing
-    assert d.keys.now_ms == 11_001
+    assert keys(d).now_ms == 11_001
 
 
 def test_running_calls_are_never_dropped() -> None:

@@ -28,13 +28,9 @@ from ambrosia_py.client import (
     IngressError,
     KeyReusedError,
 )
-from ambrosia_py.ingress import (
-    ClientConnection,
-    IngressServer,
-    IngressSettings,
-    RetentionEnvelope,
-    Running,
-)
+from ambrosia_py.ingress import ClientConnection, IngressServer, IngressSettings, KeyTable
+from ambrosia_py.ingress.envelope import RetentionEnvelope
+from ambrosia_py.ingress.keys import Running
 from ambrosia_py.testing import ImmortalRunner, RunningImmortal
 
 DEADLINE = 30.0
@@ -114,6 +110,13 @@ def ledger(ambrosia: ImmortalRunner, secret_file: Path) -> Iterator[tuple[Runnin
     host, port = server.address
     yield running, f"{host}:{port}"
     running.loop.call_soon_threadsafe(server.close)
+
+
+def keys(running: RunningImmortal) -> KeyTable:
+    """The key table: the dispatcher's ingress hook (registered by the server's attach)."""
+    table = running.dispatcher.ingress
+    assert isinstance(table, KeyTable)
+    return table
 
 
 def applied(running: RunningImmortal) -> list[str]:
@@ -219,7 +222,7 @@ def test_a_retry_while_the_call_still_runs_waits_for_the_same_answer(
         ):
             one = asyncio.ensure_future(first.call(Ledger.via_other, "slow", key="k"))
             await until(
-                lambda: running.dispatcher.keys.lookup(b"k", spec.id) is Running.RUNNING,
+                lambda: keys(running).lookup(b"k", spec.id) is Running.RUNNING,
                 "the first call to run",
             )
             two = asyncio.ensure_future(second.call(Ledger.via_other, "slow", key="k"))
@@ -246,7 +249,7 @@ def test_a_method_the_service_lacks_is_refused_before_it_is_logged(
         pytest.raises(UnknownMethodError, match=r"Ledger \(instance 'ledger'\) has no @rpc"),
     ):
         client.call(NotServed.elsewhere)
-    assert running.dispatcher.keys.finished == 0
+    assert keys(running).finished == 0
 
 
 def test_the_retention_options_reach_the_table_as_logged_input(
@@ -254,11 +257,11 @@ def test_the_retention_options_reach_the_table_as_logged_input(
 ) -> None:
     running = ambrosia.start(Ledger)
     server = serve_ingress(running, secret_file, keep_count=3, keep_seconds=2.5)
-    wait_for(lambda: running.dispatcher.keys.retention == RetentionEnvelope(3, 2500), "retention")
+    wait_for(lambda: keys(running).retention == RetentionEnvelope(3, 2500), "retention")
     with Client("{}:{}".format(*server.address), secret_file=secret_file) as client:
         for n in range(5):
             client.call(Ledger.apply, str(n), key=str(n))
-    assert running.dispatcher.keys.finished == 3
+    assert keys(running).finished == 3
     running.loop.call_soon_threadsafe(server.close)
 
 

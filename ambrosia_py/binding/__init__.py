@@ -1,7 +1,17 @@
-"""The language binding: Immortal, @rpc, proxies, deterministic dispatch, checkpoints."""
+"""The language binding: Immortal, @rpc, proxies, deterministic dispatch, checkpoints.
 
-from .client import connect, serve
-from .dispatcher import Dispatcher, Mode
+The public names (``__all__``) are what a service's code uses (``docs/api.md``). The
+machinery that runs a service (the dispatcher, its socket loop, checkpoints) is imported
+from its modules by the commands and the test runner; the two names re-exported here
+besides (``Dispatcher``, ``load_service``) stay importable from the package for the code
+that imports them so, and are not public.
+"""
+
+# ``background`` is both a module (background.py) and the decorator. Importing a
+# submodule the first time sets the package's attribute of its name to it, so the module
+# is imported here, first, and the decorator bound after it (from .immortal), for good.
+from . import background as _background_tasks  # noqa: F401
+from .dispatcher import Dispatcher as Dispatcher
 from .errors import (
     BindingError,
     CheckpointFormatError,
@@ -11,27 +21,19 @@ from .errors import (
     RemoteError,
     UnknownMethodError,
 )
-from .immortal import CallFuture, Immortal, MethodSpec, Proxy, background, method_id_for, rpc
-from .loading import load_service
+from .immortal import Immortal, background, method_id_for, rpc
+from .loading import load_service as load_service
 
 __all__ = [
     "BindingError",
-    "CallFuture",
     "CheckpointFormatError",
     "DeterminismError",
-    "Dispatcher",
     "Immortal",
     "ImpulseDuringRecoveryError",
     "MethodIdCollisionError",
-    "MethodSpec",
-    "Mode",
-    "Proxy",
     "RemoteError",
     "UnknownMethodError",
     "background",
-    "connect",
-    "load_service",
     "method_id_for",
     "rpc",
-    "serve",
 ]

@@ -1,9 +1,10 @@
 """The binding's checkpoint blob: ``b"AMBPYCK" | u16 format version | lz4 frame``.
 
 The lz4 frame holds a cloudpickle of :class:`Snapshot`: the immortal's state (its
-``__dict__``: attributes are state), the dispatcher's counters, the ingress's key table
-(framework state beside the immortal's, ``ingress/keys.py``), and the *tail*: the
-messages handled since that state was taken.
+``__dict__``: attributes are state), the dispatcher's counters, its ingress hook (the
+ingress's key table, framework state beside the immortal's: ``hooks.py``,
+``ingress/keys.py``), and the *tail*: the messages handled since that state was taken.
+The base and the tail are kept as records are handled by ``dispatch_state.py``.
 
 Format 2 added the key table. Format 1 blobs still load, with an empty table (they were
 written before there was one); a binding that knows only format 1 refuses format 2
@@ -27,8 +28,8 @@ import cloudpickle
 import lz4.frame
 
 from .. import crashpoints
-from ..ingress.keys import KeyTable
 from .errors import CheckpointFormatError
+from .hooks import IngressHook
 
 __all__ = ["FORMAT_VERSION", "Snapshot", "decode_snapshot", "encode_snapshot"]
 
@@ -48,7 +49,9 @@ class Snapshot:
     call_seq: int
     attached: frozenset[str]
     tail: tuple[bytes, ...] = ()  # framed incoming messages handled since ``state``
-    ingress: KeyTable | None = None  # the ingress's outcomes by key, as of ``state``
+    # The ingress hook (``hooks.py``; the ingress's key table, ``ingress/keys.py``) as of
+    # ``state``: pickled by reference to its class, so it loads as the class it was.
+    ingress: IngressHook[Any] | None = None
 
 
 def encode_snapshot(snapshot: Snapshot) -> bytes:

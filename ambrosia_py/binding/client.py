@@ -27,6 +27,7 @@ from ..wire import Message, RecordReader
 from .background import BackgroundFailure, BackgroundTasks
 from .dispatcher import Dispatcher
 from .errors import BindingError
+from .hooks import IngressFactory
 from .immortal import Immortal
 from .pickling import find_unpicklable
 from .socket_io import SocketStream, open_socket
@@ -125,73 +126,131 @@ async def serve(
     token: bytes | None = None,
     on_primary: Callable[[Dispatcher], None] | None = None,
     background_failure: BackgroundFailure = BackgroundFailure.STOP,
+    ingress: IngressFactory | None = None,
 ) -> Dispatcher:
     """Run ``service`` as ``instance`` until the coordinator goes away; return the dispatcher.
 
     ``token``: this start's binding token (see :func:`connect`). ``on_primary`` runs
     once, when the immortal first becomes primary, beside its background tasks (the
-    ingress starts serving there). ``background_failure``: what a failing ``@background``
-    task does (``background.py``); with ``STOP`` the binding disconnects and this raises
-    :class:`BackgroundTaskError`. A record the binding cannot go on from (a state that
-    cannot be pickled for a checkpoint, ...) raises :class:`ServiceFailedError`.
+    ingress starts serving there). ``ingress`` registers the ingress hook
+    (``hooks.py``), before any record is read. ``background_failure``: what a failing
+    ``@background`` task does (``background.py``); with ``STOP`` the binding disconnects
+    and this raises :class:`BackgroundTaskError`. A record the binding cannot go on from
+    (a state that cannot be pickled for a checkpoint, ...) raises
+    :class:`ServiceFailedError`.
     """
     prime_allocator()  # every read asks for 256 KiB: from the heap, not a fresh mapping
     conn = await connect(receive_port, send_port, host=host, timeout=timeout, token=token)
-    reader, writer = conn.reader, conn.writer
     d = dispatcher or Dispatcher(service, instance, upgrade_to=upgrade_to, options=options)
+    if ingress is not None:
+        d.register_ingress(ingress)
+    await _Serving(conn, d, on_primary, background_failure).run()
+    return d
 
-    impulses: list[Message] = []  # sent by background code in this step of the loop
 
-    def send(msgs: list[Message]) -> None:
-        # One transport write for everything a record produced, not one per message;
-        # impulses sent before it go first, in order.
-        if impulses:
-            msgs = [*impulses, *msgs]
-            impulses.clear()
+class _Serving:
+    """One dispatcher served over one connection, until the coordinator goes away.
+
+    Records are handled as they are read, on the loop's read callback (:meth:`on_data`);
+    what they produce goes out in one write. When the coordinator falls behind, reading
+    pauses until it has taken what was written (:meth:`drained`).
+    """
+
+    def __init__(
+        self,
+        conn: Connection,
+        d: Dispatcher,
+        on_primary: Callable[[Dispatcher], None] | None,
+        background_failure: BackgroundFailure,
+    ) -> None:
+        self.conn = conn
+        self.d = d
+        self.on_primary = on_primary  # run once, then None
+        self.records = RecordReader()
+        self.impulses: list[Message] = []  # sent by background code in this step of the loop
+        self.failures: list[BindingError] = []  # what stopped the binding, first first
+        self.background = BackgroundTasks(lambda: d.immortal, background_failure, self.stop)
+        self.ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.draining: list[asyncio.Task[None]] = []  # while the coordinator is behind
+        d.live_send = self.impulse
+
+    async def run(self) -> None:
+        """Serve until the stream ends; raise what stopped the binding, if anything did."""
+        reader = self.conn.reader
+        try:
+            reader.read_each(self.on_data, self.on_error)
+            try:
+                await self.ended
+            finally:
+                for task in self.draining:
+                    task.cancel()
+            try:
+                self.records.close()
+            except wire.TruncatedInputError as exc:  # it died mid-send: it stopped, as below
+                log.info("the coordinator's stream ended inside a record: %s", exc)
+            if self.records.offset == 0 and not self.failures:
+                log.error(
+                    "the coordinator closed the connection before sending anything: it "
+                    "refused this binding (a wrong or missing binding token?) or stopped; "
+                    "see its log"
+                )
+            if not self.failures:
+                log.info("coordinator went away; stopping")
+        except ConnectionError as exc:
+            if not self.failures:
+                log.info("coordinator connection lost (%s); stopping", exc)
+        finally:
+            self.background.cancel()
+            self.conn.close()
+        if self.failures:
+            raise self.failures[0]
+
+    def send(self, msgs: list[Message]) -> None:
+        """One transport write for everything a record produced, not one per message;
+        impulses sent before it go first, in order."""
+        if self.impulses:
+            msgs = [*self.impulses, *msgs]
+            self.impulses.clear()
         if msgs:
             parts = wire.encode_messages_parts(msgs)
+            writer = self.conn.writer
             writer.reach_midway("binding.mid_send", parts)
             writer.writelines(parts)
 
-    def impulse(msg: Message) -> None:
-        # Impulses sent in one step of the loop (an ingress read of many calls) go in one
-        # write at its end: a system call each would cost more than logging them.
-        if not impulses:
-            asyncio.get_running_loop().call_soon(send, [])
-        impulses.append(msg)
+    def impulse(self, msg: Message) -> None:
+        """An impulse from background code (or the ingress). Those sent in one step of the
+        loop (an ingress read of many calls) go in one write at its end: a system call
+        each would cost more than logging them."""
+        if not self.impulses:
+            asyncio.get_running_loop().call_soon(self.send, [])
+        self.impulses.append(msg)
 
-    failures: list[BindingError] = []
+    def stop(self, error: BindingError) -> None:
+        """Stop the binding: closing the connection ends the read; the coordinator sees
+        the binding go, makes what it holds durable and exits."""
+        if not self.failures:
+            self.failures.append(error)
+            self.conn.close()
 
-    def stop(error: BindingError) -> None:
-        # Closing the connection ends the read below; the coordinator sees the binding
-        # go, makes what it holds durable and exits.
-        if not failures:
-            failures.append(error)
-            conn.close()
-
-    d.live_send = impulse
-    records = RecordReader()
-    background = BackgroundTasks(lambda: d.immortal, background_failure, stop)
-    loop = asyncio.get_running_loop()
-    ended: asyncio.Future[None] = loop.create_future()  # the stream's end, or what broke
-    draining: list[asyncio.Task[None]] = []  # while the coordinator is behind
-
-    def after_run() -> None:
-        nonlocal on_primary
+    def after_run(self) -> None:
+        """What follows records once their output is written: their effects, and the
+        start of background tasks (and of ``on_primary``) once primary."""
         crashpoints.reach("binding.before_effects")
+        d = self.d
         for fn, args in d.take_effects():
             _run_effect(fn, args)
         if d.became_primary:
             d.became_primary = False
-            background.start()
-            if on_primary is not None:
+            self.background.start()
+            if self.on_primary is not None:
+                on_primary, self.on_primary = self.on_primary, None
                 on_primary(d)
-                on_primary = None
 
-    def handle() -> None:
+    def handle(self) -> None:
         """Handle the records read so far, in order, until one's output leaves more
         queued than the high-water mark: reading pauses then until the coordinator has
-        taken it (:func:`drained`), and goes on from there."""
+        taken it (:meth:`drained`), and goes on from there."""
+        records, d, writer = self.records, self.d, self.conn.writer
         while not records.drained:
             # A run of records made only of calls is handled in one go (one write of what
             # they produce); any other record is read and handled alone. Replay is mostly
@@ -207,74 +266,47 @@ async def serve(
             except Exception as exc:
                 raise record_failure(d, d.record_seq, exc) from exc
             if out:  # most replayed records produce nothing: no write
-                send(out)
+                self.send(out)
                 if writer.behind:
-                    reader.pause_reading()
-                    draining.append(asyncio.ensure_future(drained()))
+                    self.conn.reader.pause_reading()
+                    self.draining.append(asyncio.ensure_future(self.drained()))
                     return
-            after_run()
+            self.after_run()
 
-    async def drained() -> None:
+    async def drained(self) -> None:
+        """The coordinator took what was written: go on handling what was read."""
         try:
-            await writer.drain()
-            draining.clear()
-            after_run()
-            handle()
-            if not draining:
-                reader.resume_reading()
+            await self.conn.writer.drain()
+            self.draining.clear()
+            self.after_run()
+            self.handle()
+            if not self.draining:
+                self.conn.reader.resume_reading()
         except asyncio.CancelledError:
             raise
         except BaseException as exc:
-            if not ended.done():
-                ended.set_exception(exc)
+            if not self.ended.done():
+                self.ended.set_exception(exc)
 
-    def on_data(data: bytes) -> None:
-        # Called by the loop for each read (a loop turn less than a task per read, on
-        # every awaited call's path); what goes wrong ends the serving, as it is.
-        if ended.done():
+    def on_data(self, data: bytes) -> None:
+        """Called by the loop for each read (a loop turn less than a task per read, on
+        every awaited call's path); what goes wrong ends the serving, as it is."""
+        if self.ended.done():
             return
         if not data:
-            ended.set_result(None)
+            self.ended.set_result(None)
             return
         try:
-            records.feed(data)  # a fresh bytes: kept by reference, not copied
-            if not draining:
-                handle()
+            self.records.feed(data)  # a fresh bytes: kept by reference, not copied
+            if not self.draining:
+                self.handle()
         except BaseException as exc:
-            reader.pause_reading()
-            ended.set_exception(exc)
+            self.conn.reader.pause_reading()
+            self.ended.set_exception(exc)
 
-    def on_error(exc: OSError) -> None:
-        if not ended.done():
-            ended.set_exception(exc)
-
-    try:
-        reader.read_each(on_data, on_error)
-        try:
-            await ended
-        finally:
-            for task in draining:
-                task.cancel()
-        try:
-            records.close()
-        except wire.TruncatedInputError as exc:  # it died mid-send: it stopped, as below
-            log.info("the coordinator's stream ended inside a record: %s", exc)
-        if records.offset == 0 and not failures:
-            log.error(
-                "the coordinator closed the connection before sending anything: it refused "
-                "this binding (a wrong or missing binding token?) or stopped; see its log"
-            )
-        if not failures:
-            log.info("coordinator went away; stopping")
-    except ConnectionError as exc:
-        if not failures:
-            log.info("coordinator connection lost (%s); stopping", exc)
-    finally:
-        background.cancel()
-        conn.close()
-    if failures:
-        raise failures[0]
-    return d
+    def on_error(self, exc: OSError) -> None:
+        if not self.ended.done():
+            self.ended.set_exception(exc)
 
 
 class ServiceFailedError(BindingError):

@@ -1,34 +1,28 @@
-"""The dispatcher's state across crashes: checkpoints, their restore, and upgrades.
+"""The dispatcher's state across crashes: its mode, and what its next checkpoint holds.
 
-:class:`DispatcherState` is the base of :class:`~.dispatcher.Dispatcher` and holds its
-methods for these; the dispatcher holds the state they read and write, declared here.
-A checkpoint is the state taken the last time nothing was in flight (its *base*) and the
-incoming messages handled since (its *tail*): see :mod:`checkpoint`.
+A checkpoint is the state taken the last time nothing was in flight (its *base*) and
+the incoming messages handled since (its *tail*): see :mod:`checkpoint`.
+:class:`Checkpoints` keeps the two as records are handled and makes the blob; the
+dispatcher says what its state is (:class:`Snapshot`) and puts a restored one back.
 """
 
 from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Coroutine
-from typing import Any
+from collections.abc import Callable
 
 import attrs
-import cloudpickle
 
 from .. import wire
-from ..ingress.keys import IngressCall, KeyTable
 from ..wire import IncomingReturnValue, IncomingRpc, Message
 from .checkpoint import Snapshot, decode_snapshot, encode_snapshot
-from .errors import BindingError, CheckpointFormatError
-from .files import sync_written
-from .immortal import CallFuture, Immortal, MethodSpec
+from .errors import CheckpointFormatError
 
-__all__ = ["DispatcherState", "Mode", "ReplyTo", "Task"]
+__all__ = ["Checkpoints", "Mode", "class_name", "tail_messages"]
 
 log = logging.getLogger("ambrosia_py.binding")
-_PRIVATE = "_ambrosia_"
-ReplyTo = tuple[str, int] | IngressCall | None  # an async/await caller, an ingress call, none
+_TAIL_KEEP = 1024  # messages the tail may hold with nothing in flight (see trim)
 
 
 class Mode(enum.Enum):
@@ -37,141 +31,72 @@ class Mode(enum.Enum):
     PRIMARY = "primary"
 
 
-class Task:
-    """A suspended ``async def`` handler."""
-
-    __slots__ = ("coro", "issued", "reply_to", "spec", "waiting_on")
-
-    def __init__(self, coro: Coroutine[Any, Any, Any], spec: MethodSpec, reply_to: ReplyTo) -> None:
-        self.coro = coro
-        self.spec = spec
-        self.reply_to = reply_to
-        self.waiting_on: CallFuture | None = None
-        self.issued: set[int] = set()  # calls it made and has not awaited yet
-
-
-def _class_name(cls: type) -> str:
+def class_name(cls: type) -> str:
+    """How a checkpoint names the immortal's class."""
     return f"{cls.__module__}:{cls.__qualname__}"
 
 
-class DispatcherState:
-    """Checkpoints, restore and upgrade, for :class:`~.dispatcher.Dispatcher`."""
+class Checkpoints:
+    """The base and the tail of the next checkpoint.
 
-    cls: type[Immortal]
-    upgrade_to: type[Immortal] | None
-    immortal: Immortal
-    mode: Mode
-    keys: KeyTable
-    _call_seq: int
-    _attached: set[str]
-    _waiting: dict[int, Task]
-    _issued: dict[int, tuple[Task, CallFuture]]
-    _early: dict[int, IncomingReturnValue]
-    _suppress: bool
-    _base: Snapshot | None
-    _tail: list[Message]
+    No base: none was taken since the tail was dropped (:meth:`trim`) or ever; then
+    nothing is in flight. The tail is one list for the dispatcher's life (emptied, never
+    replaced), so the hot path may hold on to it.
+    """
 
-    def _attach(self, immortal: Immortal) -> Immortal:
-        immortal.__dict__[_PRIVATE + "dispatcher"] = self
-        return immortal
+    __slots__ = ("base", "tail")
 
-    def _incoming(self, msg: IncomingRpc | IncomingReturnValue, seq: int | None) -> None:
-        raise NotImplementedError  # the dispatcher's: a call or a reply, handled
+    def __init__(self) -> None:
+        self.base: Snapshot | None = None
+        self.tail: list[Message] = []
 
-    def state(self) -> dict[str, Any]:
-        """The immortal's state: its attributes, but for the framework's own."""
-        return {k: v for k, v in self.immortal.__dict__.items() if not k.startswith(_PRIVATE)}
+    def rebase(self, base: Snapshot | None) -> None:
+        """``base`` is the state now; the tail starts here."""
+        self.base = base
+        self.tail.clear()
 
-    def _snapshot_now(self) -> Snapshot:
-        return Snapshot(
-            _class_name(type(self.immortal)),
-            type(self.immortal).version,
-            cloudpickle.loads(cloudpickle.dumps(self.state())),  # a copy, not a reference
-            self._call_seq,
-            frozenset(self._attached),
-            ingress=self.keys.copy(),
-        )
+    def trim(self, in_flight: bool) -> None:
+        """With nothing in flight, drop a long tail: it is needed only from the next
+        handler that may suspend on (the dispatcher takes a base then). Kept, it would
+        hold every call's arguments (and the buffers they are views of) until the next
+        checkpoint."""
+        if len(self.tail) > _TAIL_KEEP and not in_flight:
+            self.rebase(None)
 
-    def checkpoint(self) -> bytes:
-        """The checkpoint blob for the state right now (see :mod:`checkpoint`).
+    def blob(self, now: Callable[[], Snapshot], in_flight: bool) -> bytes:
+        """The checkpoint blob: the state ``now`` gives when nothing is in flight (it
+        becomes the base), else the base and the tail."""
+        if not in_flight:
+            base = now()
+            self.rebase(base)
+            return encode_snapshot(base)
+        assert self.base is not None, "a suspended handler implies an earlier checkpoint"
+        tail = tuple(wire.encode_message(m) for m in self.tail)
+        return encode_snapshot(attrs.evolve(self.base, tail=tail))
 
-        Sealed state files written while pickling it (``files.py``) are made durable
-        (their directory fsynced, once) before the blob leaves.
-        """
-        blob = self._checkpoint_blob()
-        sync_written()
-        return blob
-
-    def _checkpoint_blob(self) -> bytes:
-        if not self._waiting:
-            self._base = self._snapshot_now()
-            self._tail = []
-            return encode_snapshot(self._base)
-        assert self._base is not None, "a suspended handler implies an earlier checkpoint"
-        tail = tuple(wire.encode_message(m) for m in self._tail)
-        return encode_snapshot(
-            Snapshot(
-                self._base.class_name,
-                self._base.class_version,
-                self._base.state,
-                self._base.call_seq,
-                self._base.attached,
-                tail,
-                ingress=self._base.ingress,
-            )
-        )
-
-    def restore(self, blob: bytes | bytearray | memoryview) -> None:
-        """Load a checkpoint: its state, then its tail replayed with outputs suppressed."""
+    def restore(self, blob: wire.Payload, cls: type, version: int) -> Snapshot:
+        """The snapshot in ``blob``, checked against the class it is restored into
+        (``cls``, at ``version``); it is the base now, with an empty tail."""
         snap = decode_snapshot(blob)
-        cls = type(self.immortal)
-        if snap.class_name != _class_name(cls) and snap.class_version == cls.version:
-            log.warning("checkpoint of %s restored into %s", snap.class_name, _class_name(cls))
-        if snap.class_version != cls.version:
+        if snap.class_name != class_name(cls) and snap.class_version == version:
+            log.warning("checkpoint of %s restored into %s", snap.class_name, class_name(cls))
+        if snap.class_version != version:
             raise CheckpointFormatError(
                 f"checkpoint of {snap.class_name} version {snap.class_version}, but the service "
-                f"is version {cls.version}: run the old code and upgrade with --upgrade-version"
+                f"is version {version}: run the old code and upgrade with --upgrade-version"
             )
-        immortal = cls.__new__(cls)
-        immortal.__dict__.update(cloudpickle.loads(cloudpickle.dumps(snap.state)))
-        self.immortal = self._attach(immortal)
-        self._call_seq = snap.call_seq
-        self._attached = set(snap.attached)
-        self._waiting = {}
-        self._issued = {}
-        self._early = {}
-        self.keys = snap.ingress.copy() if snap.ingress is not None else KeyTable()
-        self._base = attrs.evolve(snap, tail=())
-        self._tail = []
-        self.mode = Mode.RECOVERING
-        self._suppress = True
-        try:
-            for raw in snap.tail:
-                msg, _ = wire.decode_message(raw)
-                if not isinstance(msg, IncomingRpc | IncomingReturnValue):
-                    raise CheckpointFormatError(
-                        f"checkpoint tail holds a {type(msg).__name__}, not an incoming message"
-                    )
-                self._incoming(msg, None)
-        finally:
-            self._suppress = False
+        self.rebase(attrs.evolve(snap, tail=()))
+        return snap
 
-    def _upgrade(self) -> None:
-        new = self.upgrade_to
-        if new is None:
-            raise BindingError("the coordinator asked for an upgrade, but no new code was given")
-        if self._waiting:
-            raise BindingError(
-                f"cannot upgrade with {len(self._waiting)} handlers awaiting replies: their "
-                "coroutines belong to the old code"
+
+def tail_messages(snap: Snapshot) -> list[IncomingRpc | IncomingReturnValue]:
+    """The incoming messages a checkpoint's tail holds, decoded."""
+    messages: list[IncomingRpc | IncomingReturnValue] = []
+    for raw in snap.tail:
+        msg, _ = wire.decode_message(raw)
+        if not isinstance(msg, IncomingRpc | IncomingReturnValue):
+            raise CheckpointFormatError(
+                f"checkpoint tail holds a {type(msg).__name__}, not an incoming message"
             )
-        old = type(self.immortal)
-        state = new.upgrade_state(self.state(), old.version)
-        immortal = new.__new__(new)
-        immortal.__dict__.update(state)
-        self.immortal = self._attach(immortal)
-        self.cls = new
-        self.upgrade_to = None
-        self._base = self._snapshot_now()
-        self._tail = []
-        log.info("upgraded %s v%d -> %s v%d", old.__name__, old.version, new.__name__, new.version)
+        messages.append(msg)
+    return messages

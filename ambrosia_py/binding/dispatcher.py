@@ -15,12 +15,10 @@ logged replay messages*):
   primary.
 * Checkpoints are taken the moment the coordinator asks, even with handlers suspended:
   see :mod:`checkpoint` for the state-plus-tail design.
-* A return value is taken only from the instance the call went to, for a call a handler
-  is awaiting or made and will await (a reply that comes first is kept, undecoded, until
-  the await); anything else is dropped, logged and never decoded. The test reads only
-  state that logged input built (the handlers and their calls), so it gives the same answer
-  live, in replay and when a checkpoint's tail is replayed. Exceptions are decoded with
-  the awaited method's codec: a json method never unpickles a reply.
+
+The dispatcher is composed of the rest of its concerns: the calls its handlers await
+(:mod:`outstanding`), the base and tail of its next checkpoint (:mod:`dispatch_state`),
+and calls from outside through its ingress hook (:mod:`hooks`).
 """
 
 from __future__ import annotations
@@ -32,11 +30,9 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+import cloudpickle
+
 from .. import wire
-from ..ingress.envelope import INGRESS_METHOD_ID
-from ..ingress.errors import IngressProtocolError
-from ..ingress.frames import Outcome, OutcomeKind, Refusal
-from ..ingress.keys import Answer, IngressAnswer, IngressCall, KeyTable
 from ..wire import (
     AttachTo,
     BecomingPrimary,
@@ -49,7 +45,6 @@ from ..wire import (
     Message,
     OutgoingReturnValue,
     OutgoingRpc,
-    ReturnType,
     RpcBatch,
     RpcType,
     TakeBecomingPrimaryCheckpoint,
@@ -60,28 +55,32 @@ from ..wire import (
 from ..wire.messages import new_outgoing_rpc
 from . import codec
 from .checkpoint import Snapshot
-from .dispatch_state import DispatcherState, Mode, ReplyTo, Task
+from .dispatch_state import Checkpoints, Mode, class_name, tail_messages
 from .errors import (
     BindingError,
     DeterminismError,
     ImpulseDuringRecoveryError,
     UnknownMethodError,
 )
+from .files import sync_written
+from .hooks import AnswerSink, IngressFactory, IngressHook, KeyedCall
 from .immortal import CallFuture, Immortal, MethodSpec, Proxy
+from .outstanding import Outstanding, ReplyTo, Task, reply_outcome
 
 __all__ = ["Dispatcher", "Mode"]
 
 log = logging.getLogger("ambrosia_py.binding")
-_TAIL_KEEP = 1024  # messages the tail may hold with nothing in flight (see handle)
 _AWAITED = RpcType.ASYNC_AWAIT
+_PRIVATE = "_ambrosia_"  # the framework's attributes of an immortal: not its state
 
 
-class Dispatcher(DispatcherState):
+class Dispatcher:
     """Runs one immortal: feed it records with :meth:`handle`, send what it returns.
 
     ``upgrade_to`` is the class to switch to when the coordinator says UpgradeTakeCheckpoint
-    or UpgradeService. ``live_send`` is set by the I/O adapter for impulses, which
-    background code sends between records.
+    or UpgradeService. ``ingress`` registers the ingress hook (:meth:`register_ingress`).
+    ``live_send`` is set by the I/O adapter for impulses, which background code sends
+    between records.
     """
 
     def __init__(
@@ -91,6 +90,7 @@ class Dispatcher(DispatcherState):
         *,
         upgrade_to: type[Immortal] | None = None,
         options: Any = None,
+        ingress: IngressFactory | None = None,
     ) -> None:
         self.cls = service
         self.options = options
@@ -100,28 +100,32 @@ class Dispatcher(DispatcherState):
         self.immortal = self._attach(service())
         self.live_send: Callable[[Message], None] | None = None
         self.became_primary = False  # set when the adapter should start background tasks
+        self.me: Proxy | None = None  # the immortal's proxy for itself, made once
+        self.record_seq = 0  # the record being handled (see handle_run)
+        # Calls from outside: the hook is replayed state, checkpointed (hooks.py); the
+        # answers' sink is the ingress server's, set while it serves.
+        self._ingress_factory = ingress
+        self.ingress: IngressHook[Any] | None = ingress() if ingress is not None else None
+        self.ingress_answer: AnswerSink | None = None
         self._call_seq = 0
         self._attached: set[str] = set()
-        self._waiting: dict[int, Task] = {}
-        # Calls a running handler made and has not awaited yet, and replies that came
-        # before their await (several calls in flight at once, answered out of order).
-        self._issued: dict[int, tuple[Task, CallFuture]] = {}
-        self._early: dict[int, IncomingReturnValue] = {}
+        self._calls = Outstanding()
+        self._checkpoints = Checkpoints()
         self._current: Task | None = None  # the async handler running right now
         self._out: list[Message] = []
         self._effects: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
         self._in_handler = False
         self._suppress = False  # replaying a checkpoint's tail: outputs were sent already
-        # The last state taken with nothing in flight, and the incoming messages handled
-        # since: a checkpoint with handlers in flight is the two. No base: none taken since
-        # the tail was dropped (see handle) or ever; then nothing is in flight.
-        self._base: Snapshot | None = None
-        self._tail: list[Message] = []
-        self._loop_hidden = False  # handle() hid the running event loop for a record
-        self.me: Proxy | None = None  # the immortal's proxy for itself, made once
-        self.keys = KeyTable()  # ingress outcomes by idempotency key: state, checkpointed
-        self.ingress_answer: IngressAnswer | None = None  # set by the ingress (ingress/)
-        self.record_seq = 0  # the record being handled (see handle_run)
+        self._loop_hidden = False  # handle_run() hid the running event loop for a run
+
+    def register_ingress(self, factory: IngressFactory) -> IngressHook[Any]:
+        """Take calls from outside through the hook ``factory`` makes (a fresh one, as a
+        first start has it); return the hook in use. One restored from a checkpoint is
+        kept: it holds what logged input built."""
+        self._ingress_factory = factory
+        if self.ingress is None:
+            self.ingress = factory()
+        return self.ingress
 
     # -- the record stream ---------------------------------------------------------------
 
@@ -144,6 +148,7 @@ class Dispatcher(DispatcherState):
         self._loop_hidden = True
         plain = type(self.immortal)._plain_by_id
         loads = pickle.loads
+        to_tail = self._checkpoints.tail.append  # one list for the dispatcher's life
         try:
             for seq, messages in run:
                 self.record_seq = seq
@@ -161,7 +166,7 @@ class Dispatcher(DispatcherState):
                             except Exception:
                                 self._message(msg, seq)
                                 continue
-                            self._tail.append(msg)
+                            to_tail(msg)
                             self._in_handler = True
                             try:
                                 method(*args, **kwargs)
@@ -176,11 +181,7 @@ class Dispatcher(DispatcherState):
         finally:
             self._loop_hidden = False
             asyncio.events._set_running_loop(loop)
-        if len(self._tail) > _TAIL_KEEP and not self._waiting:
-            # Nothing in flight: the tail is needed only from the next handler that may
-            # suspend on (_incoming takes a base then). Kept, it would hold every call's
-            # arguments (and the buffers they are views of) until the next checkpoint.
-            self._base, self._tail = None, []
+        self._checkpoints.trim(bool(self._calls.waiting))
         out, self._out = self._out, []
         return out
 
@@ -239,7 +240,7 @@ class Dispatcher(DispatcherState):
     # The hot path uses these directly: a context manager per message costs ~40%.
     def _enter(self) -> asyncio.AbstractEventLoop | None:
         self._in_handler = True
-        if self._loop_hidden:  # by handle(), for the whole record
+        if self._loop_hidden:  # by handle_run(), for the whole run
             return None
         loop = asyncio.events._get_running_loop()
         asyncio.events._set_running_loop(None)
@@ -256,19 +257,20 @@ class Dispatcher(DispatcherState):
             spec = type(self.immortal).rpc_methods().get(msg.method_id)
             # A handler that may await (an async one, or an ingress call to one) could be
             # in flight at a checkpoint: the tail starts here.
-            if self._base is None and (spec is None or spec.is_async):
-                self._base, self._tail = self._snapshot_now(), []
-            self._tail.append(msg)
+            if self._checkpoints.base is None and (spec is None or spec.is_async):
+                self._checkpoints.rebase(self._snapshot_now())
+            self._checkpoints.tail.append(msg)
             self._dispatch(msg, spec)
             return
-        task = self._awaiting(msg, seq)
-        if task is not None:  # a dropped reply changed nothing: it is not part of the tail
-            self._tail.append(msg)
-            self._step(task, *self._reply_outcome(task.waiting_on, msg))
+        counts, task = self._calls.reply(msg, seq)
+        if counts:  # a dropped reply changed nothing: it is not part of the tail
+            self._checkpoints.tail.append(msg)
+        if task is not None:
+            self._step(task, *reply_outcome(task.waiting_on, msg))
 
     def _dispatch(self, msg: IncomingRpc, spec: MethodSpec | None) -> None:
-        if spec is None and msg.method_id == INGRESS_METHOD_ID and msg.rpc_type == RpcType.IMPULSE:
-            self._ingress(msg)  # only this binding sends impulses: links refuse them
+        if spec is None and msg.method_id < 0 and msg.rpc_type == RpcType.IMPULSE:
+            self._from_outside(msg)  # only this binding sends impulses: links refuse them
             return
         reply_to = (msg.sender, msg.call_seq) if msg.rpc_type == RpcType.ASYNC_AWAIT else None
         self._invoke(spec, msg.method_id, msg.args, reply_to)
@@ -303,23 +305,31 @@ class Dispatcher(DispatcherState):
             coro = method(*args, **kwargs)
         self._step(Task(coro, spec, reply_to), None, None)
 
-    def _ingress(self, msg: IncomingRpc) -> None:
-        """A call from outside (``ambrosia_py/ingress``): run only if its key is new."""
+    def _from_outside(self, msg: IncomingRpc) -> None:
+        """An impulse to a reserved method id: a call from outside, for the ingress hook,
+        which runs it only if its key is new (``hooks.py``)."""
+        hook = self.ingress
+        if hook is None or msg.method_id != hook.method_id:
+            raise BindingError(
+                f"an impulse to the reserved method id {msg.method_id} in record "
+                f"{self.record_seq}, and no ingress hook takes it: the log holds calls from "
+                "outside; start the service with its ingress hook (as ambrosia-py run does)"
+            )
         try:
-            step = self.keys.admit(msg.args)
-        except IngressProtocolError as exc:
+            step = hook.admit(msg.args)
+        except ValueError as exc:
             log.error("dropped an ingress impulse: %s", exc)
             return
-        if isinstance(step, Answer):
-            self._answer(step.key, step.method_id, step.answer)
-        elif step is not None:  # a new key: its outcome is kept under it (_finish)
+        if isinstance(step, KeyedCall):  # a new key: its outcome is kept under it (_finish)
             spec = type(self.immortal).rpc_methods().get(step.method_id)
-            self._invoke(spec, step.method_id, step.args, IngressCall(step.key, step.method_id))
+            self._invoke(spec, step.method_id, step.args, step)
+        elif step is not None:
+            self._answer(step)
 
-    def _answer(self, key: bytes, method_id: int, answer: Outcome | Refusal) -> None:
-        """Answer the clients waiting on ``key``: an effect, so never while replaying."""
+    def _answer(self, answer: object) -> None:
+        """Answer the clients of an ingress call: an effect, so never while replaying."""
         if self.mode is Mode.PRIMARY and not self._suppress and self.ingress_answer is not None:
-            self._effects.append((self.ingress_answer, (key, method_id, answer)))
+            self._effects.append((self.ingress_answer, (answer,)))
 
     def _step(self, task: Task, value: Any, error: BaseException | None) -> None:
         """Run ``task`` on until it awaits a reply that has not come yet, or finishes."""
@@ -339,77 +349,19 @@ class Dispatcher(DispatcherState):
                 finally:
                     self._leave(saved)
             except StopIteration as stop:
-                self._done(task)
+                self._calls.done(task)
                 self._finish(task.spec, task.reply_to, stop.value, None)
                 return
             except Exception as exc:
-                self._done(task)
+                self._calls.done(task)
                 self._finish(task.spec, task.reply_to, None, exc)
                 return
             finally:
                 self._current = None
-            self._issued.pop(awaited.call_seq, None)
-            task.issued.discard(awaited.call_seq)
-            early = self._early.pop(awaited.call_seq, None)
+            early = self._calls.suspend(task, awaited)
             if early is None:
-                task.waiting_on = awaited
-                self._waiting[awaited.call_seq] = task
                 return
-            value, error = self._reply_outcome(awaited, early)
-
-    def _done(self, task: Task) -> None:
-        """A handler finished: calls it made and never awaited are no longer awaitable."""
-        for call_seq in sorted(task.issued):
-            self._issued.pop(call_seq, None)
-            if self._early.pop(call_seq, None) is not None:
-                log.info("%s finished without awaiting call %d", task.spec.name, call_seq)
-
-    def _awaiting(self, reply: IncomingReturnValue, seq: int | None) -> Task | None:
-        """The handler awaiting ``reply``, or None: then the reply is dropped undecoded.
-
-        A pure function of logged input (which handlers await which calls), so replay
-        and a checkpoint's tail drop exactly what the live run dropped.
-        """
-        task = self._waiting.get(reply.call_seq)
-        issued = self._issued.get(reply.call_seq)
-        if task is None and issued is not None and reply.sender == issued[1].callee:
-            # Its handler will await it later: keep it (undecoded) until then. It is
-            # part of the checkpoint's tail, like any reply that changes what happens.
-            del self._issued[reply.call_seq]
-            self._early[reply.call_seq] = reply
-            self._tail.append(reply)
-            return None
-        if task is None and issued is not None:
-            why = f"call {reply.call_seq} went to {issued[1].callee!r}"
-        elif task is None or task.waiting_on is None:
-            why = f"no handler awaits call {reply.call_seq}"
-        elif reply.sender != task.waiting_on.callee:
-            why = f"call {reply.call_seq} went to {task.waiting_on.callee!r}"
-        else:
-            del self._waiting[reply.call_seq]
-            return task
-        log.warning(
-            "dropped a return value (%s, %d bytes) from %r for call %d in %s: %s; not decoded",
-            reply.return_type.name,
-            len(reply.value),
-            reply.sender,
-            reply.call_seq,
-            "the checkpoint's tail" if seq is None else f"record {seq}",
-            why,
-        )
-        return None
-
-    def _reply_outcome(
-        self, awaited: CallFuture | None, reply: IncomingReturnValue
-    ) -> tuple[Any, BaseException | None]:
-        """What the ``await`` of ``awaited`` gives: a value, or an exception to raise."""
-        assert awaited is not None
-        method_codec = awaited.method.codec
-        if reply.return_type == ReturnType.EXCEPTION:
-            return None, codec.decode_exception(method_codec, reply.value)
-        if reply.return_type == ReturnType.NO_VALUE:
-            return None, None
-        return codec.decode_value(method_codec, reply.value), None
+            value, error = reply_outcome(awaited, early)
 
     def _finish(
         self, spec: MethodSpec | None, reply_to: ReplyTo, result: Any, error: BaseException | None
@@ -426,13 +378,84 @@ class Dispatcher(DispatcherState):
         if reply_to is None:
             return
         kind, value = codec.encode_outcome(spec, result, error)
-        if isinstance(reply_to, IngressCall):  # kept under its key, then answered
-            outcome = Outcome(OutcomeKind(kind), value)
-            self.keys.finish(reply_to.key, reply_to.method_id, outcome)
-            self._answer(reply_to.key, reply_to.method_id, outcome)
+        if isinstance(reply_to, KeyedCall):  # kept under its key, then answered
+            assert self.ingress is not None
+            self._answer(self.ingress.complete(reply_to, kind, value))
             return
         sender, call_seq = reply_to
         self._emit(OutgoingReturnValue(sender, kind, self.instance, call_seq, value))
+
+    # -- checkpoints, their restore, and upgrades ----------------------------------------
+
+    def _attach(self, immortal: Immortal) -> Immortal:
+        immortal.__dict__[_PRIVATE + "dispatcher"] = self
+        return immortal
+
+    def state(self) -> dict[str, Any]:
+        """The immortal's state: its attributes, but for the framework's own."""
+        return {k: v for k, v in self.immortal.__dict__.items() if not k.startswith(_PRIVATE)}
+
+    def _snapshot_now(self) -> Snapshot:
+        return Snapshot(
+            class_name(type(self.immortal)),
+            type(self.immortal).version,
+            cloudpickle.loads(cloudpickle.dumps(self.state())),  # a copy, not a reference
+            self._call_seq,
+            frozenset(self._attached),
+            ingress=self.ingress.copy() if self.ingress is not None else None,
+        )
+
+    def checkpoint(self) -> bytes:
+        """The checkpoint blob for the state right now (see :mod:`checkpoint`).
+
+        Sealed state files written while pickling it (``files.py``) are made durable
+        (their directory fsynced, once) before the blob leaves.
+        """
+        blob = self._checkpoints.blob(self._snapshot_now, bool(self._calls.waiting))
+        sync_written()
+        return blob
+
+    def restore(self, blob: wire.Payload) -> None:
+        """Load a checkpoint: its state, then its tail replayed with outputs suppressed."""
+        cls = type(self.immortal)
+        snap = self._checkpoints.restore(blob, cls, cls.version)
+        immortal = cls.__new__(cls)
+        immortal.__dict__.update(cloudpickle.loads(cloudpickle.dumps(snap.state)))
+        self.immortal = self._attach(immortal)
+        self._call_seq = snap.call_seq
+        self._attached = set(snap.attached)
+        self._calls = Outstanding()
+        if snap.ingress is not None:  # the checkpoint's hook, whoever registered one
+            self.ingress = snap.ingress.copy()
+        else:  # taken without one (or before there were hooks): a fresh one, if registered
+            factory = self._ingress_factory
+            self.ingress = factory() if factory is not None else None
+        self.mode = Mode.RECOVERING
+        self._suppress = True
+        try:
+            for msg in tail_messages(snap):
+                self._incoming(msg, None)
+        finally:
+            self._suppress = False
+
+    def _upgrade(self) -> None:
+        new = self.upgrade_to
+        if new is None:
+            raise BindingError("the coordinator asked for an upgrade, but no new code was given")
+        if self._calls.waiting:
+            raise BindingError(
+                f"cannot upgrade with {len(self._calls.waiting)} handlers awaiting replies: "
+                "their coroutines belong to the old code"
+            )
+        old = type(self.immortal)
+        state = new.upgrade_state(self.state(), old.version)
+        immortal = new.__new__(new)
+        immortal.__dict__.update(state)
+        self.immortal = self._attach(immortal)
+        self.cls = new
+        self.upgrade_to = None
+        self._checkpoints.rebase(self._snapshot_now())
+        log.info("upgraded %s v%d -> %s v%d", old.__name__, old.version, new.__name__, new.version)
 
     # -- what handlers (and background code) call ----------------------------------------
 
@@ -475,8 +498,7 @@ class Dispatcher(DispatcherState):
         callee = self.instance if destination in ("", self.instance) else destination
         future = CallFuture(self._call_seq, spec, callee)
         if self._current is not None:  # an async handler: it may await this call later
-            self._issued[future.call_seq] = (self._current, future)
-            self._current.issued.add(future.call_seq)
+            self._calls.issue(self._current, future)
         return future
 
     def fork(
@@ -492,8 +514,11 @@ class Dispatcher(DispatcherState):
         self._send_impulse(spec.id, data, f"impulse {spec.name}")
 
     def ingress_impulse(self, envelope: bytes) -> None:
-        """A call from outside (``ingress/envelope.py``), from the ingress while primary."""
-        self._send_impulse(INGRESS_METHOD_ID, envelope, "an ingress call")
+        """A call from outside, from the ingress while primary: an impulse to its hook's
+        reserved method id, with ``envelope`` as the hook reads it back from the log."""
+        if self.ingress is None:
+            raise BindingError("an ingress call with no ingress hook registered")
+        self._send_impulse(self.ingress.method_id, envelope, "an ingress call")
 
     def _send_impulse(self, method_id: int, data: bytes, what: str) -> None:
         if self.mode is not Mode.PRIMARY:

@@ -32,14 +32,12 @@ from ..coordinator.core.checkpoint import IcState
 from ..coordinator.registry.files import instance_directories, open_registry_for_start
 from ..coordinator.registry.store import REGISTRY_FILE, RegistryError
 from ..coordinator.storage.files import InstanceFiles
-from ..ingress.envelope import INGRESS_METHOD_ID, RetentionEnvelope, decode_envelope
-from ..ingress.errors import IngressProtocolError
-from ..ingress.keys import describe_key
 from ..wire import IncomingReturnValue, IncomingRpc, LogRecord
 from .checkpoint import decode_snapshot
 from .dispatcher import Dispatcher
 from .errors import BindingError
 from .files import StateFiles, state_files_dir, use_state_files
+from .hooks import IngressFactory, IngressHook
 from .immortal import Immortal
 from .state_compare import OrderHazard, compare_states, short_repr
 
@@ -118,29 +116,30 @@ def _records(
             next_seq = scan.next_seq
 
 
-def _method(service: type[Immortal], record: LogRecord) -> str:
+def _method(service: type[Immortal], record: LogRecord, ingress: IngressHook[Any] | None) -> str:
     (msg,) = record.messages
     if isinstance(msg, IncomingRpc):
-        if msg.method_id == INGRESS_METHOD_ID:  # the method is in the logged envelope
+        method_id, what = msg.method_id, ""
+        if ingress is not None and method_id == ingress.method_id:  # the hook's envelope
             try:
-                call = decode_envelope(msg.args)
-            except IngressProtocolError:
+                called, what = ingress.describe(msg.args)
+            except ValueError:
                 return "(a malformed ingress call)"
-            if isinstance(call, RetentionEnvelope):
-                return "(ingress retention setting)"
-            spec = service.rpc_methods().get(call.method_id)
-            name = spec.name if spec else f"#{call.method_id}"
-            return f"{name} (ingress call, key {describe_key(call.key)})"
-        spec = service.rpc_methods().get(msg.method_id)
-        return spec.name if spec else f"#{msg.method_id}"
+            if called is None:
+                return f"({what})"
+            method_id, what = called, f" ({what})"
+        spec = service.rpc_methods().get(method_id)
+        return f"{spec.name if spec else f'#{method_id}'}{what}"
     if isinstance(msg, IncomingReturnValue):
         return f"(reply to call {msg.call_seq})"
     return type(msg).__name__
 
 
-def _restored(service: type[Immortal], instance: str, blob: wire.Payload) -> Dispatcher:
-    d = Dispatcher(service, instance)
-    d.restore(blob)
+def _restored(
+    service: type[Immortal], instance: str, blob: wire.Payload, ingress: IngressFactory | None
+) -> Dispatcher:
+    d = Dispatcher(service, instance, ingress=ingress)
+    d.restore(blob)  # a checkpoint that holds an ingress hook brings it back
     return d
 
 
@@ -151,17 +150,25 @@ def replay_instance(
     *,
     verify: bool = False,
     to_seq: int | None = None,
+    ingress: IngressFactory | None = None,
 ) -> ReplayResult:
     """Replay an instance's history with ``service``'s code (see the module docstring).
 
-    Sealed state files (``files.py``) are read from the data dir, never written.
+    Sealed state files (``files.py``) are read from the data dir, never written. The
+    ingress hook comes back with the checkpoints that hold it; ``ingress`` registers
+    one for those that do not (``hooks.py``).
     """
     with use_state_files(StateFiles(state_files_dir(data_dir, instance), writable=False)):
-        return _replay(service, data_dir, instance, verify, to_seq)
+        return _replay(service, data_dir, instance, verify, to_seq, ingress)
 
 
 def _replay(
-    service: type[Immortal], data_dir: Path, instance: str, verify: bool, to_seq: int | None
+    service: type[Immortal],
+    data_dir: Path,
+    instance: str,
+    verify: bool,
+    to_seq: int | None,
+    ingress: IngressFactory | None,
 ) -> ReplayResult:
     files = _instance_files(data_dir, instance)
     checkpoints = files.checkpoint_numbers()
@@ -169,8 +176,8 @@ def _replay(
         raise BindingError(f"instance {instance!r} has no checkpoint in {files.path}")
     first = checkpoints[0]
     state = IcState.decode(files.read_checkpoint(first), str(files.checkpoint_path(first)))
-    run = _restored(service, instance, state.blob)
-    twin = _restored(service, instance, state.blob) if verify else None
+    run = _restored(service, instance, state.blob, ingress)
+    twin = _restored(service, instance, state.blob, ingress) if verify else None
     starts = {}  # first seq of each later checkpoint's log -> its number
     for n in checkpoints[1:]:
         later = IcState.decode(files.read_checkpoint(n), str(files.checkpoint_path(n)))
@@ -191,7 +198,7 @@ def _replay(
             divergence = _check_against(later, run, record.seq, n)
             if divergence is not None:
                 return result(divergence)
-            twin = _restored(service, instance, later.blob)  # as a recovery there would
+            twin = _restored(service, instance, later.blob, ingress)  # as a recovery there would
             after = compare_states(run.state(), twin.state())
             if not after.equal:  # a checkpoint taken with handlers in flight, replayed
                 return result(Divergence(record.seq - 1, "", "checkpoint", after.describe(), n))
@@ -218,7 +225,7 @@ def _replay(
                 if recovered is not None and recovered[1]:
                     blamed = "; ".join(f"{h} ({h.fix})" for h in recovered[1])
                     hint = f"After a recovery at checkpoint {recovered[0]}, {blamed}"
-                method = _method(service, record)
+                method = _method(service, record, run.ingress)
                 return result(Divergence(record.seq, method, what, details, hint=hint))
             twin.take_effects()
         run.take_effects()

@@ -42,7 +42,7 @@ from ..coordinator.links.config import LinkSetupError, load_secret, tls_contexts
 from ..coordinator.registry.port_users import PortTakenError, cannot_listen, publish_ingress
 from ..coordinator.storage.data_dir import DataDirError, History, earlier_history, writable_data_dir
 from ..hashseed import instance_seed, run_under_seed
-from ..ingress.keys import DEFAULT_KEEP_COUNT, DEFAULT_KEEP_SECONDS
+from ..ingress.keys import DEFAULT_KEEP_COUNT, DEFAULT_KEEP_SECONDS, KeyTable
 from ..ingress.server import IngressServer, IngressSettings, parse_address
 from ..oneline import OneLineError
 from .coordinator import (
@@ -191,6 +191,9 @@ async def _run(launch: _Launch, on_primary: Callable[[Dispatcher], None] | None 
         timeout=launch.timeout,
         on_primary=on_primary,
         background_failure=launch.background_failure,
+        # With or without --ingress: the log may hold calls from a start that had it, and
+        # replaying them needs the key table (binding/hooks.py).
+        ingress=KeyTable,
     )
     if launch.separated:
         if launch.receive_port is None or launch.send_port is None:

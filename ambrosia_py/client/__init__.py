@@ -9,9 +9,11 @@ The service runs with ``ambrosia-py run SERVICE --ingress 127.0.0.1:7000``. Ever
 carries an idempotency key (made up by the client unless given); the client sends it
 again until it gets an answer, across restarts of the service and its coordinator, and
 the service runs each key's call once: exactly-once effect, at-least-once answer.
-``docs/ingress.md`` explains.
+``docs/ingress.md`` explains; ``docs/api.md`` lists the public names. The errors a call
+raises are here too, and in :mod:`ambrosia_py.errors` with every other error users catch.
 """
 
+from ..binding.errors import UnknownMethodError
 from ..ingress.errors import (
     AuthenticationError,
     CallRefusedError,
@@ -23,12 +25,11 @@ from ..ingress.errors import (
     ServiceUnreachableError,
 )
 from ..ingress.frames import ServiceInfo
-from .asyncio_client import DEFAULT_TIMEOUT, AsyncClient
+from .asyncio_client import AsyncClient
 from .calls import tls_context
 from .sync_client import Client
 
 __all__ = [
-    "DEFAULT_TIMEOUT",
     "AsyncClient",
     "AuthenticationError",
     "CallRefusedError",
@@ -40,5 +41,6 @@ __all__ = [
     "KeyReusedError",
     "ServiceInfo",
     "ServiceUnreachableError",
+    "UnknownMethodError",
     "tls_context",
 ]

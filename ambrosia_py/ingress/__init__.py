@@ -2,28 +2,15 @@
 
 ``ambrosia-py run SERVICE --ingress HOST:PORT`` serves them; :mod:`ambrosia_py.client`
 makes them. Every call carries an idempotency key; the immortal keeps each key's outcome
-in its replayed state (:class:`KeyTable`), so a client that retries a call until it
-gets an answer has it run exactly once. ``docs/ingress.md`` has the protocol byte by
-byte. The protocol is sans-IO (``frames``, ``connection``, ``envelope``, ``keys``);
-``server`` is the asyncio edge.
+in its replayed state (:class:`KeyTable`, the dispatcher's ingress hook:
+``binding/hooks.py``), so a client that retries a call until it gets an answer has it
+run exactly once. ``docs/ingress.md`` has the protocol byte by byte. The protocol is
+sans-IO (``frames``, ``connection``, ``envelope``, ``keys``); ``server`` is the asyncio
+edge. ``docs/api.md`` lists the public names; the rest is imported from its modules.
 """
 
-from .connection import (
-    MIN_SECRET_SIZE,
-    TAG_SIZE,
-    ClientConnection,
-    ConnectionState,
-    ServerConnection,
-)
-from .envelope import (
-    INGRESS_METHOD_ID,
-    CallEnvelope,
-    EnvelopeKind,
-    RetentionEnvelope,
-    decode_envelope,
-    encode_call_envelope,
-    encode_retention_envelope,
-)
+from .connection import ClientConnection, ConnectionState, ServerConnection
+from .envelope import INGRESS_METHOD_ID
 from .errors import (
     AuthenticationError,
     CallRefusedError,
@@ -34,59 +21,30 @@ from .errors import (
     KeyReusedError,
 )
 from .frames import (
-    DEFAULT_MAX_CALL_FRAME,
-    DEFAULT_MAX_REPLY_FRAME,
-    MAGIC,
-    MAX_KEY_SIZE,
     PRE_AUTH_FRAME_LIMIT,
     Call,
-    FrameKind,
-    FrameReader,
     Outcome,
     OutcomeKind,
-    RawFrame,
     Refusal,
     RefusalReason,
     Reply,
     ServiceInfo,
 )
-from .keys import DEFAULT_KEEP_COUNT, DEFAULT_KEEP_SECONDS, KeyTable, Running
-from .server import (
-    DEFAULT_HANDSHAKE_TIMEOUT_S,
-    DEFAULT_HOST,
-    DEFAULT_MAX_CONNECTIONS,
-    DEFAULT_MAX_IN_FLIGHT,
-    IngressServer,
-    IngressSettings,
-    parse_address,
-)
+from .keys import DEFAULT_KEEP_COUNT, DEFAULT_KEEP_SECONDS, KeyTable
+from .server import IngressServer, IngressSettings
 
 __all__ = [
-    "DEFAULT_HANDSHAKE_TIMEOUT_S",
-    "DEFAULT_HOST",
     "DEFAULT_KEEP_COUNT",
     "DEFAULT_KEEP_SECONDS",
-    "DEFAULT_MAX_CALL_FRAME",
-    "DEFAULT_MAX_CONNECTIONS",
-    "DEFAULT_MAX_IN_FLIGHT",
-    "DEFAULT_MAX_REPLY_FRAME",
     "INGRESS_METHOD_ID",
-    "MAGIC",
-    "MAX_KEY_SIZE",
-    "MIN_SECRET_SIZE",
     "PRE_AUTH_FRAME_LIMIT",
-    "TAG_SIZE",
     "AuthenticationError",
     "Call",
-    "CallEnvelope",
     "CallRefusedError",
     "CallTimeoutError",
     "ClientClosedError",
     "ClientConnection",
     "ConnectionState",
-    "EnvelopeKind",
-    "FrameKind",
-    "FrameReader",
     "IngressError",
     "IngressProtocolError",
     "IngressServer",
@@ -95,16 +53,9 @@ __all__ = [
     "KeyTable",
     "Outcome",
     "OutcomeKind",
-    "RawFrame",
     "Refusal",
     "RefusalReason",
     "Reply",
-    "RetentionEnvelope",
-    "Running",
     "ServerConnection",
     "ServiceInfo",
-    "decode_envelope",
-    "encode_call_envelope",
-    "encode_retention_envelope",
-    "parse_address",
 ]

@@ -1,5 +1,7 @@
 """The idempotency key table, sans-IO: part of the immortal's replayed state.
 
+It is the dispatcher's ingress hook (``binding/hooks.py``): the dispatcher hands it
+every logged ingress impulse (``envelope.py``) and the outcome of every call it let run.
 It lives in the dispatcher, beside the immortal's attributes, not among them, and is
 checkpointed with them (``binding/checkpoint.py``, format 2): a table built by logged
 input only, so replay rebuilds it exactly, and a checkpoint taken while calls wait keeps
@@ -21,20 +23,19 @@ from __future__ import annotations
 
 import enum
 from collections import OrderedDict
-from collections.abc import Callable
 from typing import Any
 
 import attrs
 
-from .envelope import CallEnvelope, RetentionEnvelope, decode_envelope
+from ..binding.hooks import KeyedCall
+from ..wire import Payload, ReturnType
+from .envelope import INGRESS_METHOD_ID, RetentionEnvelope, decode_envelope
 from .frames import Outcome, OutcomeKind, Refusal, RefusalReason
 
 __all__ = [
     "DEFAULT_KEEP_COUNT",
     "DEFAULT_KEEP_SECONDS",
     "Answer",
-    "IngressAnswer",
-    "IngressCall",
     "KeyTable",
     "Running",
     "describe_key",
@@ -51,24 +52,12 @@ class Running(enum.Enum):
 
 
 @attrs.frozen
-class IngressCall:
-    """A running ingress call, as the dispatcher tracks it: where its outcome goes."""
-
-    key: bytes
-    method_id: int
-
-
-@attrs.frozen
 class Answer:
     """What the clients waiting on ``key`` (for ``method_id``) get."""
 
     key: bytes
     method_id: int
     answer: Outcome | Refusal
-
-
-# The effect that answers the clients waiting on a key: (key, method id, answer).
-IngressAnswer = Callable[[bytes, int, Outcome | Refusal], None]
 
 
 # A finished call: (method id, the table's clock when it finished, outcome kind, value).
@@ -88,7 +77,10 @@ def describe_key(key: bytes) -> str:
 
 
 class KeyTable:
-    """Outcomes by idempotency key (see the module docstring)."""
+    """Outcomes by idempotency key (see the module docstring); the dispatcher's ingress
+    hook (``binding/hooks.py``: :meth:`admit`, :meth:`complete`, :meth:`describe`)."""
+
+    method_id = INGRESS_METHOD_ID  # the reserved id its calls are logged under
 
     def __init__(
         self,
@@ -119,21 +111,36 @@ class KeyTable:
         self.keep_ms = retention.keep_ms
         self._drop_old()
 
-    def admit(self, envelope: bytes | bytearray | memoryview) -> CallEnvelope | Answer | None:
+    def admit(self, envelope: Payload) -> KeyedCall | Answer | None:
         """A logged ingress impulse (``envelope.py``), applied to the table: a call to
         run (its key was unknown and is now running), the :class:`Answer` for a known
         key, or None (a retention setting, or a call already running: its outcome will
-        answer). Raises :class:`IngressProtocolError` for a malformed impulse."""
+        answer). Raises :class:`IngressProtocolError` (a ValueError) for a malformed
+        impulse."""
         call = decode_envelope(envelope)
         if isinstance(call, RetentionEnvelope):
             self.configure(call)
             return None
         found = self.begin(call.key, call.method_id, call.time_ms)
         if found is None:
-            return call
+            return KeyedCall(call.key, call.method_id, call.args)
         if found is Running.RUNNING:
             return None
         return Answer(call.key, call.method_id, found)
+
+    def complete(self, call: KeyedCall, kind: ReturnType, value: bytes) -> Answer:
+        """The call :meth:`admit` let run ended: its outcome is kept under its key, and
+        is the answer for everyone waiting on it."""
+        outcome = Outcome(OutcomeKind(kind), value)
+        self.finish(call.key, call.method_id, outcome)
+        return Answer(call.key, call.method_id, outcome)
+
+    def describe(self, envelope: Payload) -> tuple[int | None, str]:
+        """A logged ingress impulse in words: the method it calls, and its key."""
+        call = decode_envelope(envelope)
+        if isinstance(call, RetentionEnvelope):
+            return None, "ingress retention setting"
+        return call.method_id, f"ingress call, key {describe_key(call.key)}"
 
     def lookup(self, key: bytes, method_id: int) -> Outcome | Refusal | Running | None:
         """What a call of ``method_id`` with ``key`` gets now, without running it: the

@@ -58,7 +58,7 @@ from .connection import ConnectionState, ServerConnection
 from .envelope import RetentionEnvelope, encode_call_envelope, encode_retention_envelope
 from .errors import IngressProtocolError
 from .frames import DEFAULT_MAX_CALL_FRAME, Call, Outcome, Refusal, RefusalReason, ServiceInfo
-from .keys import DEFAULT_KEEP_COUNT, DEFAULT_KEEP_SECONDS, describe_key
+from .keys import DEFAULT_KEEP_COUNT, DEFAULT_KEEP_SECONDS, Answer, KeyTable, describe_key
 
 if TYPE_CHECKING:
     from ..binding.dispatcher import Dispatcher
@@ -228,9 +228,13 @@ class IngressServer:
         self._info = ServiceInfo(
             dispatcher.instance, type(dispatcher.immortal).__name__, self.settings.max_call_frame
         )
+        # The key table is registered where the service starts (ambrosia-py run), so that
+        # replay finds it; a dispatcher started without it gets an empty one here, before
+        # this incarnation logs any call.
+        dispatcher.register_ingress(KeyTable)
         dispatcher.ingress_answer = self.answer
         wanted = self.settings.retention
-        if dispatcher.keys.retention != wanted:  # logged before any call of this incarnation
+        if _table(dispatcher).retention != wanted:  # logged before any call of this incarnation
             dispatcher.ingress_impulse(encode_retention_envelope(wanted))
         self._listener.start()
 
@@ -249,11 +253,12 @@ class IngressServer:
 
     # -- the effect ----------------------------------------------------------------------
 
-    def answer(self, key: bytes, method_id: int, answer: Outcome | Refusal) -> None:
-        """Answer everyone waiting on ``key`` (an effect of the record that decided it)."""
+    def answer(self, answer: Answer) -> None:
+        """Answer everyone waiting on its key (an effect of the record that decided it)."""
+        key, method_id = answer.key, answer.method_id
         for client, request_id in self._waiting.pop((key, method_id), ()):
             client.waiting.discard((key, method_id, request_id))
-            client.send(request_id, answer)
+            client.send(request_id, answer.answer)
             if len(client.waiting) < self.settings.max_in_flight:
                 client.room.set()
 
@@ -422,7 +427,7 @@ class IngressServer:
                     ),
                 )
                 continue
-            found = d.keys.lookup(call.key, call.method_id)
+            found = _table(d).lookup(call.key, call.method_id)
             if isinstance(found, Outcome | Refusal):
                 client.send(call.request_id, found)
                 continue
@@ -452,3 +457,14 @@ class IngressServer:
             if not waiters:
                 del self._waiting[(key, method_id)]
         client.waiting.clear()
+
+
+def _table(dispatcher: Dispatcher) -> KeyTable:
+    """The dispatcher's key table: its ingress hook (registered by :meth:`attach`, or
+    restored from a checkpoint)."""
+    table = dispatcher.ingress
+    if not isinstance(table, KeyTable):
+        raise TypeError(
+            f"the dispatcher's ingress hook is a {type(table).__name__}, not a KeyTable"
+        )
+    return table
