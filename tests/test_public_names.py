@@ -118,11 +118,11 @@ def test_the_earlier_import_paths_give_the_same_classes(package: str) -> None:
         assert getattr(module, name) is same, f"{package}.{name}"
 
 
-def test_background_stays_the_decorator_whatever_is_imported_first() -> None:
-    """``binding/background.py`` shares the decorator's name; a first import of that
-    module after the package must not put the module where the decorator is."""
+def test_background_is_the_decorator_whatever_is_imported_first() -> None:
+    """The background-task module is not named after the decorator, so importing it
+    after the package leaves ``background`` the decorator."""
     code = (
-        "import ambrosia_py.binding, ambrosia_py.binding.background, ambrosia_py\n"
+        "import ambrosia_py.binding, ambrosia_py.binding.background_tasks, ambrosia_py\n"
         "from ambrosia_py.binding.immortal import background\n"
         "assert ambrosia_py.binding.background is background, ambrosia_py.binding.background\n"
         "assert ambrosia_py.background is background, ambrosia_py.background\n"

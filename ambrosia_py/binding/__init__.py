@@ -7,10 +7,6 @@ besides (``Dispatcher``, ``load_service``) stay importable from the package for 
 that imports them so, and are not public.
 """
 
-# ``background`` is both a module (background.py) and the decorator. Importing a
-# submodule the first time sets the package's attribute of its name to it, so the module
-# is imported here, first, and the decorator bound after it (from .immortal), for good.
-from . import background as _background_tasks  # noqa: F401
 from .dispatcher import Dispatcher as Dispatcher
 from .errors import (
     BindingError,

@@ -24,7 +24,7 @@ from .. import crashpoints, wire
 from ..allocator import prime_allocator
 from ..coordinator.core.binding_auth import Socket, encode_preamble
 from ..wire import Message, RecordReader
-from .background import BackgroundFailure, BackgroundTasks
+from .background_tasks import BackgroundFailure, BackgroundTasks
 from .dispatcher import Dispatcher
 from .errors import BindingError
 from .hooks import IngressFactory

@@ -95,7 +95,7 @@ def rpc_spec(fn: Callable[..., Any]) -> MethodSpec | None:
     return spec if isinstance(spec, MethodSpec) else None
 
 
-BACKGROUND_POLICIES = ("stop", "restart")  # binding/background.py: BackgroundFailure
+BACKGROUND_POLICIES = ("stop", "restart")  # binding/background_tasks.py: BackgroundFailure
 
 
 @overload
@@ -112,7 +112,7 @@ def background(fn: F | None = None, /, *, on_failure: str | None = None) -> F | 
     ``@background(on_failure="restart")`` (or ``"stop"``) sets what this task's failure
     does, whatever ``run --background-failure`` says for the others: a feed that may
     retry its connection can restart while a front end whose loss must stop the service
-    stops it (``binding/background.py``)."""
+    stops it (``binding/background_tasks.py``)."""
     if on_failure is not None and on_failure not in BACKGROUND_POLICIES:
         raise ValueError(
             f"@background(on_failure={on_failure!r}): it takes one of {BACKGROUND_POLICIES}"

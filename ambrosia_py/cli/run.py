@@ -25,7 +25,7 @@ import attrs
 import click
 
 from .. import eventloop
-from ..binding.background import BackgroundFailure, BackgroundTaskError
+from ..binding.background_tasks import BackgroundFailure, BackgroundTaskError
 from ..binding.client import ServiceFailedError, serve
 from ..binding.dispatcher import Dispatcher
 from ..binding.files import StateFiles, state_files_dir, use_state_files

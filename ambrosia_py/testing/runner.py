@@ -33,6 +33,7 @@ from ..binding.files import StateFiles, state_files_dir, use_state_files
 from ..binding.immortal import Immortal
 from ..coordinator.core.binding_auth import token_for_ready_line
 from ..coordinator.core.process import coordinator_argv
+from ..ingress.keys import KeyTable
 from .impulses import CountingDispatcher
 from .processes import readline_within, wait_for
 
@@ -98,7 +99,7 @@ class RunningImmortal:
         fields = dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
         self._token = token_for_ready_line(fields, data_dir, instance)
         self.dispatcher = CountingDispatcher(
-            service, instance, options=service.make_options(**options)
+            service, instance, options=service.make_options(**options), ingress=KeyTable
         )
         self.loop = eventloop.new_event_loop()
         self.error: BaseException | None = None
