@@ -21,6 +21,7 @@ import xxhash
 
 from ambrosia_py.coordinator.links.conn import LinkConn
 from ambrosia_py.iov import IOV_MAX
+from ambrosia_py.serving.transport_stream import TransportStream
 from tests.certs import needs_openssl
 from tests.link_peer import LINK_TOKEN, PING_TOKEN, Keys
 from tests.test_link_conn import _open, _pair, _tls
@@ -145,13 +146,15 @@ def test_a_write_to_a_reset_connection_ends_it_without_raising_from_write() -> N
     asyncio.run(_write_after_reset())
 
 
-def _conn_fd(conn: LinkConn) -> int | None:
-    return conn._fd
+def _writes_to_its_socket(conn: LinkConn) -> bool:
+    stream = conn.transport.get_protocol()
+    assert isinstance(stream, TransportStream)
+    return stream.direct
 
 
 async def _fd_only_for_plain_tcp(tls: tuple[ssl.SSLContext, ssl.SSLContext] | None) -> None:
     conn, _, writer = await _pair(tls)
-    assert (_conn_fd(conn) is None) == (tls is not None)
+    assert _writes_to_its_socket(conn) == (tls is None)
     conn.close()
     writer.close()
 

@@ -4,10 +4,12 @@ this start's token (:mod:`.binding_auth`), refusing a second binding, and moving
 without copying them.
 
 Raw sockets rather than asyncio streams: the coordinator moves every byte it logs through
-these connections, and the stream classes copy each read and write. Reads (``recv``
-during start-up, then a reader callback) give fresh ``bytes``, which the intake keeps by
-reference; records go out from one sender thread with a blocking ``sendmsg`` of their
-buffers, which keeps their order and lets sending overlap the next append.
+these connections, and the stream classes copy each read and write. Reads go through the
+shared socket stream (:mod:`ambrosia_py.serving.socket_stream`: ``recv`` during start-up,
+then its reader callback), whose fresh ``bytes`` the intake keeps by reference; records go
+out from one sender thread with a blocking ``sendmsg`` of their buffers, which keeps
+their order and lets sending overlap the next append (what is the coordinator's own: the
+binding's stream writes on the loop).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any
 from ... import crashpoints, wire
 from ...iov import IOV_MAX, nbytes, send_all, unsent
 from ...serving import RefusalLog, source_of
+from ...serving.socket_stream import SocketStream
 from ...wire import CONTROL_SEQ, Message
 from ..registry.port_users import PortTakenError
 from .binding_auth import PREAMBLE_SIZE, Socket, TokenGate
@@ -33,7 +36,6 @@ __all__ = ["BindingGoneError", "BindingLink", "Listener", "connect_binding"]
 
 log = logging.getLogger("ambrosia_py.coordinator")
 
-READ_SIZE = 256 * 1024
 PREAMBLE_TIMEOUT = 5.0  # seconds a connection has to prove the token
 MAX_UNPROVEN = 16  # connections proving the token at once; a new one evicts the oldest
 
@@ -165,17 +167,20 @@ class Listener:
 class BindingLink:
     """The binding's two connections.
 
-    What the binding sends is read on the event loop as fresh bytes, which the intake
-    keeps without copying: with :meth:`recv` during start-up, then by a reader callback
-    that hands each read on (:meth:`read_each`), as a protocol's ``data_received`` would:
-    no future, no task step and no reader added and removed per read. Records go out from
-    one sender thread with a blocking ``sendmsg`` of their buffers: no copy into a
-    transport buffer, order kept by the single thread, and sending overlaps the next
-    append.
+    What the binding sends is read through the shared stream
+    (:class:`~ambrosia_py.serving.socket_stream.SocketStream`) as fresh bytes, which the
+    intake keeps without copying: with :meth:`recv` during start-up, then by the reader
+    callback that hands each read on (:meth:`read_each`), as a protocol's
+    ``data_received`` would: no future, no task step and no reader added and removed per
+    read. Records go out from one sender thread with a blocking ``sendmsg`` of their
+    buffers: no copy into a transport buffer, order kept by the single thread, and
+    sending overlaps the next append.
     """
 
     def __init__(self, receive: socket.socket, send: socket.socket) -> None:
-        self._receive = receive  # what the binding sends us (non-blocking, event loop)
+        # what the binding sends us (non-blocking, event loop); we write nothing there
+        self._receive = SocketStream(receive, what="the binding's connection")
+        self._receive_socket = receive
         self._unread = select.poll()  # has_unread: a poll that raises nothing when empty
         self._unread.register(receive.fileno(), select.POLLIN)
         self._send = send  # where we send records (blocking, sender thread)
@@ -186,10 +191,6 @@ class BindingLink:
         self._ahead: asyncio.Queue[bytes] = asyncio.Queue()  # read while replay is sent
         self._reading_ahead: asyncio.Task[None] | None = None
         self._stop_ahead = False
-        self._on_data: Callable[[bytes], None] | None = None
-        self._on_lost: Callable[[OSError], None] | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None  # once read_each was called
-        self._reading = False
 
     def read_each(
         self, on_data: Callable[[bytes], None], on_lost: Callable[[OSError], None]
@@ -201,9 +202,7 @@ class BindingLink:
         is done and nothing it read is left: see :attr:`read_ahead_left`).
         """
         assert not self.read_ahead_left
-        self._on_data, self._on_lost = on_data, on_lost
-        self._loop = asyncio.get_running_loop()
-        self.resume_reading()
+        self._receive.read_each(on_data, on_lost)
 
     @property
     def read_ahead_left(self) -> bool:
@@ -215,33 +214,10 @@ class BindingLink:
     def pause_reading(self) -> None:
         """Stop calling ``on_data`` until :meth:`resume_reading` (back-pressure: the
         binding's bytes wait in the socket, and TCP slows it down)."""
-        if self._reading and self._loop is not None:
-            self._reading = False
-            self._loop.remove_reader(self._receive)
+        self._receive.pause_reading()
 
     def resume_reading(self) -> None:
-        if not self._reading and self._on_data is not None and self._loop is not None:
-            self._reading = True
-            self._loop.add_reader(self._receive, self._readable)
-
-    def _readable(self) -> None:
-        on_data, on_lost = self._on_data, self._on_lost
-        assert on_data is not None and on_lost is not None
-        try:
-            data = self._receive.recv(READ_SIZE)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError as exc:
-            self._end()
-            on_lost(exc)
-            return
-        if not data:
-            self._end()
-        on_data(data)
-
-    def _end(self) -> None:
-        self.pause_reading()
-        self._on_data = self._on_lost = None
+        self._receive.resume_reading()
 
     def read_ahead(self) -> None:
         """Read what the binding sends into memory until :meth:`stop_reading_ahead`.
@@ -260,10 +236,9 @@ class BindingLink:
         self._stop_ahead = True
 
     async def _read_ahead(self) -> None:
-        loop = asyncio.get_running_loop()
         while not self._stop_ahead:
             try:
-                data = await loop.sock_recv(self._receive, READ_SIZE)
+                data = await self._receive.read()
             except OSError:
                 data = b""  # recv reports it, reading the socket itself
             self._ahead.put_nowait(data)
@@ -277,7 +252,7 @@ class BindingLink:
         reading = self._reading_ahead
         if reading is not None and not reading.done():
             return await self._ahead.get()  # its read in progress: it stops after it
-        return await asyncio.get_running_loop().sock_recv(self._receive, READ_SIZE)
+        return await self._receive.read()
 
     def has_unread(self) -> bool:
         """Whether the binding has sent bytes not read yet (a poll, never blocks; an end
@@ -350,13 +325,16 @@ class BindingLink:
         await self.send(wire.encode_record_parts(committer_id, CONTROL_SEQ, [msg]))
 
     def close(self) -> None:
+        """Close both connections; the reader is not told (it is the coordinator's own
+        stopping, not the binding's end)."""
         if self._reading_ahead is not None:
             self._reading_ahead.cancel()
-        self.pause_reading()
-        for sock in (self._receive, self._send):
+        self._receive.stop_reading()
+        for sock in (self._receive_socket, self._send):
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
-            sock.close()
+        self._receive.close()
+        self._send.close()
         self._sender.shutdown(wait=False)
 
 

@@ -1,11 +1,13 @@
 """One link connection between two coordinators: bytes, flow framing, tags, timers.
 
-An :class:`asyncio.Protocol`, not asyncio's streams: ``StreamReader`` copies every chunk
-into its buffer and out again, and wakes the reading task for every frame. Here a
-received chunk goes straight into the flow connection (which keeps it by reference),
-and once a link is authenticated its frames are handed to a handler as they are read,
-inside ``data_received``: on a link carrying a request and its reply, that is one task
-switch fewer per message, and none of the copies.
+Its bytes move through the shared transport stream
+(:mod:`ambrosia_py.serving.transport_stream`), an :class:`asyncio.Protocol`, not asyncio's
+streams: ``StreamReader`` copies every chunk into its buffer and out again, and wakes the
+reading task for every frame. Here a received chunk goes straight into the flow
+connection (which keeps it by reference), and once a link is authenticated its frames
+are handed to a handler as they are read, inside ``data_received``: on a link carrying a
+request and its reply, that is one task switch fewer per message, and none of the
+copies.
 
 Before the handshake is done the old rules hold exactly: what an unauthenticated peer
 sends is looked at :data:`PRE_AUTH_READ_SIZE` bytes at a time, and the transport stops
@@ -17,9 +19,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import os
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import cast
 
 from ... import crashpoints
 from ...flow import (
@@ -31,8 +31,7 @@ from ...flow import (
     Token,
     WellKnown,
 )
-from ...iov import IOV_MAX, advance
-from ...wire import Payload
+from ...serving.transport_stream import TransportStream
 from .auth import AUTH_TOKEN, LinkAuthError, LinkChannel, LinkHandshake, Role
 from .protocol import LINK_TOKEN, LinkError
 
@@ -51,70 +50,13 @@ _ONE_FRAME_MAX = 8192
 FrameHandler = Callable[[bytes | memoryview], None]
 
 
-class LinkProtocol(asyncio.Protocol):
-    """The transport's side of a :class:`LinkConn`; ``on_made`` runs once connected."""
+class LinkProtocol(TransportStream):
+    """The transport's side of a :class:`LinkConn`: the shared transport stream, and the
+    conn it carries; ``on_made`` runs once connected, and makes the conn."""
 
-    def __init__(self, on_made: Callable[[LinkProtocol], None] | None = None) -> None:
-        self._on_made = on_made
-        self.transport: asyncio.Transport | None = None
+    def __init__(self, on_made: Callable[[LinkProtocol], None]) -> None:
+        super().__init__(on_made, "the link connection")
         self.conn: LinkConn | None = None
-        self.lost = False
-        self._writable = True
-        self._drainers: list[asyncio.Future[None]] = []
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # A stream transport (uvloop's are not asyncio.Transport subclasses: no isinstance).
-        self.transport = cast(asyncio.Transport, transport)
-        if self._on_made is not None:
-            self._on_made(self)
-
-    def data_received(self, data: bytes) -> None:
-        if self.conn is not None:
-            self.conn._received(data)
-
-    def eof_received(self) -> bool:
-        if self.conn is not None:
-            self.conn._received(b"")
-        return False  # close our side too
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.lost = True
-        if self.conn is not None:
-            self.conn._received(b"", exc)  # exc: a reset, a TLS alert or a bad record
-        self._wake_drainers()
-
-    def pause_writing(self) -> None:
-        self._writable = False
-
-    def resume_writing(self) -> None:
-        self._writable = True
-        self._wake_drainers()
-
-    async def drain(self) -> None:
-        """Wait while the transport holds more than its high-water mark."""
-        if self.lost:
-            raise ConnectionResetError("the link connection is closed")
-        if not self._writable:
-            waiter = asyncio.get_running_loop().create_future()
-            self._drainers.append(waiter)
-            await waiter
-            if self.lost:
-                raise ConnectionResetError("the link connection is closed")
-
-    def _wake_drainers(self) -> None:
-        drainers, self._drainers = self._drainers, []
-        for waiter in drainers:
-            if not waiter.done():
-                waiter.set_result(None)
-
-
-def _raw_fd(transport: asyncio.Transport) -> int | None:
-    """The descriptor of a plain TCP transport's socket; None over TLS (what is written
-    is encrypted first: only the transport may write to its socket) or without one."""
-    if not hasattr(os, "writev") or transport.get_extra_info("sslcontext") is not None:
-        return None
-    sock = transport.get_extra_info("socket")
-    return None if sock is None else int(sock.fileno())
 
 
 def _frame(event: object) -> FrameReceived:
@@ -130,9 +72,8 @@ class LinkConn:
     """One link connection with its flow state and, once authenticated, its tags."""
 
     def __init__(self, protocol: LinkProtocol, flow: FlowConnection, stall_s: float) -> None:
-        assert protocol.transport is not None
         self.transport = protocol.transport
-        self._protocol = protocol
+        self._stream = protocol  # its bytes, both ways
         protocol.conn = self
         self.flow = flow
         self.stall_s = stall_s
@@ -157,7 +98,7 @@ class LinkConn:
         self._lost: Exception | None = None  # the error that ended the stream (handshake)
         self._stall_timer: asyncio.TimerHandle | None = None
         self._last_bytes = self.last_event
-        self._fd = _raw_fd(self.transport)  # large frames go to it as parts (_write_parts)
+        protocol.read_each(self._received, self._lost_with)
 
     # -- receiving ---------------------------------------------------------------------
 
@@ -176,11 +117,15 @@ class LinkConn:
             self._ended = True
         if self._handler is None:  # the handshake: looked at when asked for, in pieces
             self._chunks.append(data)
-            if data and not self._protocol.lost:
-                self.transport.pause_reading()
+            if data:
+                self._stream.pause_reading()
             self._wake()
             return
         self._feed(data)
+
+    def _lost_with(self, exc: Exception) -> None:
+        """The connection was lost with ``exc`` (a reset, a TLS alert or a bad record)."""
+        self._received(b"", exc)
 
     def _feed(self, data: bytes) -> None:
         """Delivering: frames of ``data`` to the handler now."""
@@ -260,8 +205,7 @@ class LinkConn:
             self._error = exc
         if self._done is not None and not self._done.done():
             self._done.set_exception(exc)
-        if not self.transport.is_closing():  # a TLS transport closed twice drops its state
-            self.transport.close()
+        self._stream.close()
 
     def _wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():
@@ -351,14 +295,12 @@ class LinkConn:
     def pause_reading(self) -> None:
         """Stop reading for now (back-pressure); a pause is never idleness."""
         self._paused = True
-        if not self._protocol.lost:
-            self.transport.pause_reading()
+        self._stream.pause_reading()
 
     def skip_turn(self) -> None:
         """Read nothing more until the event loop's next turn (unless paused by then)."""
-        if not self._protocol.lost:
-            self.transport.pause_reading()
-            self._loop.call_soon(self._next_turn)
+        self._stream.pause_reading()
+        self._loop.call_soon(self._next_turn)
 
     def _next_turn(self) -> None:
         if not self._paused:
@@ -371,8 +313,7 @@ class LinkConn:
         self._resume_transport()
 
     def _resume_transport(self) -> None:
-        if not self._protocol.lost:
-            self.transport.resume_reading()
+        self._stream.resume_reading()
 
     @contextlib.asynccontextmanager
     async def idle_limit(self, idle: float) -> AsyncIterator[None]:
@@ -409,12 +350,12 @@ class LinkConn:
         (``flow.compatible`` says which): either side keeps an incompatible peer's
         connection open (:meth:`ignore`), so that the peer does not keep dialing."""
         if self.flow.dialer:
-            self.transport.write(self.flow.connect_packet_bytes())
+            self._stream.write(self.flow.connect_packet_bytes())
         event = await self.next_event()
         if not isinstance(event, PeerConnected):
             raise LinkError(f"expected the peer's ConnectPacket, got {type(event).__name__}")
         if not self.flow.dialer:
-            self.transport.write(self.flow.connect_packet_bytes())
+            self._stream.write(self.flow.connect_packet_bytes())
         return event.packet
 
     async def authenticate(self, handshake: LinkHandshake, max_frame: int) -> None:
@@ -436,7 +377,7 @@ class LinkConn:
         self.flow.max_frame_length = max_frame
 
     def _send_raw(self, token: Token, message: bytes) -> None:
-        self.transport.writelines(self.flow.send(token, message))
+        self._stream.writelines(self.flow.send(token, message))
 
     async def ignore(self, seconds: float) -> bool:
         """An incompatible peer's connection, kept open so that the peer does not keep
@@ -458,8 +399,8 @@ class LinkConn:
             return False
         except TimeoutError:
             pass
-        if not self.closing and not self.transport.get_write_buffer_size():
-            self.transport.writelines(self.flow.send(PING_TOKEN, b""))  # untagged: no key
+        if self.writable_now:
+            self._stream.writelines(self.flow.send(PING_TOKEN, b""))  # untagged: no key
             self.last_sent = self._loop.time()
         return True
 
@@ -479,7 +420,7 @@ class LinkConn:
         await self.drain()
 
     async def drain(self) -> None:
-        await self._protocol.drain()
+        await self._stream.drain()
 
     def idle_for(self) -> float:
         """Seconds since the last frame was written."""
@@ -488,60 +429,38 @@ class LinkConn:
     @property
     def queued(self) -> int:
         """Bytes written but still in the transport, not yet taken by the socket."""
-        if self.closing:  # a lost TLS transport cannot even say (it raises)
-            return 0
-        return self.transport.get_write_buffer_size()
+        return self._stream.queued
 
     @property
     def closing(self) -> bool:
         """Whether the connection is closed or closing: writes would go nowhere."""
-        return self._protocol.lost or self.transport.is_closing()
+        return self._stream.closing
 
     @property
     def writable_now(self) -> bool:
         """Open, and nothing waiting in the transport: a write goes out at once."""
-        return not self.closing and not self.transport.get_write_buffer_size()
+        return not self.closing and not self._stream.queued
 
     def _write_tagged(self, token: Token, parts: tuple[bytes, ...]) -> None:
         assert self.channel is not None, "frames are sent only after the handshake"
         if self.closing:  # a lost TLS transport raises AttributeError when written to
             raise ConnectionResetError("the link connection is closed")
-        if self._fd is None or sum(map(len, parts)) < len(parts) * _JOIN_BELOW:
+        if not self._stream.direct or sum(map(len, parts)) < len(parts) * _JOIN_BELOW:
             frame = self.channel.seal_frame(token, parts, self.flow.send_limit(token))
             if frame is not None:  # built in one C call: the same bytes as below
                 crashpoints.reach_midway("ic.link.mid_send", self.transport, (frame,))
-                self.transport.write(frame)
+                self._stream.write(frame)
             else:
                 tag = self.channel.seal(token, parts)
                 out = self.flow.send(token, b"".join([*parts, tag]))
                 crashpoints.reach_midway("ic.link.mid_send", self.transport, out)
-                self.transport.writelines(out)
+                self._stream.writelines(out)
         else:
             tag = self.channel.seal(token, parts)
             out = self.flow.send_parts(token, [*parts, tag])
             crashpoints.reach_midway("ic.link.mid_send", self.transport, out)
-            self._write_parts(out)
+            self._stream.write_unjoined(out)
         self.last_sent = self._loop.time()
-
-    def _write_parts(self, out: list[bytes | memoryview]) -> None:
-        """Write a frame's buffers without joining them.
-
-        While the transport holds nothing, they go straight to the socket (``writev``),
-        and only what it does not take is handed to the transport, buffer by buffer (a
-        view of the one cut in two): one copy into its buffer, where ``writelines`` would
-        join them first (asyncio's selector transport does) and copy that again. With
-        bytes already waiting there, everything goes behind them, to keep the order.
-        """
-        transport = self.transport
-        queue: collections.deque[Payload] = collections.deque(out)
-        if self._fd is not None and not transport.get_write_buffer_size() and not self.closing:
-            try:
-                sent = os.writev(self._fd, out if len(out) <= IOV_MAX else out[:IOV_MAX])
-            except OSError:  # full (EAGAIN), or broken: the transport finds out on its write
-                sent = 0
-            advance(queue, sent)
-        for buf in queue:
-            transport.write(buf)
 
     def close(self) -> None:
         if self._stall_timer is not None:
