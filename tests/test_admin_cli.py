@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -76,14 +78,27 @@ def test_register_and_instances(tmp_path: Path) -> None:
     with Registry(tmp_path) as reg:
         reg.commit_checkpoint("beta", 4, 2, 2)
         reg.set_link_address("beta", "127.0.0.1", 24003)
+
+    def cells(name: str) -> list[str]:
+        result = run("instances", "--data-dir", tmp_path)
+        assert result.exit_code == 0, result.output
+        (line,) = [line for line in result.output.splitlines() if f" {name} " in line]
+        return [c.strip() for c in line.split("│")[1:-1]]
+
+    # Published by a coordinator that is gone: not shown, and not alive.
+    assert cells("beta") == ["beta", "4", "24001", "24002", "2", "2", "-", "no", "-", "-", "-"]
+    files = InstanceFiles(tmp_path, "beta", 4)
+    files.create()
+    files.acquire_lock()  # as its running coordinator does
+    try:
+        beta = cells("beta")
+    finally:
+        files.release_lock()
+    assert beta[:8] == ["beta", "4", "24001", "24002", "2", "2", "-", f"yes (pid {os.getpid()})"]
+    assert beta[8] == socket.gethostname() and beta[9:] == ["127.0.0.1:24003", "-"]
+    assert cells("alpha")[7:] == ["no", "-", "-", "-"]  # no coordinator accepts links
     result = run("instances", "--data-dir", tmp_path)
-    assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
-    (beta_line,) = [line for line in lines if "beta" in line]
-    cells = [c.strip() for c in beta_line.split("│")[1:-1]]
-    assert cells == ["beta", "4", "24001", "24002", "2", "2", "-", "127.0.0.1:24003"]
-    (alpha_line,) = [line for line in lines if "alpha" in line]
-    assert alpha_line.split("│")[-2].strip() == "-"  # no coordinator accepts links
     assert any("alpha" in line and str(alpha.receive_port) in line for line in lines)
     assert "checkpoint" in result.output and "receive" in result.output
 

@@ -104,9 +104,8 @@ def lose_registry(data_dir: Path, how: str) -> None:
     elif how == "emptied":
         with Registry(data_dir) as reg:  # the rows gone, the tables there
             db = reg._conn()
-            db.execute("DELETE FROM versions")
-            db.execute("DELETE FROM links")
-            db.execute("DELETE FROM instances")
+            for table in ("versions", "links", "ingresses", "owners", "instances"):
+                db.execute(f"DELETE FROM {table}")
     elif how == "truncated":
         for side in ("-wal", "-shm"):
             Path(f"{registry}{side}").unlink(missing_ok=True)

@@ -29,8 +29,9 @@ import cloudpickle
 
 from .. import wire
 from ..coordinator.core.checkpoint import IcState
+from ..coordinator.registry.backends import registry_file
 from ..coordinator.registry.files import instance_directories, open_registry_for_start
-from ..coordinator.registry.store import REGISTRY_FILE, RegistryError
+from ..coordinator.registry.interface import DEFAULT_CLUSTER, RegistryError
 from ..coordinator.storage.files import InstanceFiles
 from ..wire import IncomingReturnValue, IncomingRpc, LogRecord
 from .checkpoint import decode_snapshot
@@ -79,13 +80,15 @@ class ReplayResult:
     hazards: tuple[tuple[int, OrderHazard], ...] = ()
 
 
-def _instance_files(data_dir: Path, instance: str) -> InstanceFiles:
-    """The instance's files, by its registry entry; a missing or damaged registry is a
-    clear error (the same refusal as ``run``'s), and replay never creates one."""
-    if not (Path(data_dir) / REGISTRY_FILE).exists() and not instance_directories(data_dir):
-        raise BindingError(f"no instance {instance!r} in {data_dir}: it has no registry")
+def _instance_files(data_dir: Path, instance: str, spec: str | None, cluster: str) -> InstanceFiles:
+    """The instance's files, by its entry in the registry ``spec`` names (``None``: the
+    data dir's own); a missing or damaged registry is a clear error (the same refusal as
+    ``run``'s), and replay never creates one."""
     try:
-        registry = open_registry_for_start(data_dir, instance)
+        path = registry_file(spec, data_dir)
+        if path is not None and not path.exists() and not instance_directories(data_dir):
+            raise BindingError(f"no instance {instance!r} in {data_dir}: it has no registry")
+        registry = open_registry_for_start(data_dir, instance, spec, cluster)
     except RegistryError as exc:
         raise BindingError(str(exc)) from None
     try:
@@ -151,26 +154,30 @@ def replay_instance(
     verify: bool = False,
     to_seq: int | None = None,
     ingress: IngressFactory | None = None,
+    registry: str | None = None,
+    cluster: str = DEFAULT_CLUSTER,
 ) -> ReplayResult:
     """Replay an instance's history with ``service``'s code (see the module docstring).
 
-    Sealed state files (``files.py``) are read from the data dir, never written. The
-    ingress hook comes back with the checkpoints that hold it; ``ingress`` registers
-    one for those that do not (``hooks.py``).
+    Its files are in ``data_dir``; its current version is the registry's (``registry``
+    the spec, ``None``: the data dir's own; ``cluster`` its etcd prefix). Sealed state
+    files (``files.py``) are read from the data dir, never written. The ingress hook
+    comes back with the checkpoints that hold it; ``ingress`` registers one for those
+    that do not (``hooks.py``).
     """
+    files = _instance_files(data_dir, instance, registry, cluster)
     with use_state_files(StateFiles(state_files_dir(data_dir, instance), writable=False)):
-        return _replay(service, data_dir, instance, verify, to_seq, ingress)
+        return _replay(service, files, instance, verify, to_seq, ingress)
 
 
 def _replay(
     service: type[Immortal],
-    data_dir: Path,
+    files: InstanceFiles,
     instance: str,
     verify: bool,
     to_seq: int | None,
     ingress: IngressFactory | None,
 ) -> ReplayResult:
-    files = _instance_files(data_dir, instance)
     checkpoints = files.checkpoint_numbers()
     if not checkpoints:
         raise BindingError(f"instance {instance!r} has no checkpoint in {files.path}")

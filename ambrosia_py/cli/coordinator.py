@@ -1,10 +1,10 @@
 """``ambrosia-py coordinator``: run an Immortal Coordinator in the foreground.
 
 Its options and how it ends (:func:`run_to_exit`) are ``debug``'s too, which runs the
-coordinator's debug mode. The links' options (where to accept links and where other
-instances' coordinators accept them, the cluster secret, TLS, the links' limits) are
-``run``'s too, which passes them on to the coordinator it starts (:func:`link_argv`) and
-gives its ingress the same secret and TLS (:func:`link_settings`).
+coordinator's debug mode. The links' options (where to accept links, the host published
+for them, where other instances' coordinators accept them, the cluster secret, TLS, the
+links' limits) are ``run``'s too, which passes them on to the coordinator it starts
+(:func:`link_argv`) and gives its ingress the same secret and TLS (:func:`link_settings`).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from ..coordinator.links.config import (
 )
 from ..coordinator.registry.store import RegistryError
 from ..coordinator.storage.files import StorageError
+from .options import registry_options
 
 __all__ = [
     "binding_auth_option",
@@ -79,7 +80,7 @@ _data_dir = click.option(
     "--data-dir",
     required=True,
     type=click.Path(file_okay=False, path_type=Path),
-    help="Where logs, checkpoints and the registry live.",
+    help="Where logs and checkpoints live (and the registry, unless --registry says).",
 )
 
 
@@ -111,8 +112,15 @@ link_options = [
         multiple=True,
         callback=_link_to,
         metavar="NAME=HOST:PORT",
-        help="Where instance NAME's coordinator accepts links, for instances the registry of "
-        "this data directory does not know (other machines). Repeatable.",
+        help="Where instance NAME's coordinator accepts links, for instances the registry "
+        "does not know (other machines, without a shared --registry). Repeatable.",
+    ),
+    click.option(
+        "--advertise-host",
+        metavar="HOST",
+        help="The host published in the registry for this instance's link (and ingress) "
+        "address: what other machines dial. Default: the listening address, or this "
+        "machine's name for a wildcard (0.0.0.0).",
     ),
 ]
 
@@ -266,12 +274,15 @@ def link_argv(
     link_host: str,
     link_port: int,
     link_to: tuple[tuple[str, str, int], ...],
+    advertise_host: str | None = None,
     **security: Any,
 ) -> list[str]:
     """The link options again, as a command line (``run`` passes them on)."""
     args = ["--link-host", link_host, "--link-port", str(link_port)]
     for name, host, port in link_to:
         args += ["--link-to", f"{name}={host}:{port}"]
+    if advertise_host is not None:
+        args += ["--advertise-host", advertise_host]
     for param, flag, _ in _SECURITY:
         value = security.get(param)
         if value is not None:
@@ -314,9 +325,11 @@ binding_auth_option = click.option(
 )
 @click.option("--upgrade-version", type=int, help="Recover, then upgrade to this version.")
 @binding_auth_option
+@registry_options
 @link_options[0]
 @link_options[1]
 @link_options[2]
+@link_options[3]
 @link_security_options
 def coordinator(
     instance: str,
@@ -327,9 +340,12 @@ def coordinator(
     log_trigger_mb: float,
     upgrade_version: int | None,
     binding_auth: str,
+    registry: str | None,
+    cluster: str,
     link_host: str,
     link_port: int,
     link_to: tuple[tuple[str, str, int], ...],
+    advertise_host: str | None,
     **security: Any,
 ) -> None:
     """Run one Immortal Coordinator in the foreground until its binding leaves."""
@@ -346,6 +362,9 @@ def coordinator(
         link_host=link_host,
         link_port=link_port,
         link_to=link_to,
+        advertise_host=advertise_host,
         link_settings=link_settings(**security),
+        registry=registry,
+        cluster=cluster,
     )
     run_to_exit(run_coordinator(config))

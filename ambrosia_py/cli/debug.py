@@ -25,7 +25,7 @@ from .coordinator import (
     setup_logging,
 )
 from .exits import verbose_option
-from .options import data_dir_option
+from .options import data_dir_option, registry_options
 
 __all__ = ["debug"]
 
@@ -52,6 +52,7 @@ __all__ = ["debug"]
 @port_options[0]
 @port_options[1]
 @binding_auth_option
+@registry_options
 def debug(
     service_spec: str | None,
     instance: str,
@@ -63,6 +64,8 @@ def debug(
     receive_port: int | None,
     send_port: int | None,
     binding_auth: str,
+    registry: str | None,
+    cluster: str,
 ) -> None:
     """Replay an instance's history from a checkpoint, writing nothing (what-if testing).
 
@@ -72,7 +75,7 @@ def debug(
     binding to attach to its ports. Refused while the instance runs.
     """
     try:  # before anything is created or listened on
-        info = debuggable_instance(data_dir, instance)
+        info = debuggable_instance(data_dir, instance, registry, cluster)
     except DataDirError as exc:
         click.echo(f"ambrosia-py: {exc}", err=True)
         sys.exit(2)
@@ -93,6 +96,8 @@ def debug(
                 use_pdb=use_pdb,
                 receive_port=receive_port,
                 send_port=send_port,
+                registry=registry,
+                cluster=cluster,
             )
         )
     if to_seq is not None or use_pdb:
@@ -104,5 +109,7 @@ def debug(
         receive_port=receive_port,
         send_port=send_port,
         binding_auth=BindingAuth(binding_auth),
+        registry=registry,
+        cluster=cluster,
     )
     run_to_exit(run_debug(config, checkpoint, test_upgrade=test_upgrade))

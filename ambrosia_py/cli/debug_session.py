@@ -36,6 +36,7 @@ from ..coordinator.core.binding_auth import BindingAuth, token_for_ready_line
 from ..coordinator.core.checkpoint import IcState, StateFormatError
 from ..coordinator.core.config import CoordinatorConfig, CoordinatorError
 from ..coordinator.core.debug import run_debug
+from ..coordinator.registry.interface import DEFAULT_CLUSTER
 from ..coordinator.storage.errors import StorageError
 from ..coordinator.storage.files import InstanceFiles
 from ..hashseed import instance_seed, run_under_seed
@@ -95,6 +96,8 @@ async def debug_service(
     upgrade_to: type[Immortal] | None = None,
     receive_port: int | None = None,
     send_port: int | None = None,
+    registry: str | None = None,
+    cluster: str = DEFAULT_CLUSTER,
 ) -> DebugPoint:
     """Replay ``instance`` from ``checkpoint`` through ``to_seq`` and call ``at_point``."""
     first, log_end = _replay_range(InstanceFiles(data_dir, instance, version), checkpoint)
@@ -115,6 +118,8 @@ async def debug_service(
         receive_port=receive_port,
         send_port=send_port,
         binding_auth=BindingAuth.TOKEN,
+        registry=registry,
+        cluster=cluster,
     )
     coordinator = asyncio.create_task(
         run_debug(config, checkpoint, test_upgrade=test_upgrade, ready=on_ready)
@@ -218,6 +223,8 @@ def debug_command(
     use_pdb: bool,
     receive_port: int | None,
     send_port: int | None,
+    registry: str | None = None,
+    cluster: str = DEFAULT_CLUSTER,
 ) -> int:
     """``ambrosia-py debug SERVICE ...``; its exit status (errors are one line)."""
     try:  # the run's set order, not this process's (hashseed.py); before the service loads
@@ -243,6 +250,8 @@ def debug_command(
                 to_seq=to_seq,
                 receive_port=receive_port,
                 send_port=send_port,
+                registry=registry,
+                cluster=cluster,
             )
         )
     except (BindingError, CoordinatorError, StorageError, StateFormatError) as exc:

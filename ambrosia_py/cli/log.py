@@ -16,7 +16,8 @@ from typing import Protocol
 import click
 
 from .. import wire
-from ..coordinator.registry.store import REGISTRY_FILE, InstanceInfo, Registry, RegistryError
+from ..coordinator.registry.backends import open_registry, registry_file
+from ..coordinator.registry.interface import InstanceInfo, RegistryError
 from ..coordinator.storage.files import (
     CorruptLogError,
     InstanceFiles,
@@ -30,7 +31,7 @@ from ..helpformat import Group
 from ..ingress.envelope import INGRESS_METHOD_ID, RetentionEnvelope, decode_envelope
 from ..ingress.errors import IngressProtocolError
 from .exits import verbose_option
-from .options import coordinators_data_dir, or_dash
+from .options import coordinators_data_dir, or_dash, registry_options
 
 __all__ = ["log"]
 
@@ -291,21 +292,31 @@ def verify(path: Path) -> None:
 @click.option("--instance", required=True, help="The instance name.")
 @click.option("--version", "version", type=int, help="Instance version (default: current).")
 @click.option("--keep", type=click.IntRange(min=1), required=True, help="Checkpoints to keep.")
-def prune(data_dir: Path, instance: str, version: int | None, keep: int) -> None:
+@registry_options
+def prune(
+    data_dir: Path,
+    instance: str,
+    version: int | None,
+    keep: int,
+    registry: str | None,
+    cluster: str,
+) -> None:
     """Remove the oldest checkpoints and the logs only they need.
 
     Refuses while a running coordinator holds the instance's lock.
     """
     info: InstanceInfo | None = None
-    if (data_dir / REGISTRY_FILE).exists():
-        try:
-            with Registry(data_dir) as reg:
+    path = None
+    try:
+        path = registry_file(registry, data_dir)
+        if path is None or path.exists():
+            with open_registry(registry, data_dir, cluster) as reg:
                 info = reg.get(instance)
-        except RegistryError as exc:
-            raise click.ClickException(
-                f"{exc}; refusing to prune without it (it names the committed checkpoint): "
-                f"rebuild it with `ambrosia-py registry rebuild --data-dir {data_dir}`"
-            ) from None
+    except RegistryError as exc:
+        why = f"{exc}; refusing to prune without it (it names the committed checkpoint)"
+        if path is not None:
+            why += f": rebuild it with `ambrosia-py registry rebuild --data-dir {data_dir}`"
+        raise click.ClickException(why) from None
     if version is None:
         if info is None:
             raise click.ClickException(

@@ -1,6 +1,6 @@
-"""``ambrosia-py registry rebuild``: the registry of a data directory, recovered from the
-instance files in it (``coordinator/registry/files.py``); refused beside a running
-coordinator."""
+"""``ambrosia-py registry rebuild``: the registry of a data directory (or the one
+``--registry`` names), recovered from the instance files in it
+(``coordinator/registry/files.py``); refused beside a running coordinator."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from ..coordinator.registry.files import rebuild_registry
 from ..coordinator.registry.store import RegistryError
 from ..coordinator.storage.files import StorageError
 from ..helpformat import Group
-from .options import coordinators_data_dir, or_dash
+from .options import coordinators_data_dir, or_dash, registry_options
 
 __all__ = ["registry"]
 
@@ -24,8 +24,10 @@ def registry() -> None:
 
 @registry.command()
 @coordinators_data_dir
-def rebuild(data_dir: Path) -> None:
-    """Recover the registry from the instance directories in DATA_DIR.
+@registry_options
+def rebuild(data_dir: Path, registry: str | None, cluster: str) -> None:
+    """Recover the registry (DATA_DIR's own, or --registry's) from the instance
+    directories in DATA_DIR.
 
     Registers every instance whose files are present and the registry lacks: its version
     (the newest directory with a checkpoint), its last checkpoint (the newest that reads)
@@ -35,7 +37,7 @@ def rebuild(data_dir: Path) -> None:
     if not data_dir.is_dir():
         raise click.ClickException(f"no data directory {data_dir}")
     try:
-        rebuilt, moved = rebuild_registry(data_dir)
+        rebuilt, moved = rebuild_registry(data_dir, registry, cluster)
     except (RegistryError, StorageError) as exc:
         raise click.ClickException(f"registry not rebuilt: {exc}") from None
     for path in moved:

@@ -16,7 +16,7 @@ from ..binding.loading import load_service
 from ..hashseed import instance_seed, run_under_seed
 from ..oneline import OneLineError
 from .exits import verbose_option
-from .options import data_dir_option
+from .options import data_dir_option, registry_options
 
 __all__ = ["replay"]
 
@@ -27,9 +27,16 @@ __all__ = ["replay"]
 @data_dir_option("Where its logs and checkpoints live.")
 @click.option("--verify", is_flag=True, help="Find the first non-deterministic message.")
 @click.option("--to-seq", type=int, help="Stop after this record.")
+@registry_options
 @verbose_option
 def replay(
-    service_spec: str, instance: str, data_dir: Path, verify: bool, to_seq: int | None
+    service_spec: str,
+    instance: str,
+    data_dir: Path,
+    verify: bool,
+    to_seq: int | None,
+    registry: str | None,
+    cluster: str,
 ) -> None:
     """Re-run an instance's recorded history offline with SERVICE's code, writing nothing.
 
@@ -46,7 +53,15 @@ def replay(
         raise OneLineError(str(exc)) from None
     service = load_service(service_spec)
     try:
-        result = replay_instance(service, data_dir, instance, verify=verify, to_seq=to_seq)
+        result = replay_instance(
+            service,
+            data_dir,
+            instance,
+            verify=verify,
+            to_seq=to_seq,
+            registry=registry,
+            cluster=cluster,
+        )
     except BindingError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(

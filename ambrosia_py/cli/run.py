@@ -39,7 +39,8 @@ from ..coordinator.core.binding_auth import (
 )
 from ..coordinator.core.process import coordinator_argv
 from ..coordinator.links.config import LinkSetupError, load_secret, tls_contexts
-from ..coordinator.registry.port_users import PortTakenError, cannot_listen, publish_ingress
+from ..coordinator.registry.port_users import PortTakenError, cannot_listen
+from ..coordinator.registry.publish import IngressPublisher, advertised_host
 from ..coordinator.storage.data_dir import DataDirError, History, earlier_history, writable_data_dir
 from ..hashseed import instance_seed, run_under_seed
 from ..ingress.keys import DEFAULT_KEEP_COUNT, DEFAULT_KEEP_SECONDS, KeyTable
@@ -54,7 +55,7 @@ from .coordinator import (
 )
 from .exits import ExitStatus, coordinator_ended, verbose_option
 from .option_help import option_help
-from .options import data_dir_option, data_dir_origin
+from .options import data_dir_option, data_dir_origin, registry_options
 
 __all__ = ["run"]
 
@@ -146,6 +147,9 @@ class _Launch:
     timeout: float
     links: list[str]
     background_failure: BackgroundFailure
+    registry: str | None  # the registry's spec (None: the data dir's own) ...
+    cluster: str  # ... and its cluster
+    advertise_host: str | None  # the host published for the ingress (None: chosen)
 
 
 def _say_where(launch: _Launch, history: History | None) -> None:
@@ -181,6 +185,10 @@ def _ready_line(line: str, coordinator_pid: int) -> str:
     )
 
 
+def _history(launch: _Launch) -> History | None:
+    return earlier_history(launch.data_dir, launch.instance, launch.registry, launch.cluster)
+
+
 async def _run(launch: _Launch, on_primary: Callable[[Dispatcher], None] | None = None) -> int:
     serving = partial(
         serve,
@@ -198,7 +206,7 @@ async def _run(launch: _Launch, on_primary: Callable[[Dispatcher], None] | None 
     if launch.separated:
         if launch.receive_port is None or launch.send_port is None:
             raise click.UsageError("--separated needs --receive-port and --send-port")
-        _say_where(launch, earlier_history(launch.data_dir, launch.instance))
+        _say_where(launch, _history(launch))
         await serving(
             launch.receive_port,
             launch.send_port,
@@ -206,8 +214,14 @@ async def _run(launch: _Launch, on_primary: Callable[[Dispatcher], None] | None 
         )
         click.echo("the coordinator closed the connection; the service stopped", err=True)
         return ExitStatus.OK
-    history = earlier_history(launch.data_dir, launch.instance)  # before it starts
-    args = coordinator_argv(launch.instance, launch.data_dir, *launch.links)
+    history = _history(launch)  # before it starts
+    args = coordinator_argv(
+        launch.instance,
+        launch.data_dir,
+        *launch.links,
+        registry=launch.registry,
+        cluster=launch.cluster,
+    )
     if launch.receive_port is not None:
         args += ["--receive-port", str(launch.receive_port)]
     if launch.send_port is not None:
@@ -254,7 +268,8 @@ async def _run_with_ingress(
 ) -> int:
     """``main`` (:func:`_run`), with the ingress bound before anything starts (a port in
     use is one line, naming the instance that holds it if the registry can tell) and
-    serving once the immortal is primary, its address in the registry meanwhile. SIGTERM,
+    serving once the immortal is primary, its address in the registry meanwhile (through
+    one registry kept open: with etcd, the address lives under its lease). SIGTERM,
     what process managers send to stop a service, stops it as Ctrl-C does: the task is
     cancelled, the coordinator makes what it holds durable and exits, and ``run`` exits 0."""
     task = asyncio.current_task()
@@ -268,14 +283,15 @@ async def _run_with_ingress(
         taken = PortTakenError("ingress", ingress.settings.host, ingress.settings.port, exc)
         why = cannot_listen(taken, launch.data_dir, instance=launch.instance)
         raise click.ClickException(why) from None
-    published: list[asyncio.Task[None]] = []
+    publisher = IngressPublisher(launch.data_dir, launch.instance, launch.registry, launch.cluster)
+    published: list[asyncio.Task[bool]] = []
 
     def attach(d: Dispatcher) -> None:
         ingress.attach(d)
         click.echo(f"ingress listening on {host}:{port}", err=True)
         # The instance is registered by now (its coordinator is ready).
-        where = (launch.data_dir, launch.instance, (host, port))
-        published.append(asyncio.ensure_future(asyncio.to_thread(publish_ingress, *where)))
+        shown = advertised_host(host, launch.advertise_host)
+        published.append(asyncio.ensure_future(asyncio.to_thread(publisher.publish, shown, port)))
 
     try:
         return await main(on_primary=attach)
@@ -283,7 +299,7 @@ async def _run_with_ingress(
         ingress.close()
         if published:
             await asyncio.gather(*published, return_exceptions=True)
-            publish_ingress(launch.data_dir, launch.instance, None)
+        await asyncio.to_thread(publisher.close)
         await _connections_closed()
 
 
@@ -384,9 +400,11 @@ def _ingress(
     "after a delay that doubles with each failure in a row (0.1 s to 30 s).",
 )
 @verbose_option
+@registry_options
 @link_options[0]
 @link_options[1]
 @link_options[2]
+@link_options[3]
 @link_security_options
 def run(
     service_spec: str,
@@ -402,9 +420,12 @@ def run(
     ingress_keep: int,
     ingress_keep_seconds: float,
     background_failure: str,
+    registry: str | None,
+    cluster: str,
     link_host: str,
     link_port: int,
     link_to: tuple[tuple[str, str, int], ...],
+    advertise_host: str | None,
     **service_options: Any,
 ) -> None:
     """Run an immortal service with its coordinator; run it again to recover.
@@ -451,8 +472,11 @@ def run(
         upgrade_version,
         _options(upgrade_to or service, service_options),
         connect_timeout,
-        link_argv(link_host, link_port, link_to, **link_security),
+        link_argv(link_host, link_port, link_to, advertise_host, **link_security),
         BackgroundFailure(background_failure),
+        registry,
+        cluster,
+        advertise_host,
     )
     try:
         with use_state_files(files):

@@ -4,7 +4,9 @@ All calls of a client share one connection (the protocol numbers them, answers c
 any order). When it fails (the service or its coordinator crashed, restarted, the
 network dropped) every call waiting on it connects again, with backoff, and sends the
 same key again: the immortal runs a key's call once and keeps its outcome, so the
-retry gets the first run's answer (``docs/ingress.md``).
+retry gets the first run's answer (``docs/ingress.md``). A client made by name
+(:meth:`AsyncClient.connect`) asks the registry where the ingress is before each
+connection (:mod:`.by_name`), so it follows a service that restarted elsewhere.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from ..ingress.frames import (
     call_frame_length,
 )
 from ..ingress.keys import describe_key
+from .by_name import IngressLookup, NotPublished, lookup_for
 from .calls import (
     call_key,
     client_address,
@@ -208,7 +211,8 @@ class _Link:
 class AsyncClient:
     """Calls to an immortal's ``@rpc`` methods through its ingress, on asyncio.
 
-    ``address`` is the service's ``--ingress`` (``"host:port"`` or a pair). The secret is
+    ``address`` is the service's ``--ingress`` (``"host:port"`` or a pair), or an
+    :class:`~.by_name.IngressLookup` (:meth:`connect` makes one: by name). The secret is
     the cluster's (see :func:`~ambrosia_py.client.calls.client_secret`): ``secret_file``
     or the service's ``data_dir``. ``timeout`` bounds each call, retries included;
     ``max_backoff`` the wait between attempts. ``tls``: for a service run with
@@ -224,7 +228,7 @@ class AsyncClient:
 
     def __init__(
         self,
-        address: str | tuple[str, int],
+        address: str | tuple[str, int] | IngressLookup,
         *,
         secret_file: str | Path | None = None,
         data_dir: str | Path | None = None,
@@ -237,7 +241,11 @@ class AsyncClient:
     ) -> None:
         if timeout <= 0 or max_backoff <= 0 or first_contact_timeout <= 0:
             raise ValueError("timeout, max_backoff and first_contact_timeout must be positive")
-        self._host, self._port = client_address(address)
+        self._lookup: IngressLookup | None = None
+        if isinstance(address, IngressLookup):
+            self._lookup, self._host, self._port = address, "", 0
+        else:
+            self._host, self._port = client_address(address)
         self._secret, self.secret_path = client_secret(secret_file, data_dir)
         self.timeout = timeout
         self.max_backoff = max_backoff
@@ -254,9 +262,26 @@ class AsyncClient:
         self._closed = False
         self.resent = 0  # calls sent again after their connection failed (for tests, benches)
 
+    @classmethod
+    def connect(
+        cls, *, instance: str, registry: str | Path | None = None, **options: Any
+    ) -> AsyncClient:
+        """A client of the service running as ``instance``, found by name in ``registry``
+        (a SQLite file, ``etcd://HOST:PORT[,...]`` or ``etcds://...``; ``None``: the
+        registry of ``data_dir``) and looked up again before every connection, so it
+        follows the instance wherever it restarts. ``cluster=`` names the etcd cluster
+        (default ``"ambrosia"``); the other ``options`` (``secret_file``, ``data_dir``,
+        ``timeout``, ...) are the constructor's. Nothing is contacted until the first call."""
+        return cls(lookup_for(instance, registry, options), **options)
+
     @property
     def address(self) -> str:
-        return f"{self._host}:{self._port}"
+        """Where the service is (by name: the instance, and where it was found last)."""
+        where = f"{self._host}:{self._port}"
+        if self._lookup is None:
+            return where
+        name = self._lookup.instance
+        return f"{name} at {where}" if self._port else f"instance {name!r}"
 
     @property
     def info(self) -> ServiceInfo | None:
@@ -344,6 +369,8 @@ class AsyncClient:
             if link is not None and link.open:
                 return link
             try:
+                if self._lookup is not None:  # where it is now: it may have moved
+                    self._host, self._port = await self._lookup.resolve()
                 link = await _Link.connect(
                     self._host,
                     self._port,
@@ -399,6 +426,11 @@ class AsyncClient:
     def _never_reached(self, label: str, exc: BaseException, tries: int) -> IngressError:
         """What a client that has never reached the service found at its address."""
         waited = f"{tries} {'try' if tries == 1 else 'tries'} in {self.first_contact_timeout:g} s"
+        if isinstance(exc, NotPublished):
+            return ServiceUnreachableError(
+                f"{label}: {exc} ({waited}); start it with --ingress and the same "
+                "--registry. The call was not sent: it did not run"
+            )
         if isinstance(exc, _NoHello):
             return IngressProtocolError(
                 f"{label}: {self.address} is not an ambrosia-py ingress: {exc} ({waited}); "
@@ -440,6 +472,8 @@ class AsyncClient:
         if self._link is not None:
             self._link.close()
             self._link = None
+        if self._lookup is not None:
+            await asyncio.to_thread(self._lookup.close)
 
     async def __aenter__(self) -> AsyncClient:
         return self

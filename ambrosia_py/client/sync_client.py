@@ -22,6 +22,7 @@ from .asyncio_client import (
     DEFAULT_TIMEOUT,
     AsyncClient,
 )
+from .by_name import IngressLookup, lookup_for
 
 __all__ = ["Client"]
 
@@ -32,11 +33,12 @@ class Client:
     Use it as a context manager (or call :meth:`close`). The arguments are
     :class:`AsyncClient`'s: ``address`` the service's ``--ingress``, the secret from
     ``secret_file`` or the service's ``data_dir``, ``timeout`` per call with retries.
+    :meth:`connect` makes one that finds the service by its instance name.
     """
 
     def __init__(
         self,
-        address: str | tuple[str, int],
+        address: str | tuple[str, int] | IngressLookup,
         *,
         secret_file: str | Path | None = None,
         data_dir: str | Path | None = None,
@@ -64,6 +66,14 @@ class Client:
         )
         self._thread.start()
         self._closed = False
+
+    @classmethod
+    def connect(
+        cls, *, instance: str, registry: str | Path | None = None, **options: Any
+    ) -> Client:
+        """As :meth:`AsyncClient.connect`: the service running as ``instance``, found in
+        ``registry`` before every connection; blocking calls."""
+        return cls(lookup_for(instance, registry, options), **options)
 
     @property
     def address(self) -> str:

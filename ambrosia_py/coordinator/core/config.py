@@ -7,6 +7,7 @@ from pathlib import Path
 import attrs
 
 from ..links.config import LinkSettings
+from ..registry.interface import DEFAULT_CLUSTER, InstanceRegistry
 from ..registry.store import Registry
 from .binding_auth import BindingAuth
 
@@ -53,11 +54,20 @@ class CoordinatorConfig:
     link_host: str = "127.0.0.1"
     link_port: int = 0
     link_to: tuple[tuple[str, str, int], ...] = ()
+    # The host published for the link address (registry/publish.py; None: chosen from
+    # link_host).
+    advertise_host: str | None = None
     # The links' secret, TLS and limits (link_config.py).
     link_settings: LinkSettings = LinkSettings()
+    # The registry (registry/backends.py: None for the data dir's own SQLite file, a
+    # file path, or etcd:// endpoints) and the cluster, its etcd key prefix.
+    registry: str | None = None
+    cluster: str = DEFAULT_CLUSTER
 
 
-def resolve_start(config: CoordinatorConfig, registry: Registry) -> tuple[int, int, int]:
+def resolve_start(
+    config: CoordinatorConfig, registry: InstanceRegistry | Registry
+) -> tuple[int, int, int]:
     """Version and ports: the registry's, registering the instance on first use."""
     info = registry.get(config.instance)
     if info is None:

@@ -10,11 +10,15 @@ import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 from ...allocator import prime_allocator
 from ..links.config import load_secret, tls_contexts
 from ..registry.files import clear_interrupted_first_start, prepare_start
+from ..registry.interface import DEFAULT_CLUSTER
 from ..registry.port_users import PortTakenError, cannot_listen
+from ..registry.publish import is_loopback
+from ..registry.store import Registry
 from ..storage.files import CorruptLogError, InstanceFiles
 from .config import (
     BindingLeftError,
@@ -30,8 +34,18 @@ __all__ = ["coordinator_argv", "run_coordinator"]
 log = logging.getLogger("ambrosia_py.coordinator")
 
 
-def coordinator_argv(instance: str, data_dir: Path, *options: str) -> list[str]:
-    """The command line that runs ``ambrosia-py coordinator`` in a child process."""
+def coordinator_argv(
+    instance: str,
+    data_dir: Path,
+    *options: str,
+    registry: str | None = None,
+    cluster: str = DEFAULT_CLUSTER,
+) -> list[str]:
+    """The command line that runs ``ambrosia-py coordinator`` in a child process, with
+    the registry ``registry`` names (None: the data dir's own) in ``cluster``."""
+    where = [] if registry is None else ["--registry", registry]
+    if cluster != DEFAULT_CLUSTER:
+        where += ["--cluster", cluster]
     return [
         sys.executable,
         "-m",
@@ -41,6 +55,7 @@ def coordinator_argv(instance: str, data_dir: Path, *options: str) -> list[str]:
         instance,
         "--data-dir",
         str(data_dir),
+        *where,
         *options,
     ]
 
@@ -71,7 +86,7 @@ async def run_coordinator(
     prime_allocator()  # every read asks for 256 KiB: from the heap, not a fresh mapping
     # Refuses when the registry has lost track of the instance's files (never a first
     # start over existing history), before anything is listened on or written.
-    registry = prepare_start(config.data_dir, config.instance)
+    registry = prepare_start(config.data_dir, config.instance, config.registry, config.cluster)
     try:
         # Read now, so a bad secret or TLS file stops start-up, not links after recovery.
         load_secret(config.link_settings, config.data_dir)
@@ -80,14 +95,24 @@ async def run_coordinator(
         files = InstanceFiles(config.data_dir, config.instance, version)
         files.create()
         files.acquire_lock()
+        if not isinstance(registry, Registry) and is_loopback(config.link_host):
+            log.info(
+                "links are accepted on %s only: instances on other machines cannot reach "
+                "this one (--link-host 0.0.0.0 to accept them)",
+                config.link_host,
+            )
         # An earlier incarnation's ingress address is dead (its run process publishes the
         # new one once serving): left, it would name this instance for another's port.
         registry.clear_ingress_address(config.instance)
-        coordinator = Coordinator(config, registry, files)
+        # Coordinator and Committer name the SQLite Registry in their signatures; they call
+        # only what every InstanceRegistry offers.
+        coordinator = Coordinator(config, cast(Registry, registry), files)
         try:
             info = registry.get(config.instance)
             if info is not None and info.last_checkpoint is None:
-                clear_interrupted_first_start(files, info.committer_id)
+                clear_interrupted_first_start(
+                    files, info.committer_id, config.registry, config.cluster
+                )
             return await _with_signals(asyncio.create_task(coordinator.run(ready)), coordinator)
         except CorruptLogError as exc:
             raise CoordinatorError(f"recovery stopped: {exc}") from None

@@ -22,14 +22,17 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from .etcd import EtcdRegistry
-from .etcd_client import EtcdSettings
-from .interface import InstanceRegistry, RegistryError
+from .interface import DEFAULT_CLUSTER, InstanceRegistry, RegistryError
 from .sqlite import SqliteRegistry
+from .store import REGISTRY_FILE
 
-__all__ = ["PASSWORD_ENV", "open_registry", "parse_etcd_spec"]
+if TYPE_CHECKING:
+    from .etcd_client import EtcdSettings
+
+__all__ = ["PASSWORD_ENV", "open_registry", "parse_etcd_spec", "registry_file"]
 
 PASSWORD_ENV = "AMBROSIA_ETCD_PASSWORD"
 _SCHEMES = {"etcd": "http", "etcds": "https"}
@@ -38,16 +41,31 @@ _DEFAULT_PORT = 2379
 
 
 def open_registry(
-    spec: str | Path | None, data_dir: Path, cluster: str = "ambrosia"
+    spec: str | Path | None, data_dir: Path, cluster: str = DEFAULT_CLUSTER
 ) -> InstanceRegistry:
     """The registry ``spec`` names (module docstring), for a process of ``data_dir``;
     ``cluster`` is the etcd prefix (unused by SQLite)."""
+    path = registry_file(spec, data_dir)
+    if path is None:
+        # Imported only for etcd: its HTTP client costs every coordinator that does not
+        # use it megabytes of memory.
+        from .etcd import EtcdRegistry
+
+        return EtcdRegistry(parse_etcd_spec(str(spec)), cluster)
     if spec is None:
         return SqliteRegistry(data_dir)
+    return SqliteRegistry(data_dir, path)
+
+
+def registry_file(spec: str | Path | None, data_dir: Path) -> Path | None:
+    """The SQLite file ``spec`` names (the data dir's own for ``None``), or ``None`` for
+    etcd; a :class:`RegistryError` for a spec that is neither. Opens nothing."""
+    if spec is None:
+        return Path(data_dir) / REGISTRY_FILE
     text = str(spec)
     scheme, sep, _ = text.partition("://")
     if sep and scheme in _SCHEMES:
-        return EtcdRegistry(parse_etcd_spec(text), cluster)
+        return None
     if sep:
         raise RegistryError(
             f"registry {text!r}: unknown scheme {scheme!r} (give a file path, etcd:// or etcds://)"
@@ -55,7 +73,7 @@ def open_registry(
     path = Path(text).expanduser()
     if path.is_dir():
         raise RegistryError(f"registry {text!r} is a directory: give the registry file's path")
-    return SqliteRegistry(data_dir, path.absolute())
+    return path.absolute()
 
 
 def parse_etcd_spec(spec: str) -> EtcdSettings:
@@ -87,6 +105,8 @@ def parse_etcd_spec(spec: str) -> EtcdSettings:
     if ("cert" in options) != ("key" in options):
         raise RegistryError(f"etcd registry {spec!r}: give cert= and key= together")
     user = unquote(userinfo) or None
+    from .etcd_client import EtcdSettings  # as EtcdRegistry: only for etcd
+
     return EtcdSettings(
         endpoints=tuple(_endpoint(spec, scheme, host) for host in hosts.split(",")),
         ca_file=options.get("ca"),

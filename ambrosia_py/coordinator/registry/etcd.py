@@ -57,7 +57,7 @@ from .etcd_records import (
     encode,
     fold_addresses,
 )
-from .interface import Addresses, InstanceInfo, RegistryError
+from .interface import DEFAULT_CLUSTER, Addresses, InstanceInfo, RegistryError
 from .rules import (
     PORT_RANGE,
     check_checkpoint,
@@ -85,7 +85,10 @@ class EtcdRegistry:
     """
 
     def __init__(
-        self, settings: EtcdSettings, cluster: str = "ambrosia", host_name: str | None = None
+        self,
+        settings: EtcdSettings,
+        cluster: str = DEFAULT_CLUSTER,
+        host_name: str | None = None,
     ) -> None:
         self.settings = settings
         self.keys = Keys(cluster)

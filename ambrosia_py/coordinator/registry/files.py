@@ -5,7 +5,11 @@ not know looks new, and a new instance's first start clears its directory. So a 
 registry (deleted, emptied, unreadable) must never be taken for "no instances": before
 a coordinator starts, :func:`open_registry_for_start` compares the registry with the
 instance directories in the data directory and refuses, naming the files it would
-otherwise have put at risk and the command that rebuilds the registry.
+otherwise have put at risk and the command that rebuilds the registry. The registry may
+live elsewhere (etcd, or a SQLite file shared by data dirs:
+:func:`.backends.open_registry`), and then it can hold history the data dir lacks: an
+instance with a committed checkpoint but none of its files here is refused too, as it
+would otherwise start afresh (it belongs where its files are, or with a copy of them).
 
 ``ambrosia-py registry rebuild`` (:func:`rebuild_registry`) recovers the registry from
 the files: each ``<instance>_<version>`` directory holding logs or checkpoints names an
@@ -38,7 +42,9 @@ from ..storage.errors import StorageError
 from ..storage.files import InstanceFiles, log_data_size, log_numbers_in
 from ..storage.modes import own_data_dir, tighten
 from ..storage.ownership import OwnershipError, Trusted, check_owned
-from .store import REGISTRY_FILE, Registry, RegistryError, registry_paths
+from .backends import open_registry, registry_file
+from .interface import DEFAULT_CLUSTER, InstanceRegistry
+from .store import RegistryError, registry_file_paths
 
 __all__ = [
     "RebuiltInstance",
@@ -87,10 +93,13 @@ def _named(files: list[Path]) -> str:
     return shown + (f" and {more} more" if more > 0 else "")
 
 
-def _rebuild_hint(data_dir: Path) -> str:
+def _rebuild_hint(data_dir: Path, spec: str | None = None, cluster: str = DEFAULT_CLUSTER) -> str:
+    where = "" if spec is None else f" --registry {spec}"
+    if spec is not None and cluster != DEFAULT_CLUSTER:
+        where += f" --cluster {cluster}"
     return (
         f"nothing was changed; recover the registry with "
-        f"`ambrosia-py registry rebuild --data-dir {data_dir}`"
+        f"`ambrosia-py registry rebuild --data-dir {data_dir}{where}`"
     )
 
 
@@ -106,54 +115,94 @@ def _refuse_others(data_dir: Path, files: list[Path]) -> None:
         raise RegistryRefusal(str(exc)) from None
 
 
-def open_registry_for_start(data_dir: Path, instance: str) -> Registry:
-    """The registry of ``data_dir``, for starting ``instance``; or a :class:`RegistryRefusal`.
+def _file_paths(data_dir: Path, spec: str | None) -> list[Path]:
+    """The SQLite registry ``spec`` names and its side files; none for etcd."""
+    try:
+        path = registry_file(spec, data_dir)
+    except RegistryError as exc:
+        raise RegistryRefusal(str(exc)) from None
+    return [] if path is None else registry_file_paths(path)
 
-    Refused: a data dir or registry another user owns (:func:`_refuse_others`), a
-    missing registry while any instance's files are present (every instance sharing the
-    directory is known only to it), an unreadable registry, and a registry that does not
-    know ``instance`` while that instance's files are present.
+
+def open_registry_for_start(
+    data_dir: Path, instance: str, spec: str | None = None, cluster: str = DEFAULT_CLUSTER
+) -> InstanceRegistry:
+    """The registry ``spec`` names (:func:`.backends.open_registry`; ``None``: the data
+    dir's own), for starting ``instance`` with ``data_dir``; or a :class:`RegistryRefusal`.
+
+    Refused: a data dir or registry file another user owns (:func:`_refuse_others`); a
+    missing registry file while any instance's files are present (every instance sharing
+    the directory is known only to it); a registry that cannot be read or reached; a
+    registry that does not know ``instance`` while that instance's files are present;
+    and a registry that holds a committed checkpoint of ``instance`` while this data dir
+    has none of its current version's files (its history is elsewhere: a start here
+    would not recover it, and must never begin it afresh).
     """
     data_dir = Path(data_dir)
-    _refuse_others(data_dir, registry_paths(data_dir))
+    paths = _file_paths(data_dir, spec)
+    _refuse_others(data_dir, paths)
     present = instance_directories(data_dir)
-    if not (data_dir / REGISTRY_FILE).exists() and present:
+    hint = _rebuild_hint(data_dir, spec, cluster)
+    if paths and not paths[0].exists() and present:
         files = _state_files([d for versions in present.values() for d in versions.values()])
         raise RegistryRefusal(
-            f"no registry {data_dir / REGISTRY_FILE}, but instance files are present: "
-            f"{_named(files)}; {_rebuild_hint(data_dir)}"
+            f"no registry {paths[0]}, but instance files are present: {_named(files)}; {hint}"
         )
     try:
-        registry = Registry(data_dir)
-        known = registry.get(instance)
+        registry = open_registry(spec, data_dir, cluster)
+        try:
+            known = registry.get(instance)
+        except BaseException:
+            registry.close()
+            raise
     except RegistryError as exc:
+        if not paths:  # etcd: not reached, or refused us; nothing here is damaged
+            raise RegistryRefusal(f"{exc}; nothing was changed") from None
         files = _state_files([d for versions in present.values() for d in versions.values()])
         where = f"; instance files present: {_named(files)}" if files else ""
         raise RegistryRefusal(
             f"{exc}{where}; move the damaged registry aside or rebuild it with "
-            f"`ambrosia-py registry rebuild --data-dir {data_dir}`"
+            f"`ambrosia-py registry rebuild --data-dir {data_dir}"
+            f"{'' if spec is None else f' --registry {spec}'}`"
         ) from None
-    if known is None and instance in present:
+    try:
+        if known is None and instance in present:
+            files = _state_files(list(present[instance].values()))
+            raise RegistryRefusal(
+                f"instance {instance!r} is not in the registry {registry.where}, but its "
+                f"files are present: {_named(files)}; starting it would take it for a new "
+                f"instance; {hint}"
+            )
+        if (
+            known is not None
+            and known.last_checkpoint is not None
+            and known.current_version not in present.get(instance, {})
+        ):
+            here = data_dir / f"{instance}_{known.current_version}"
+            raise RegistryRefusal(
+                f"instance {instance!r} has history in the registry {registry.where} "
+                f"(version {known.current_version}, checkpoint {known.last_checkpoint}) but "
+                f"no logs or checkpoints in {here}: start it with the data dir that holds "
+                f"them, or a copy of it; it is never started afresh over its history"
+            )
+    except BaseException:
         registry.close()
-        files = _state_files(list(present[instance].values()))
-        raise RegistryRefusal(
-            f"instance {instance!r} is not in the registry {registry.path}, but its files "
-            f"are present: {_named(files)}; starting it would take it for a new instance; "
-            f"{_rebuild_hint(data_dir)}"
-        )
+        raise
     return registry
 
 
-def prepare_start(data_dir: Path, instance: str) -> Registry:
+def prepare_start(
+    data_dir: Path, instance: str, spec: str | None = None, cluster: str = DEFAULT_CLUSTER
+) -> InstanceRegistry:
     """Refuse what another user owns, tighten the modes of what ``instance``'s coordinator
-    owns, then open the registry for its start (:func:`open_registry_for_start`).
+    owns, then open the registry ``spec`` names for its start (:func:`open_registry_for_start`).
 
     Refusing comes first: another user's data dir is never made ours by changing its
     mode, and its registry and checkpoints (pickled state) are never read.
     """
     data_dir = Path(data_dir)
     _refuse_others(data_dir, [])  # before anything in it is listed
-    paths = [data_dir, *registry_paths(data_dir)]
+    paths = [data_dir, *_file_paths(data_dir, spec)]
     for name in sorted(os.listdir(data_dir)):
         m = _VERSIONED.fullmatch(name)
         if m is not None and m.group(1) == instance:
@@ -172,10 +221,15 @@ def prepare_start(data_dir: Path, instance: str) -> Registry:
         )
     if failed:
         log.warning("could not tighten the modes of: %s", "; ".join(failed))
-    return open_registry_for_start(data_dir, instance)
+    return open_registry_for_start(data_dir, instance, spec, cluster)
 
 
-def clear_interrupted_first_start(files: InstanceFiles, committer_id: int | None) -> None:
+def clear_interrupted_first_start(
+    files: InstanceFiles,
+    committer_id: int | None,
+    spec: str | None = None,
+    cluster: str = DEFAULT_CLUSTER,
+) -> None:
     """Before a first start: remove what an interrupted first start left, refuse the rest.
 
     A first start writes log 1 (record 0) and checkpoint 1 under the committer id it put
@@ -207,7 +261,7 @@ def clear_interrupted_first_start(files: InstanceFiles, committer_id: int | None
         raise RegistryRefusal(
             f"instance {files.instance!r} version {files.version} has no committed checkpoint "
             f"in the registry, but files are present ({_named(present)}) and {why}; "
-            f"{_rebuild_hint(files.data_dir)}"
+            f"{_rebuild_hint(files.data_dir, spec, cluster)}"
         )
     for path in present:
         path.unlink()
@@ -255,11 +309,11 @@ def _log_committer(files: InstanceFiles) -> int | None:
     return int(struct.unpack("<i", head)[0]) if len(head) == 4 else None
 
 
-def _move_aside(data_dir: Path) -> list[Path]:
+def _move_aside(paths: list[Path]) -> list[Path]:
     """Rename the registry and its side files to ``...damaged-<time>``; return the new names."""
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
     moved = []
-    for path in registry_paths(data_dir):
+    for path in paths:
         if path.exists():
             target = path.with_name(f"{path.name}.damaged-{stamp}")
             os.replace(path, target)
@@ -267,24 +321,39 @@ def _move_aside(data_dir: Path) -> list[Path]:
     return moved
 
 
-def rebuild_registry(data_dir: Path) -> tuple[list[RebuiltInstance], list[Path]]:
-    """Register every instance whose files are in ``data_dir`` and the registry lacks.
+def rebuild_registry(
+    data_dir: Path, spec: str | None = None, cluster: str = DEFAULT_CLUSTER
+) -> tuple[list[RebuiltInstance], list[Path]]:
+    """Register every instance whose files are in ``data_dir`` and the registry ``spec``
+    names (``None``: the data dir's own) lacks.
 
-    Instances the registry knows are left as they are. An unreadable registry is first
-    moved aside (its bytes are kept, renamed ``registry.sqlite3.damaged-<UTC time>``).
-    Each instance version's lock is taken while its files are read, so this refuses to
-    run beside a coordinator, and on a data dir another user owns (:mod:`..storage.ownership`).
+    Instances the registry knows are left as they are. An unreadable registry file is
+    first moved aside (its bytes are kept, renamed ``registry.sqlite3.damaged-<UTC
+    time>``); an etcd that cannot be reached is an error. Each instance version's lock is
+    taken while its files are read, so this refuses to run beside a coordinator, and on a
+    data dir another user owns (:mod:`..storage.ownership`).
     Returns the instances registered and the moved files.
     """
     data_dir = Path(data_dir)
-    _refuse_others(data_dir, registry_paths(data_dir))
+    paths = _file_paths(data_dir, spec)
+    _refuse_others(data_dir, paths)
     moved: list[Path] = []
     try:
-        registry = Registry(data_dir)
-        registry.instances()
+        registry = open_registry(spec, data_dir, cluster)
     except RegistryError:
-        moved = _move_aside(data_dir)
-        registry = Registry(data_dir)
+        if not paths:
+            raise
+        moved = _move_aside(paths)
+        registry = open_registry(spec, data_dir, cluster)
+    else:
+        try:
+            registry.instances()
+        except RegistryError:
+            registry.close()
+            if not paths:
+                raise
+            moved = _move_aside(paths)
+            registry = open_registry(spec, data_dir, cluster)
     rebuilt = []
     try:
         for name, versions in instance_directories(data_dir).items():

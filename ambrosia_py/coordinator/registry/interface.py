@@ -11,7 +11,7 @@ holds where its running coordinator can be reached: its link and ingress address
 the name of its machine (:class:`Addresses`). Those are *live* facts, kept only while
 their owner lives: in etcd they sit under a lease the owning process keeps alive, so a
 dead coordinator's addresses vanish within the lease's TTL; in SQLite they are rows that
-count only while the instance's lock is held (:func:`..storage.data_dir.running_pid`).
+count only while the instance's lock is held (:func:`..storage.running.running_pid`).
 :meth:`InstanceRegistry.watch` follows them as they change.
 """
 
@@ -22,7 +22,17 @@ from typing import Protocol, runtime_checkable
 
 import attrs
 
-__all__ = ["Addresses", "Endpoint", "InstanceInfo", "InstanceRegistry", "RegistryError"]
+__all__ = [
+    "DEFAULT_CLUSTER",
+    "Addresses",
+    "Endpoint",
+    "InstanceInfo",
+    "InstanceRegistry",
+    "RegistryError",
+]
+
+# The cluster (etcd key prefix, ``/<cluster>/``) when none is given.
+DEFAULT_CLUSTER = "ambrosia"
 
 
 class RegistryError(Exception):

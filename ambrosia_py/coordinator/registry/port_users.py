@@ -1,27 +1,28 @@
 """A port that could not be listened on, said in one line: which, who holds it, what to do.
 
-The kernel says only "Address already in use". The registry of the data dir knows which
-ports its instances use (their receive and send ports, and where running ones accept
-links and ingress calls), and an instance's lock says whether it runs
-(:func:`.data_dir.running_pid`); so when a running instance of this data dir holds the
-port, the line names it and its coordinator's pid. A port held by another program, or
-by an instance of another data dir, is said to be so.
+The kernel says only "Address already in use". The registry knows which ports its
+instances use (their receive and send ports, and where running ones accept links and
+ingress calls) and whether each runs: with the SQLite registry, an instance's lock says
+so (:func:`..storage.running.running_pid`), and the line names its coordinator's pid;
+with etcd, an instance runs while its addresses live, and a port counts as held here
+when they were published from this machine. A port held by another program, or by an
+instance of another data dir or registry, is said to be so.
 """
 
 from __future__ import annotations
 
 import errno
-import logging
 import os
+import socket
 from pathlib import Path
 
-from ..storage.data_dir import running_pid
 from ..storage.files import InstanceFiles
+from ..storage.running import running_pid
+from .interface import InstanceRegistry
+from .sqlite import SqliteRegistry
 from .store import REGISTRY_FILE, Registry, RegistryError
 
-__all__ = ["PortTakenError", "cannot_listen", "holder", "publish_ingress"]
-
-log = logging.getLogger("ambrosia_py.coordinator")
+__all__ = ["PortTakenError", "cannot_listen", "holder"]
 
 
 class PortTakenError(OSError):
@@ -36,7 +37,10 @@ class PortTakenError(OSError):
 
 
 def holder(
-    data_dir: Path, port: int, registry: Registry | None = None, instance: str | None = None
+    data_dir: Path,
+    port: int,
+    registry: InstanceRegistry | None = None,
+    instance: str | None = None,
 ) -> str | None:
     """The running instance of ``data_dir``'s registry that uses ``port``, in words, or
     None if none does or the registry cannot tell; ``instance`` is the one starting
@@ -47,7 +51,7 @@ def holder(
         if registry is None:
             if not (Path(data_dir) / REGISTRY_FILE).is_file():
                 return None
-            with Registry(data_dir) as reg:
+            with SqliteRegistry(data_dir) as reg:
                 return _running_user(reg, data_dir, port, instance)
         return _running_user(registry, data_dir, port, instance)
     except (RegistryError, OSError):  # the error being reported matters more
@@ -55,13 +59,18 @@ def holder(
 
 
 def _running_user(
-    registry: Registry, data_dir: Path, port: int, instance: str | None
+    registry: InstanceRegistry, data_dir: Path, port: int, instance: str | None
 ) -> str | None:
     for name, what, host in registry.port_users(port):
         info = registry.get(name)
         if info is None:
             continue
-        pid = running_pid(InstanceFiles(Path(data_dir), name, info.current_version))
+        if isinstance(registry, Registry):  # SQLite: the instance's lock says it runs
+            pid = running_pid(InstanceFiles(Path(data_dir), name, info.current_version))
+        else:  # etcd: its addresses live, published from this machine
+            live = registry.addresses(name)
+            here = not live.empty and live.host_name == socket.gethostname()
+            pid = 0 if here else None
         if pid is None or pid == os.getpid():  # stopped (its ports reserved), or us
             continue
         who = f"coordinator pid {pid}" if pid else "running"
@@ -83,7 +92,7 @@ _FIX = {
 def cannot_listen(
     exc: PortTakenError,
     data_dir: Path,
-    registry: Registry | None = None,
+    registry: InstanceRegistry | None = None,
     instance: str | None = None,
 ) -> str:
     """One line for a listener of ``instance`` that failed: the address, the kernel's
@@ -103,16 +112,3 @@ def cannot_listen(
             "does, or an instance of another data dir)"
         )
     return f"{line}; {holding}: {_FIX.get(exc.what, 'stop it, or choose another port')}"
-
-
-def publish_ingress(data_dir: Path, instance: str, address: tuple[str, int] | None) -> None:
-    """Record where ``instance``'s ingress listens (None: that it stopped), for
-    :func:`holder`. Best effort: the ingress serves whether or not it is recorded."""
-    try:
-        with Registry(data_dir) as registry:
-            if address is None:
-                registry.clear_ingress_address(instance)
-            else:
-                registry.set_ingress_address(instance, *address)
-    except (RegistryError, OSError) as exc:
-        log.info("the ingress address of %r is not in the registry: %s", instance, exc)

@@ -3,7 +3,7 @@ live addresses, and a watch that polls.
 
 The addresses are what ``set_link_address``/``set_ingress_address`` store (the ``links``
 and ``ingresses`` tables); they count as live while the instance's lock is held
-(:func:`..storage.data_dir.running_pid`), so a killed coordinator's addresses stop
+(:func:`..storage.running.running_pid`), so a killed coordinator's addresses stop
 counting the moment the kernel drops its lock. The lock lives in the data dir of the
 process that published them, which, when several data dirs share one registry file, is
 not the one this registry was opened with: so each publication also records its data dir
@@ -19,9 +19,9 @@ import sqlite3
 from collections.abc import AsyncGenerator
 from pathlib import Path
 
-from ..storage.data_dir import running_pid
 from ..storage.errors import StorageError
 from ..storage.files import InstanceFiles
+from ..storage.running import running_pid
 from .interface import Addresses, Endpoint, RegistryError
 from .store import Registry
 

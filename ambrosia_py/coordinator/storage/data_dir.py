@@ -11,8 +11,6 @@ data directory that does not exist and create nothing in it.
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import os
 import tempfile
 from pathlib import Path
@@ -20,11 +18,13 @@ from pathlib import Path
 import attrs
 
 from ...hashseed import DATA_DIR_ENV, DEFAULT_DATA_DIR
+from ..registry.backends import open_registry, registry_file
 from ..registry.files import open_registry_for_start
-from ..registry.store import REGISTRY_FILE, InstanceInfo, Registry, RegistryError
-from .files import LOCK_FILE, InstanceFiles
+from ..registry.interface import DEFAULT_CLUSTER, InstanceInfo, RegistryError
+from .files import InstanceFiles
 from .modes import own_data_dir
 from .ownership import OwnershipError, check_data_dir
+from .running import running_pid
 
 __all__ = [
     "DATA_DIR_ENV",
@@ -62,9 +62,12 @@ def writable_data_dir(data_dir: Path) -> None:
         ) from exc
 
 
-def existing_data_dir(data_dir: Path, *, need_registry: bool = True) -> None:
+def existing_data_dir(
+    data_dir: Path, *, need_registry: bool = True, spec: str | None = None
+) -> None:
     """Refuse a data directory that does not exist, is not ours (:mod:`.ownership`), or
-    (``need_registry``) holds no registry; creating nothing."""
+    (``need_registry``) has no registry file (the data dir's own, or the SQLite file
+    ``spec`` names; etcd has none to look for); creating nothing."""
     if not os.path.lexists(data_dir):
         raise DataDirError(
             f"no data dir {data_dir} (from {Path.cwd()}): nothing has run with it; give the "
@@ -74,8 +77,16 @@ def existing_data_dir(data_dir: Path, *, need_registry: bool = True) -> None:
         check_data_dir(data_dir)
     except OwnershipError as exc:
         raise DataDirError(str(exc)) from None
-    if need_registry and not (data_dir / REGISTRY_FILE).exists():
-        raise DataDirError(f"no registry in {data_dir}: no instance has run with this data dir")
+    if not need_registry:
+        return
+    try:
+        path = registry_file(spec, data_dir)
+    except RegistryError as exc:
+        raise DataDirError(str(exc)) from None
+    if path is not None and not path.exists():
+        if spec is None:
+            raise DataDirError(f"no registry in {data_dir}: no instance has run with this data dir")
+        raise DataDirError(f"no registry {path}: no instance has run with it")
 
 
 @attrs.frozen
@@ -86,14 +97,18 @@ class History:
     checkpoint: int  # the last committed checkpoint: recovery starts there
 
 
-def earlier_history(data_dir: Path, instance: str) -> History | None:
-    """The instance's committed history in ``data_dir``, or None when there is none (a
-    start would be its first). Reads only an existing registry; a registry that cannot
-    be read counts as none here (the coordinator refuses it with its own message)."""
-    if not (data_dir / REGISTRY_FILE).is_file():
-        return None
+def earlier_history(
+    data_dir: Path, instance: str, spec: str | None = None, cluster: str = DEFAULT_CLUSTER
+) -> History | None:
+    """The instance's committed history in the registry ``spec`` names (``None``: the data
+    dir's own), or None when there is none (a start would be its first). Creates no
+    registry file; a registry that cannot be read or reached counts as none here (the
+    coordinator refuses it with its own message)."""
     try:
-        with Registry(data_dir) as reg:
+        path = registry_file(spec, data_dir)
+        if path is not None and not path.is_file():
+            return None
+        with open_registry(spec, data_dir, cluster) as reg:
             info = reg.get(instance)
     except RegistryError:
         return None
@@ -102,39 +117,16 @@ def earlier_history(data_dir: Path, instance: str) -> History | None:
     return History(info.current_version, info.last_checkpoint)
 
 
-def running_pid(files: InstanceFiles) -> int | None:
-    """The pid of the coordinator running this instance version, or None if none runs.
-
-    Tests the coordinator's lock without keeping it, and writes nothing: a shared lock
-    is refused while a coordinator holds its exclusive one. 0: the lock is held but the
-    file names no pid.
-    """
-    path = files.path / LOCK_FILE
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return None
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except OSError as exc:
-            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise
-            text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
-            return int(text) if text.isdigit() else 0
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return None
-    finally:
-        os.close(fd)
-
-
-def debuggable_instance(data_dir: Path, instance: str) -> InstanceInfo:
+def debuggable_instance(
+    data_dir: Path, instance: str, spec: str | None = None, cluster: str = DEFAULT_CLUSTER
+) -> InstanceInfo:
     """The registry's entry for ``instance``, which ``debug`` may replay: the data dir
-    exists, the registry reads and knows it, and no coordinator runs it (its port would
-    be taken, and its log may grow under the replay). Creates nothing."""
-    existing_data_dir(data_dir)
+    exists, the registry ``spec`` names reads and knows it, and no coordinator runs it
+    from this data dir (its port would be taken, and its log may grow under the
+    replay). Creates nothing."""
+    existing_data_dir(data_dir, spec=spec)
     try:
-        registry = open_registry_for_start(data_dir, instance)
+        registry = open_registry_for_start(data_dir, instance, spec, cluster)
     except RegistryError as exc:
         raise DataDirError(str(exc)) from None
     try:
