@@ -16,7 +16,6 @@ from immortals.wallaroo import (
     Dialect,
     Error,
     Frame,
-    FrameReader,
     Hello,
     Message,
     NotifyAck,
@@ -28,6 +27,7 @@ from immortals.wallaroo import (
 from immortals.wallaroo.connector_actions import Action, Actions, ConnectorConfig, Write
 from immortals.wallaroo.connector_core import ConnectorCore
 from immortals.wallaroo.worker_core import Replies, WorkerConfig, WorkerCore
+from tests.wallaroo_reader import decode_all
 
 APP = "tests.wallaroo_apps:record"
 
@@ -45,14 +45,6 @@ def msg(dialect: Dialect, sid: int, mid: int, payload: bytes | None = b"x") -> M
 
 def eos(dialect: Dialect, sid: int, mid: int) -> Frame:
     return end_of_stream(dialect, sid, mid)
-
-
-def decode_all(wire: bytes, dialect: Dialect) -> list[Frame]:
-    reader = FrameReader(dialect)
-    reader.feed(wire)
-    frames = list(reader)
-    reader.close()
-    return frames
 
 
 class Worker:

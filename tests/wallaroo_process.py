@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ambrosia_py.testing.processes import ServiceProcess, free_port, wait_for
-from immortals.wallaroo.worker_ctl import request
+from immortals.wallaroo.worker_client import request
 
 ROOT = Path(__file__).resolve().parents[1]
 COOKIE = "e2e-cookie"
