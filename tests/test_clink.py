@@ -89,10 +89,10 @@ def test_a_mac_state_is_only_what_mac_state_made() -> None:
 )
 def test_a_sealed_frame_is_the_layouts_bytes(key: bytes, parts: list[bytes], counter: int) -> None:
     channel = LinkChannel(send_key=key, receive_key=key)
-    channel._sent = counter
+    channel.sent = counter
     frame = channel.seal_frame(LINK, tuple(parts), LIMIT)
     assert frame == flow_frame(_keys(key, sent=counter).seal(LINK_TOKEN, b"".join(parts)))
-    assert channel._sent == counter + 1
+    assert channel.sent == counter + 1
 
 
 @needs_clink
@@ -102,14 +102,14 @@ def test_a_frame_over_the_limit_or_of_views_is_left_to_the_python_path() -> None
     assert channel.seal_frame(LINK, (bytes(100),), 132) is not None
     assert channel.seal_frame(LINK, (memoryview(b"abc"),), LIMIT) is None  # type: ignore[arg-type]
     assert channel.seal_frame(LINK, (b"abc",), 0) is None  # 0: frames without a checksum
-    assert channel._sent == 1  # only the frame made counts
+    assert channel.sent == 1  # only the frame made counts
 
 
 def _python_open(data: bytes, counter: int, max_length: int = LIMIT) -> bytes | None:
     """The reference: what the flow reader and ``LinkChannel.open`` make of ``data`` read
     alone at a frame boundary, when that is one link frame and nothing more."""
     channel = LinkChannel(send_key=KEY, receive_key=KEY)
-    channel._received = counter
+    channel.received = counter
     try:
         frames = FrameReader(max_length=max_length).frames(data)
     except FlowError:
@@ -152,10 +152,10 @@ def test_open_frame_opens_exactly_what_the_python_path_opens(size: int) -> None:
     ]
     opened = 0
     for data, counter, limit in cases:
-        channel._received = counter
+        channel.received = counter
         got = channel.open_frame(data, LINK, limit)
         assert got == _python_open(data, counter, limit), (data.hex(), counter, limit)
-        assert channel._received == counter + (got is not None)
+        assert channel.received == counter + (got is not None)
         opened += got is not None
     assert opened == 2  # the frame itself, and again within its exact limit
 
@@ -164,7 +164,7 @@ def test_open_frame_opens_exactly_what_the_python_path_opens(size: int) -> None:
 @given(data=st.binary(max_size=120), counter=st.integers(0, 3))
 def test_open_frame_on_garbage_agrees_with_the_python_path(data: bytes, counter: int) -> None:
     channel = LinkChannel(send_key=KEY, receive_key=KEY)
-    channel._received = counter
+    channel.received = counter
     assert channel.open_frame(data, LINK, LIMIT) == _python_open(data, counter)
 
 

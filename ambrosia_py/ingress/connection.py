@@ -1,17 +1,21 @@
 """Both ends of an ingress connection, sans-IO: the handshake, the frame tags, the calls.
 
-The handshake proves the cluster secret ``S`` (the links' secret, ``docs/security.md``)
-both ways, HMAC-SHA256 over fresh nonces from both sides (``H`` is HMAC-SHA256)::
+The handshake is the authenticated channel's (:mod:`ambrosia_py.auth`) with the server as
+challenger and the client as responder (:data:`INGRESS_LABELS`); it proves the cluster
+secret ``S`` (the links' secret, ``docs/security.md``) both ways, HMAC-SHA256 over fresh
+nonces from both sides (``H`` is HMAC-SHA256)::
 
     HELLO    server -> client   "AMBINGR1" | Ns
     AUTH     client -> server   "AMBINGR1" | Nc | H(S, "ambrosia-ingress-v1 client" | T)
     WELCOME  server -> client   H(S, "ambrosia-ingress-v1 server" | T | info) | info
 
-with ``T = "AMBINGR1" | Ns | Nc``. The server sends nothing but HELLO (random bytes)
-until AUTH checks out, and closes without another byte if it does not: a client without
-the secret gets nothing and runs nothing, and nothing it sends is decoded past the
-fixed-size AUTH. The client checks WELCOME's proof before it sends a call (its arguments
-go only to a holder of the secret) and before it decodes anything the server sends.
+with ``T = "AMBINGR1" | Ns | Nc`` (the channel's ``head | Nc | context | Nr``, the head
+being the magic and the context empty). The server sends nothing but HELLO (random
+bytes) until AUTH checks out, and closes without another byte if it does not: a client
+without the secret gets nothing and runs nothing, and nothing it sends is decoded past
+the fixed-size AUTH. The client checks WELCOME's proof before it sends a call (its
+arguments go only to a holder of the secret) and before it decodes anything the server
+sends.
 
 Then each direction has its key, ``K = H(S, "ambrosia-ingress-v1 key client->server" |
 T)`` and ``"... key server->client"``, and every later frame's body ends in a 16-byte
@@ -24,16 +28,26 @@ reordered fails its tag and closes the connection. The labels differ from the li
 from __future__ import annotations
 
 import enum
-import hashlib
-import hmac
-import secrets
-import struct
+from typing import Final
 
+from ..auth import (
+    MIN_SECRET_SIZE,
+    TAG_SIZE,
+    Challenge,
+    Channel,
+    ChannelError,
+    Confirm,
+    Handshake,
+    HandshakeState,
+    Labels,
+    MessageKind,
+    Response,
+    Role,
+)
 from .errors import AuthenticationError, IngressProtocolError
 from .frames import (
     DEFAULT_MAX_REPLY_FRAME,
     MAGIC,
-    NONCE_SIZE,
     PRE_AUTH_FRAME_LIMIT,
     PROOF_SIZE,
     WELCOME_FRAME_LIMIT,
@@ -59,6 +73,7 @@ from .frames import (
 )
 
 __all__ = [
+    "INGRESS_LABELS",
     "MIN_SECRET_SIZE",
     "TAG_SIZE",
     "ClientConnection",
@@ -66,25 +81,14 @@ __all__ = [
     "ServerConnection",
 ]
 
-TAG_SIZE = 16  # HMAC-SHA256 truncated to 128 bits (as RFC 4868), as on links
-MIN_SECRET_SIZE = 16
-_CLIENT_PROOF = b"ambrosia-ingress-v1 client"
-_SERVER_PROOF = b"ambrosia-ingress-v1 server"
-_KEY_TO_SERVER = b"ambrosia-ingress-v1 key client->server"
-_KEY_TO_CLIENT = b"ambrosia-ingress-v1 key server->client"
-_COUNTER = struct.Struct("<Q")
-
-
-def _mac(key: bytes, *parts: bytes | memoryview) -> bytes:
-    h = hmac.new(key, digestmod=hashlib.sha256)
-    for part in parts:
-        h.update(part)
-    return h.digest()
-
-
-def _check_secret(secret: bytes) -> None:
-    if len(secret) < MIN_SECRET_SIZE:
-        raise ValueError(f"a secret of {len(secret)} bytes: at least {MIN_SECRET_SIZE} are needed")
+INGRESS_LABELS: Final = Labels(
+    domain=b"ambrosia-ingress-v1",
+    head=MAGIC,
+    challenger="server",
+    responder="client",
+    frames="after the handshake",
+)
+"""The channel's labels on the ingress: the server challenges, the client responds."""
 
 
 class ConnectionState(enum.Enum):
@@ -98,55 +102,33 @@ class ConnectionState(enum.Enum):
     FAILED = "failed"
 
 
-class _Channel:
-    """Tags after the handshake: one key and one frame counter per direction.
-
-    Each direction's HMAC is keyed once and copied per frame: a copy costs about half
-    of keying a new one, which is most of a small call's cost.
-    """
-
-    def __init__(self, send_key: bytes, receive_key: bytes) -> None:
-        self._send = hmac.new(send_key, digestmod=hashlib.sha256)
-        self._receive = hmac.new(receive_key, digestmod=hashlib.sha256)
-        self._sent = 0
-        self._received = 0
-
-    def seal(self, kind: FrameKind, parts: list[bytes]) -> bytes:
-        """The whole frame: ``parts`` as its body, then the tag."""
-        h = self._send.copy()
-        h.update(_COUNTER.pack(self._sent) + bytes([kind]))
-        for part in parts:
-            h.update(part)
-        self._sent += 1
-        return encode_frame(kind, *parts, h.digest()[:TAG_SIZE])
-
-    def open(self, frame: RawFrame) -> int:
-        """Check ``frame``'s tag; return where its body ends (where the tag starts)."""
-        end = len(frame.body) - TAG_SIZE
-        if end < 0:
-            raise IngressProtocolError(
-                f"a frame of {len(frame.body)} bytes is too short for its {TAG_SIZE}-byte tag",
-                frame=frame.index,
-                offset=frame.offset,
-            )
-        body = memoryview(frame.body)
-        h = self._receive.copy()
-        h.update(_COUNTER.pack(self._received) + bytes([frame.kind]))
-        h.update(body[:end])
-        if not hmac.compare_digest(body[end:], h.digest()[:TAG_SIZE]):
-            raise IngressProtocolError(
-                f"frame {self._received} after the handshake fails its tag: altered, replayed, "
-                "reordered or injected",
-                frame=frame.index,
-                offset=frame.offset,
-            )
-        self._received += 1
-        return end
+# The channel's handshake states as each end of the ingress waits in them (the server
+# never rests in START or RESPONDED, the client never in CHALLENGED).
+_STATE: Final = {
+    HandshakeState.START: ConnectionState.AWAIT_HELLO,
+    HandshakeState.CHALLENGED: ConnectionState.AWAIT_AUTH,
+    HandshakeState.RESPONDED: ConnectionState.AWAIT_WELCOME,
+    HandshakeState.CONFIRMED: ConnectionState.OPEN,
+    HandshakeState.FAILED: ConnectionState.FAILED,
+}
+_KIND_BYTE: Final = tuple(bytes([kind]) for kind in range(256))  # a tag's header: u8 kind
 
 
-def _keys(secret: bytes, transcript: bytes) -> tuple[bytes, bytes]:
-    """(client->server, server->client) keys."""
-    return _mac(secret, _KEY_TO_SERVER, transcript), _mac(secret, _KEY_TO_CLIENT, transcript)
+def _seal(channel: Channel, kind: FrameKind, parts: list[bytes]) -> bytes:
+    """The whole frame: ``parts`` as its body, then the tag."""
+    return encode_frame(kind, *parts, channel.tag(_KIND_BYTE[kind], parts))
+
+
+def _open(channel: Channel, frame: RawFrame) -> int:
+    """Check ``frame``'s tag; return where its body ends (where the tag starts)."""
+    try:
+        return len(channel.check(_KIND_BYTE[frame.kind], frame.body))
+    except ChannelError as exc:
+        raise IngressProtocolError(exc.reason, frame=frame.index, offset=frame.offset) from None
+
+
+def _refused(exc: ChannelError, frame: RawFrame) -> AuthenticationError:
+    return AuthenticationError(exc.reason, frame=frame.index, offset=frame.offset)
 
 
 class ServerConnection:
@@ -157,17 +139,15 @@ class ServerConnection:
     """
 
     def __init__(self, secret: bytes, info: ServiceInfo, *, nonce: bytes | None = None) -> None:
-        _check_secret(secret)
-        nonce = secrets.token_bytes(NONCE_SIZE) if nonce is None else nonce
-        if len(nonce) != NONCE_SIZE:
-            raise ValueError(f"a nonce has {NONCE_SIZE} bytes, not {len(nonce)}")
-        self._secret = secret
         self._info = info
-        self._hello = MAGIC + nonce
+        self._handshake = Handshake(
+            INGRESS_LABELS, Role.CHALLENGER, secret, nonce=nonce, info=encode_welcome_info(info)
+        )
+        hello = self._handshake.start()
         self._reader = FrameReader(PRE_AUTH_FRAME_LIMIT)
-        self._out: list[bytes] = [encode_frame(FrameKind.HELLO, self._hello)]
-        self._channel: _Channel | None = None
-        self.state = ConnectionState.AWAIT_AUTH
+        self._out: list[bytes] = [encode_frame(FrameKind.HELLO, INGRESS_LABELS.head, hello.nonce)]
+        self._channel: Channel | None = None
+        self.state = _STATE[self._handshake.state]
 
     def data_to_send(self) -> bytes:
         out, self._out = b"".join(self._out), []
@@ -185,7 +165,7 @@ class ServerConnection:
                 if self._channel is None:
                     self._authenticate(frame)
                 else:
-                    calls.append(decode_call(frame, self._channel.open(frame)))
+                    calls.append(decode_call(frame, _open(self._channel, frame)))
         except IngressProtocolError:
             self.state = ConnectionState.FAILED
             self._out = []
@@ -193,37 +173,27 @@ class ServerConnection:
         return calls
 
     def _authenticate(self, frame: RawFrame) -> None:
+        """AUTH, the one frame the handshake's table lets the server receive (RESPONSE)."""
         nonce, proof = decode_auth(frame)
-        transcript = self._hello + nonce
-        if not hmac.compare_digest(proof, _mac(self._secret, _CLIENT_PROOF, transcript)):
-            raise AuthenticationError(
-                "the client's proof does not match: it does not hold this cluster's secret",
-                frame=frame.index,
-                offset=frame.offset,
-            )
-        info = encode_welcome_info(self._info)
-        self._out.append(
-            encode_frame(
-                FrameKind.WELCOME, _mac(self._secret, _SERVER_PROOF, transcript, info), info
-            )
-        )
-        to_server, to_client = _keys(self._secret, transcript)
-        self._channel = _Channel(send_key=to_client, receive_key=to_server)
+        try:
+            welcome = self._handshake.receive(Response(nonce, proof))
+        except ChannelError as exc:
+            raise _refused(exc, frame) from None
+        self._out.append(encode_frame(FrameKind.WELCOME, welcome.proof, welcome.info))
+        self._channel = self._handshake.channel()
         self._reader.limit = self._info.max_call_frame
-        self.state = ConnectionState.OPEN
+        self.state = _STATE[self._handshake.state]
 
     def reply(self, request_id: int, answer: Outcome | Refusal) -> None:
         """Queue the answer to call ``request_id``: its outcome, or a refusal."""
         if self._channel is None or self.state is not ConnectionState.OPEN:
             raise IngressProtocolError(f"no reply in state {self.state.name}")
         if isinstance(answer, Outcome):
-            self._out.append(
-                self._channel.seal(FrameKind.REPLY, encode_reply_body(request_id, answer))
-            )
+            body = encode_reply_body(request_id, answer)
+            self._out.append(_seal(self._channel, FrameKind.REPLY, body))
         else:
-            self._out.append(
-                self._channel.seal(FrameKind.REFUSED, encode_refused_body(request_id, answer))
-            )
+            body = encode_refused_body(request_id, answer)
+            self._out.append(_seal(self._channel, FrameKind.REFUSED, body))
 
 
 class ClientConnection:
@@ -236,18 +206,13 @@ class ClientConnection:
         nonce: bytes | None = None,
         max_reply_frame: int = DEFAULT_MAX_REPLY_FRAME,
     ) -> None:
-        _check_secret(secret)
-        self._nonce = secrets.token_bytes(NONCE_SIZE) if nonce is None else nonce
-        if len(self._nonce) != NONCE_SIZE:
-            raise ValueError(f"a nonce has {NONCE_SIZE} bytes, not {len(self._nonce)}")
-        self._secret = secret
+        self._handshake = Handshake(INGRESS_LABELS, Role.RESPONDER, secret, nonce=nonce)
         self._max_reply_frame = max_reply_frame
         self._reader = FrameReader(PRE_AUTH_FRAME_LIMIT)
         self._out: list[bytes] = []
-        self._transcript = b""
-        self._channel: _Channel | None = None
+        self._channel: Channel | None = None
         self.info: ServiceInfo | None = None
-        self.state = ConnectionState.AWAIT_HELLO
+        self.state = _STATE[self._handshake.state]
 
     def data_to_send(self) -> bytes:
         out, self._out = b"".join(self._out), []
@@ -262,13 +227,14 @@ class ClientConnection:
         events: list[ServiceInfo | Reply] = []
         try:
             while (frame := self._reader.next_frame()) is not None:
-                if self.state is ConnectionState.AWAIT_HELLO:
-                    self._answer_hello(frame)
-                elif self.state is ConnectionState.AWAIT_WELCOME:
-                    events.append(self._welcome(frame))
+                if self._channel is None:
+                    # HELLO or WELCOME: the one the handshake's table lets it receive now.
+                    if self._handshake.expecting is MessageKind.CHALLENGE:
+                        self._answer_hello(frame)
+                    else:
+                        events.append(self._welcome(frame))
                 else:
-                    assert self._channel is not None
-                    end = self._channel.open(frame)
+                    end = _open(self._channel, frame)
                     if frame.kind == FrameKind.REFUSED:
                         events.append(decode_refused(frame, end))
                     else:
@@ -280,14 +246,17 @@ class ClientConnection:
         return events
 
     def _answer_hello(self, frame: RawFrame) -> None:
-        server_nonce = decode_hello(frame)
-        self._transcript = MAGIC + server_nonce + self._nonce
-        proof = _mac(self._secret, _CLIENT_PROOF, self._transcript)
-        self._out.append(encode_frame(FrameKind.AUTH, MAGIC, self._nonce, proof))
+        """HELLO (the CHALLENGE): AUTH (the RESPONSE) goes back."""
+        try:
+            auth = self._handshake.receive(Challenge(decode_hello(frame)))
+        except ChannelError as exc:
+            raise _refused(exc, frame) from None
+        self._out.append(encode_frame(FrameKind.AUTH, INGRESS_LABELS.head, auth.nonce, auth.proof))
         self._reader.limit = WELCOME_FRAME_LIMIT
-        self.state = ConnectionState.AWAIT_WELCOME
+        self.state = _STATE[self._handshake.state]
 
     def _welcome(self, frame: RawFrame) -> ServiceInfo:
+        """WELCOME (the CONFIRM): the server proved the secret, and says what it serves."""
         if frame.kind != FrameKind.WELCOME or len(frame.body) < PROOF_SIZE:
             raise AuthenticationError(
                 f"expected WELCOME (kind {int(FrameKind.WELCOME)}, {PROOF_SIZE}+ bytes), got "
@@ -295,26 +264,20 @@ class ClientConnection:
                 frame=frame.index,
                 offset=frame.offset,
             )
-        proof, info = frame.body[:PROOF_SIZE], frame.body[PROOF_SIZE:]
-        expected = _mac(self._secret, _SERVER_PROOF, self._transcript, info)
-        if not hmac.compare_digest(proof, expected):
-            raise AuthenticationError(
-                "the server's proof does not match: it does not hold this cluster's secret",
-                frame=frame.index,
-                offset=frame.offset,
-            )
+        try:
+            self._handshake.receive(Confirm(frame.body[:PROOF_SIZE], frame.body[PROOF_SIZE:]))
+        except ChannelError as exc:
+            raise _refused(exc, frame) from None
         welcomed = decode_welcome_info(frame, PROOF_SIZE)
-        to_server, to_client = _keys(self._secret, self._transcript)
-        self._channel = _Channel(send_key=to_server, receive_key=to_client)
+        self._channel = self._handshake.channel()
         self._reader.limit = self._max_reply_frame
         self.info = welcomed
-        self.state = ConnectionState.OPEN
+        self.state = _STATE[self._handshake.state]
         return welcomed
 
     def call(self, request_id: int, key: bytes, method_id: int, args: bytes) -> None:
         """Queue a CALL; only once the server proved the secret."""
         if self._channel is None or self.state is not ConnectionState.OPEN:
             raise IngressProtocolError(f"no call in state {self.state.name}")
-        self._out.append(
-            self._channel.seal(FrameKind.CALL, encode_call_body(request_id, key, method_id, args))
-        )
+        body = encode_call_body(request_id, key, method_id, args)
+        self._out.append(_seal(self._channel, FrameKind.CALL, body))

@@ -1,29 +1,30 @@
-"""Authentication of links between coordinators, sans-IO: the handshake and the MACs.
+"""Authentication of links between coordinators: the wire form of the authenticated
+channel (:mod:`ambrosia_py.auth`) on a link, and the C twin of a small frame's tag.
 
 Right after the ConnectPacket exchange, before a peer's hello or any call is decoded,
-both ends prove they hold the cluster's secret ``S`` (challenge-response, HMAC-SHA256
-over fresh nonces from both sides and both instance names). Each handshake message is a
-flow frame to :data:`AUTH_TOKEN` with a fixed size; every integer is little-endian and
-``H(x)`` is SHA-256::
+both ends prove they hold the cluster's secret ``S``: the channel's handshake with the
+dialer as challenger and the acceptor as responder (:data:`LINK_LABELS`). Each message
+is a flow frame to :data:`AUTH_TOKEN` with a fixed size; every integer is little-endian
+and ``H(x)`` is SHA-256::
 
     CHALLENGE  dialer -> acceptor  105 bytes:
         "AMBAUTH1" | 0x01 | dialer nonce (32) | H(dialer name) (32) | H(acceptor name) (32)
     RESPONSE   acceptor -> dialer   73 bytes:
-        "AMBAUTH1" | 0x02 | acceptor nonce (32) | HMAC(S, "acceptor" | T) (32)
+        "AMBAUTH1" | 0x02 | acceptor nonce (32) | HMAC(S, "ambrosia-link-v1 acceptor" | T)
     CONFIRM    dialer -> acceptor   41 bytes:
-        "AMBAUTH1" | 0x03 | HMAC(S, "dialer" | T) (32)
+        "AMBAUTH1" | 0x03 | HMAC(S, "ambrosia-link-v1 dialer" | T)
 
-``T``, the transcript, is the whole CHALLENGE followed by the acceptor's nonce. The
-labels differ, so a proof cannot be reflected back to the side that made it; the nonces
-are fresh, so a recorded handshake cannot be replayed. The acceptor checks the name it
-was dialed by before answering (``H(acceptor name)`` must be its own), the dialer checks
-the acceptor's proof over the name it meant to dial: a listener without the secret
-learns nothing and gets no output.
+``T``, the transcript, is the whole CHALLENGE followed by the acceptor's nonce: the
+channel's ``head | Nc | context | Nr`` with the head ``"AMBAUTH1" | 0x01`` and both
+names' digests as the context. The acceptor checks the name it was dialed by before
+answering (``H(acceptor name)`` must be its own), the dialer checks the acceptor's proof
+over the name it meant to dial: a listener without the secret learns nothing and gets
+no output.
 
 The rest of the connection is bound to the handshake: each direction has its own key,
-``HMAC(S, "key dialer->acceptor" | T)`` and ``HMAC(S, "key acceptor->dialer" | T)``, and
-every later frame's message ends in a 16-byte tag, the first half of
-``HMAC-SHA256(key, u64 frame counter | token | payload)`` (counters from 0 per
+``HMAC(S, "ambrosia-link-v1 key dialer->acceptor" | T)`` and ``"... key
+acceptor->dialer"``, and every later frame's message ends in a 16-byte tag, the first
+half of ``HMAC-SHA256(key, u64 frame counter | token | payload)`` (counters from 0 per
 direction). A frame injected, dropped, replayed or reordered on the connection fails its
 tag. The link hello is the first such frame; its sender name must hash to the dialer's
 name in the CHALLENGE, so the sender a hello names is the one that authenticated.
@@ -33,12 +34,27 @@ from __future__ import annotations
 
 import enum
 import hashlib
-import hmac
-import secrets
-import struct
 from collections.abc import Sequence
+from typing import Final
 
 from ... import accel
+from ...auth import (
+    NONCE_SIZE,
+    PROOF_SIZE,
+    TAG_SIZE,
+    Challenge,
+    Channel,
+    ChannelError,
+    Confirm,
+    Handshake,
+    HandshakeState,
+    KeyedMac,
+    Labels,
+    ProofError,
+    Response,
+    same_digest,
+)
+from ...auth import Role as _Side
 from ...flow import WELL_KNOWN_FIRST, Token
 from ...flow.constants import Buffer
 from .protocol import LinkError
@@ -48,6 +64,7 @@ __all__ = [
     "AUTH_TOKEN",
     "CHALLENGE_SIZE",
     "CONFIRM_SIZE",
+    "LINK_LABELS",
     "NONCE_SIZE",
     "RESPONSE_SIZE",
     "TAG_SIZE",
@@ -64,28 +81,11 @@ __all__ = [
 AUTH_MAGIC = b"AMBAUTH1"
 # The flow endpoint handshake messages go to: well-known, next to the link endpoint.
 AUTH_TOKEN = Token(WELL_KNOWN_FIRST, 0x414D_4241)  # "AMBA"
-NONCE_SIZE = 32
-DIGEST_SIZE = 32  # SHA-256 and HMAC-SHA256
-TAG_SIZE = 16  # the per-frame tag: HMAC-SHA256 truncated to 128 bits (as RFC 4868)
+DIGEST_SIZE = 32  # SHA-256, of an instance name
 _HEAD = len(AUTH_MAGIC) + 1
 CHALLENGE_SIZE = _HEAD + NONCE_SIZE + 2 * DIGEST_SIZE  # 105
-RESPONSE_SIZE = _HEAD + NONCE_SIZE + DIGEST_SIZE  # 73
-CONFIRM_SIZE = _HEAD + DIGEST_SIZE  # 41
-
-_ACCEPTOR_PROOF = b"ambrosia-link-v1 acceptor"
-_DIALER_PROOF = b"ambrosia-link-v1 dialer"
-_KEY_TO_ACCEPTOR = b"ambrosia-link-v1 key dialer->acceptor"
-_KEY_TO_DIALER = b"ambrosia-link-v1 key acceptor->dialer"
-_COUNTER = struct.Struct("<Q")
-
-
-# The C twin of a small frame's flow and tag work (``_clink.c``: OpenSSL's HMAC and
-# libxxhash's XXH3 called from C), or None.
-_clink = accel.load("ambrosia_py.coordinator.links._clink")
-
-
-class LinkAuthError(LinkError):
-    """A peer failed the link handshake or a frame's tag: close the connection."""
+RESPONSE_SIZE = _HEAD + NONCE_SIZE + PROOF_SIZE  # 73
+CONFIRM_SIZE = _HEAD + PROOF_SIZE  # 41
 
 
 class MessageKind(enum.IntEnum):
@@ -96,11 +96,30 @@ class MessageKind(enum.IntEnum):
     CONFIRM = 3
 
 
-_SIZES = {
+LINK_LABELS: Final = Labels(
+    domain=b"ambrosia-link-v1",
+    head=AUTH_MAGIC + bytes([MessageKind.CHALLENGE]),
+    challenger="dialer",
+    responder="acceptor",
+    frames="on the link",
+)
+"""The channel's labels on a link: the dialer challenges, the acceptor responds."""
+
+_SIZES: Final = {
     MessageKind.CHALLENGE: CHALLENGE_SIZE,
     MessageKind.RESPONSE: RESPONSE_SIZE,
     MessageKind.CONFIRM: CONFIRM_SIZE,
 }
+# Where each message's proof starts: what a ProofError's offset names.
+_PROOF_AT: Final = {MessageKind.RESPONSE: _HEAD + NONCE_SIZE, MessageKind.CONFIRM: _HEAD}
+
+# The C twin of a small frame's flow and tag work (``_clink.c``: OpenSSL's HMAC and
+# libxxhash's XXH3 called from C), or None.
+_clink = accel.load("ambrosia_py.coordinator.links._clink")
+
+
+class LinkAuthError(LinkError):
+    """A peer failed the link handshake or a frame's tag: close the connection."""
 
 
 class Role(enum.Enum):
@@ -108,26 +127,7 @@ class Role(enum.Enum):
     ACCEPTOR = "acceptor"
 
 
-class HandshakeState(enum.Enum):
-    """Where a handshake is. The dialer goes START → AWAIT_RESPONSE → DONE, the
-    acceptor AWAIT_CHALLENGE → AWAIT_CONFIRM → DONE; either may end in FAILED."""
-
-    START = "start"
-    AWAIT_CHALLENGE = "await-challenge"
-    AWAIT_RESPONSE = "await-response"
-    AWAIT_CONFIRM = "await-confirm"
-    DONE = "done"
-    FAILED = "failed"
-
-
-_S = HandshakeState
-
-# What each state expects from the peer, and where it goes after it.
-_EXPECT: dict[HandshakeState, tuple[MessageKind, HandshakeState]] = {
-    _S.AWAIT_CHALLENGE: (MessageKind.CHALLENGE, _S.AWAIT_CONFIRM),
-    _S.AWAIT_RESPONSE: (MessageKind.RESPONSE, _S.DONE),
-    _S.AWAIT_CONFIRM: (MessageKind.CONFIRM, _S.DONE),
-}
+_SIDE: Final = {Role.DIALER: _Side.CHALLENGER, Role.ACCEPTOR: _Side.RESPONDER}
 
 
 def name_digest(name: str) -> bytes:
@@ -135,37 +135,25 @@ def name_digest(name: str) -> bytes:
     return hashlib.sha256(name.encode()).digest()
 
 
-def _mac(key: bytes, *parts: Buffer) -> bytes:
-    """HMAC-SHA256 of the parts, as one message."""
-    return KeyedMac(key).digest(*parts)
-
-
-class KeyedMac:
-    """HMAC-SHA256 under one key, for every frame of a link direction: the standard
-    library's (OpenSSL's HMAC), keyed once here; each tag is then a copy of the keyed
-    state and a few updates, where a one-shot ``hmac.digest`` would set the key up again
-    on every call and need the parts joined first.
-    """
-
-    __slots__ = ("_keyed",)
-
-    def __init__(self, key: bytes) -> None:
-        self._keyed = hmac.new(key, digestmod=hashlib.sha256)
-
-    def digest(self, *parts: Buffer) -> bytes:
-        """HMAC-SHA256 of the parts, as one message."""
-        mac = self._keyed.copy()
-        for part in parts:
-            mac.update(part)
-        return mac.digest()
+def _encode(message: Challenge | Response | Confirm) -> bytes:
+    """A handshake message as the link sends it (see the module)."""
+    match message:
+        case Challenge():
+            return LINK_LABELS.head + message.nonce + message.context
+        case Response():
+            return AUTH_MAGIC + bytes([MessageKind.RESPONSE]) + message.nonce + message.proof
+        case Confirm():
+            return AUTH_MAGIC + bytes([MessageKind.CONFIRM]) + message.proof
 
 
 class LinkHandshake:
-    """One side of the handshake: messages in, messages out; no I/O, no clock.
+    """One side of the link handshake: messages in, messages out; no I/O, no clock.
 
     The dialer knows both names (its own and the instance it dials); the acceptor knows
     its own, and learns the digest of the dialer's from the CHALLENGE. ``nonce`` is for
-    tests; by default a fresh one is drawn from :mod:`secrets`.
+    tests; by default a fresh one is drawn from :mod:`secrets`. The order of the
+    messages is the channel's table (:mod:`ambrosia_py.auth.states`); this checks their
+    layout and the dialed name, and the channel the proofs.
     """
 
     def __init__(
@@ -177,28 +165,21 @@ class LinkHandshake:
         *,
         nonce: bytes | None = None,
     ) -> None:
-        if len(secret) < 16:
-            raise ValueError(f"a link secret of {len(secret)} bytes: at least 16 are needed")
         if role is Role.DIALER and peer_name is None:
             raise ValueError("the dialer must name the instance it dials")
-        self._nonce = nonce if nonce is not None else secrets.token_bytes(NONCE_SIZE)
-        if len(self._nonce) != NONCE_SIZE:
-            raise ValueError(f"a nonce has {NONCE_SIZE} bytes, not {len(self._nonce)}")
         self.role = role
-        self._secret = secret
+        self._core = Handshake(LINK_LABELS, _SIDE[role], secret, nonce=nonce)
         self._local = local_name
         self._peer_name = peer_name
-        self._state = _S.START if role is Role.DIALER else _S.AWAIT_CHALLENGE
-        self._transcript = b""
         self._peer_digest: bytes | None = None
 
     @property
     def state(self) -> HandshakeState:
-        return self._state
+        return self._core.state
 
     @property
     def done(self) -> bool:
-        return self._state is _S.DONE
+        return self._core.done
 
     @property
     def peer_digest(self) -> bytes | None:
@@ -208,20 +189,15 @@ class LinkHandshake:
 
     def start(self) -> bytes:
         """The dialer's CHALLENGE, the first handshake message."""
-        if self._state is not _S.START:
-            raise LinkAuthError(f"the handshake cannot start in state {self._state.name}")
-        assert self._peer_name is not None
-        self._peer_digest = name_digest(self._peer_name)
-        challenge = (
-            AUTH_MAGIC
-            + bytes([MessageKind.CHALLENGE])
-            + self._nonce
-            + name_digest(self._local)
-            + self._peer_digest
-        )
-        self._transcript = challenge
-        self._state = _S.AWAIT_RESPONSE
-        return challenge
+        if self._peer_name is None:
+            raise LinkAuthError(f"the {self.role.value} does not send the CHALLENGE")
+        peer_digest = name_digest(self._peer_name)
+        try:
+            challenge = self._core.start(name_digest(self._local) + peer_digest)
+        except ChannelError as exc:
+            raise LinkAuthError(f"the handshake cannot start: {exc.reason}") from None
+        self._peer_digest = peer_digest
+        return _encode(challenge)
 
     def receive(self, message: Buffer) -> bytes | None:
         """The peer's next handshake message; returns ours to send back, if any.
@@ -230,17 +206,24 @@ class LinkHandshake:
         failed): a message of the wrong kind, size or magic, a CHALLENGE for another
         instance, a proof that does not match (the peer does not hold the secret).
         """
-        if self._state not in _EXPECT:
-            raise LinkAuthError(f"a handshake message in state {self._state.name}")
-        kind, after = _EXPECT[self._state]
+        step = self._core.expecting
+        if step is None:
+            raise LinkAuthError(f"a handshake message in state {self._core.state.name}")
+        kind = MessageKind[step.name]
         try:
             data = self._check(bytes(message), kind)
-            reply = self._handle(kind, data)
+            reply = self._core.receive(self._decode(kind, data))
         except LinkAuthError:
-            self._state = _S.FAILED
+            self._core.fail()
             raise
-        self._state = after
-        return reply
+        except ProofError as exc:
+            reason = exc.reason
+            if kind is MessageKind.RESPONSE:
+                reason += f", or it is not {self._peer_name!r}"
+            raise LinkAuthError(reason, offset=_PROOF_AT[kind]) from None
+        except ChannelError as exc:
+            raise LinkAuthError(exc.reason) from None
+        return None if reply is None else _encode(reply)
 
     def _check(self, data: bytes, kind: MessageKind) -> bytes:
         if data[: len(AUTH_MAGIC)] != AUTH_MAGIC:
@@ -261,60 +244,37 @@ class LinkHandshake:
             )
         return data
 
-    def _handle(self, kind: MessageKind, data: bytes) -> bytes | None:
-        if kind is MessageKind.CHALLENGE:  # acceptor
-            nonce_end = _HEAD + NONCE_SIZE
-            self._peer_digest = data[nonce_end : nonce_end + DIGEST_SIZE]
+    def _decode(self, kind: MessageKind, data: bytes) -> Challenge | Response | Confirm:
+        nonce_end = _HEAD + NONCE_SIZE
+        if kind is MessageKind.CHALLENGE:  # the acceptor's: was it dialed by its name?
             dialed = data[nonce_end + DIGEST_SIZE :]
-            if not hmac.compare_digest(dialed, name_digest(self._local)):
+            if not same_digest(dialed, name_digest(self._local)):
                 raise LinkAuthError(
                     f"the peer dialed another instance (name digest {dialed.hex()[:16]}...), "
                     f"but this is {self._local!r}",
                     offset=nonce_end + DIGEST_SIZE,
                 )
-            self._transcript = data + self._nonce
-            proof = _mac(self._secret, _ACCEPTOR_PROOF, self._transcript)
-            return AUTH_MAGIC + bytes([MessageKind.RESPONSE]) + self._nonce + proof
-        if kind is MessageKind.RESPONSE:  # dialer
-            nonce = data[_HEAD : _HEAD + NONCE_SIZE]
-            self._transcript += nonce
-            expected = _mac(self._secret, _ACCEPTOR_PROOF, self._transcript)
-            if not hmac.compare_digest(data[_HEAD + NONCE_SIZE :], expected):
-                raise LinkAuthError(
-                    f"the acceptor's proof does not match: it does not hold this cluster's "
-                    f"secret, or it is not {self._peer_name!r}",
-                    offset=_HEAD + NONCE_SIZE,
-                )
-            proof = _mac(self._secret, _DIALER_PROOF, self._transcript)
-            return AUTH_MAGIC + bytes([MessageKind.CONFIRM]) + proof
-        # CONFIRM, acceptor
-        expected = _mac(self._secret, _DIALER_PROOF, self._transcript)
-        if not hmac.compare_digest(data[_HEAD:], expected):
-            raise LinkAuthError(
-                "the dialer's proof does not match: it does not hold this cluster's secret",
-                offset=_HEAD,
-            )
-        return None
+            self._peer_digest = data[nonce_end : nonce_end + DIGEST_SIZE]
+            return Challenge(data[_HEAD:nonce_end], data[nonce_end:])
+        if kind is MessageKind.RESPONSE:
+            return Response(data[_HEAD:nonce_end], data[nonce_end:])
+        return Confirm(data[_HEAD:])
 
     def channel(self) -> LinkChannel:
         """The MACs for the rest of the connection; only once the handshake is done."""
-        if self._state is not _S.DONE:
-            raise LinkAuthError(f"no channel before the handshake is done ({self._state.name})")
-        to_acceptor = _mac(self._secret, _KEY_TO_ACCEPTOR, self._transcript)
-        to_dialer = _mac(self._secret, _KEY_TO_DIALER, self._transcript)
-        if self.role is Role.DIALER:
-            return LinkChannel(send_key=to_acceptor, receive_key=to_dialer)
-        return LinkChannel(send_key=to_dialer, receive_key=to_acceptor)
+        try:
+            send_key, receive_key = self._core.keys()
+        except ChannelError as exc:
+            raise LinkAuthError(exc.reason) from None
+        return LinkChannel(send_key=send_key, receive_key=receive_key)
 
 
-class LinkChannel:
-    """Tags for frames after the handshake: one key and one counter per direction."""
+class LinkChannel(Channel):
+    """The channel's tags on a link, the flow token bound into each (its 16 bytes are
+    the tag's header), with the C twin of a small frame's whole flow and tag work."""
 
     def __init__(self, *, send_key: bytes, receive_key: bytes) -> None:
-        self._send_mac = KeyedMac(send_key)
-        self._receive_mac = KeyedMac(receive_key)
-        self._sent = 0
-        self._received = 0
+        super().__init__(LINK_LABELS, send_key=send_key, receive_key=receive_key)
         # The keyed contexts of the C twin of the frame work (open_frame, seal_frame).
         self._send_state = _clink.mac_state(send_key) if _clink is not None else None
         self._receive_state = _clink.mac_state(receive_key) if _clink is not None else None
@@ -331,10 +291,10 @@ class LinkChannel:
             return None
         assert _clink is not None
         payload: bytes | None = _clink.open_frame(
-            data, max_length, self._receive_state, self._received, token.first, token.second
+            data, max_length, self._receive_state, self.received, token.first, token.second
         )
         if payload is not None:
-            self._received += 1
+            self.received += 1
         return payload
 
     def seal_frame(self, token: Token, parts: tuple[bytes, ...], max_length: int) -> bytes | None:
@@ -346,32 +306,19 @@ class LinkChannel:
             return None
         assert _clink is not None
         frame: bytes | None = _clink.seal_frame(
-            parts, max_length, self._send_state, self._sent, token.first, token.second
+            parts, max_length, self._send_state, self.sent, token.first, token.second
         )
         if frame is not None:
-            self._sent += 1
+            self.sent += 1
         return frame
 
     def seal(self, token: Token, parts: Sequence[Buffer]) -> bytes:
         """The tag to append to the message made of ``parts``, sent next to ``token``."""
-        tag = self._send_mac.digest(_COUNTER.pack(self._sent), token.encode(), *parts)
-        self._sent += 1
-        return tag[:TAG_SIZE]
+        return self.tag(token.encode(), parts)
 
     def open(self, token: Token, message: bytes) -> memoryview:
         """The payload of the next received frame's message, once its tag checks out."""
-        if len(message) < TAG_SIZE:
-            raise LinkAuthError(
-                f"frame {self._received} on the link: {len(message)} bytes, too short for its "
-                f"{TAG_SIZE}-byte tag"
-            )
-        view = memoryview(message)
-        payload = view[: len(message) - TAG_SIZE]
-        expected = self._receive_mac.digest(_COUNTER.pack(self._received), token.encode(), payload)
-        if not hmac.compare_digest(view[len(message) - TAG_SIZE :], expected[:TAG_SIZE]):
-            raise LinkAuthError(
-                f"frame {self._received} on the link fails its tag: altered, replayed, "
-                "reordered or injected"
-            )
-        self._received += 1
-        return payload
+        try:
+            return self.check(token.encode(), message)
+        except ChannelError as exc:
+            raise LinkAuthError(exc.reason) from None
