@@ -1,5 +1,6 @@
 """The two-stage group commit: a record is forwarded only after a sync that began after it
-was written, in order, and a failed sync stops everything after it."""
+was written, in order, and a failed sync stops everything after it. ``append`` is the
+one way in, for a record alone (the latency path) and for a busy round."""
 
 from __future__ import annotations
 
@@ -61,6 +62,19 @@ class _RecordingWriter(LogWriter):
             self.events.append(("sync-end", n))
 
 
+async def _append(
+    pipeline: CommitPipeline[list[bytes]],
+    writer: LogWriter,
+    parts: list[bytes],
+    record: list[bytes],
+    *,
+    alone: bool = False,
+) -> None:
+    """As the commit loop appends: once the pipeline is ready."""
+    await pipeline.wait_ready()
+    pipeline.append(writer, parts, record, alone=alone)
+
+
 async def _run(
     tmp_path: Path,
     count: int,
@@ -81,7 +95,7 @@ async def _run(
     pipeline = CommitPipeline(forward, max_unsynced=64)
     try:
         for i in range(count):
-            await pipeline.append(writer, [b"x" * 10], [str(i).encode()], alone=alone(i))
+            await _append(pipeline, writer, [b"x" * 10], [str(i).encode()], alone=alone(i))
         await pipeline.flush()
     finally:
         await pipeline.close()
@@ -150,11 +164,13 @@ def test_a_failed_sync_forwards_nothing_it_covered(tmp_path: Path) -> None:
 
         pipeline = CommitPipeline(forward, max_unsynced=1 << 20)
         try:
-            await pipeline.append(writer, [b"abc"], [b"0"])
+            await _append(pipeline, writer, [b"abc"], [b"0"])
             with pytest.raises(StorageError):
                 await pipeline.flush()
             with pytest.raises(StorageError):
-                await pipeline.append(writer, [b"abc"], [b"1"])
+                await _append(pipeline, writer, [b"abc"], [b"1"])
+            with pytest.raises(StorageError):
+                pipeline.append(writer, [b"abc"], [b"1"])
         finally:
             await pipeline.close()
             writer.close()
@@ -193,7 +209,7 @@ def test_a_large_record_alone_still_goes_through_the_worker_threads(tmp_path: Pa
         try:
             sizes = [INLINE_MAX_BYTES, INLINE_MAX_BYTES + 1, 10]
             for i, size in enumerate(sizes):
-                await pipeline.append(writer, [b"x" * size], [str(i).encode()], alone=True)
+                await _append(pipeline, writer, [b"x" * size], [str(i).encode()], alone=True)
                 await pipeline.flush()
         finally:
             await pipeline.close()
@@ -205,12 +221,12 @@ def test_a_large_record_alone_still_goes_through_the_worker_threads(tmp_path: Pa
     assert (tmp_path / "serverlog1").stat().st_size == 2 * INLINE_MAX_BYTES + 1 + 10
 
 
-def test_append_now_is_done_on_return_and_a_failure_stays_with_the_pipeline(
+def test_a_record_alone_is_done_on_return_and_a_failure_stays_with_the_pipeline(
     tmp_path: Path,
 ) -> None:
-    """The latency path called from a read (no await): when it returns, the record is
-    written, synced, its on_durable run and it is forwarded, in that order. A failed sync
-    forwards nothing, and every later call says what failed."""
+    """The latency path called from a read (no await): when ``append`` of a record alone
+    returns, the record is written, synced, its on_durable run and it is forwarded, in
+    that order. A failed sync forwards nothing, and every later call says what failed."""
     events: list[tuple[str, int]] = []
     forwarded: list[int] = []
 
@@ -223,8 +239,10 @@ def test_append_now_is_done_on_return_and_a_failure_stays_with_the_pipeline(
 
         pipeline = CommitPipeline(forward, max_unsynced=1 << 20)
         try:
-            assert pipeline.idle
-            pipeline.append_now(writer, [b"abc"], [b"0"], lambda: events.append(("durable", 0)))
+            assert pipeline.idle and pipeline.ready
+            pipeline.append(
+                writer, [b"abc"], [b"0"], lambda: events.append(("durable", 0)), alone=True
+            )
             assert events == [
                 ("written", 0),
                 ("sync-start", 1),
@@ -234,16 +252,47 @@ def test_append_now_is_done_on_return_and_a_failure_stays_with_the_pipeline(
             ]
             assert pipeline.idle
             with pytest.raises(StorageError, match="injected"):
-                pipeline.append_now(writer, [b"def"], [b"1"])
+                pipeline.append(writer, [b"def"], [b"1"], alone=True)
             assert not pipeline.idle
             with pytest.raises(StorageError, match="injected"):
                 pipeline.check()
             with pytest.raises(StorageError, match="injected"):
-                await pipeline.append(writer, [b"ghi"], [b"2"], alone=True)
+                await _append(pipeline, writer, [b"ghi"], [b"2"], alone=True)
         finally:
             await pipeline.close()
             writer.close()
 
     asyncio.run(main())
     assert forwarded == [0]
+    assert (tmp_path / "serverlog1").read_bytes() == b"abcdef"
+
+
+def test_a_record_is_appended_only_when_the_pipeline_is_ready(tmp_path: Path) -> None:
+    """While a worker thread writes a record, the pipeline is not ready: a second record
+    is refused, not written beside it (the file must see records in order); once the
+    write ended it is taken."""
+    events: list[tuple[str, int]] = []
+    forwarded: list[int] = []
+
+    async def main() -> None:
+        writer = _RecordingWriter(tmp_path / "serverlog1", events)
+
+        def forward(record: list) -> None:
+            forwarded.append(int(bytes(record[0])))
+
+        pipeline = CommitPipeline(forward, max_unsynced=1 << 20)
+        try:
+            pipeline.append(writer, [b"abc"], [b"0"])  # not alone: a worker thread writes it
+            assert not pipeline.ready and not pipeline.idle
+            with pytest.raises(RuntimeError, match="not ready"):
+                pipeline.append(writer, [b"def"], [b"1"], alone=True)
+            await _append(pipeline, writer, [b"def"], [b"1"])
+            await pipeline.flush()
+            assert pipeline.idle
+        finally:
+            await pipeline.close()
+            writer.close()
+
+    asyncio.run(main())
+    assert forwarded == [0, 1]
     assert (tmp_path / "serverlog1").read_bytes() == b"abcdef"

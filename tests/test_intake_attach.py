@@ -34,21 +34,21 @@ def reply_to(dest: str) -> bytes:
 
 
 def _general(intake: Intake) -> Intake:
-    """``intake`` with the fast path of ``feed`` switched off (test_intake_fastpath.py)."""
+    """``intake`` with the fast path of ``receive_data`` switched off (test_intake_fastpath.py)."""
     intake._reader.take_rpc_frames = lambda out: intake.offset  # type: ignore[method-assign]
     return intake
 
 
 def _refusal(intake: Intake, data: bytes) -> tuple[str, int | None]:
     with pytest.raises(wire.MalformedMessageError) as info:
-        intake.feed(data)
+        intake.receive_data(data)
     return str(info.value), info.value.offset
 
 
 def test_a_call_needs_an_attach_to_first_on_both_paths() -> None:
     for make in (lambda: Intake("me"), lambda: _general(Intake("me"))):
         intake = make()
-        intake.feed(attach("server") + fork_to("server", b"1") + fork_to("server", b"2"))
+        intake.receive_data(attach("server") + fork_to("server", b"1") + fork_to("server", b"2"))
         assert [f for _, f in intake.outboxes["server"].buffered] == [
             frame(0, b"\x00" + zz(5) + b"\x01" + b"1"),
             frame(0, b"\x00" + zz(5) + b"\x01" + b"2"),
@@ -75,33 +75,38 @@ def test_self_calls_and_calls_in_a_batch() -> None:
     intake = Intake("me")
     self_call = frame(0, zz(0) + b"\x00" + zz(5) + b"\x01" + b"s")
     named_self = frame(0, zz(2) + b"me" + b"\x00" + zz(5) + b"\x01" + b"n")
-    intake.feed(self_call + named_self)  # the local instance needs no AttachTo
+    intake.receive_data(self_call + named_self)  # the local instance needs no AttachTo
     assert len(intake.pending) == 2
     batch = frame(5, zz(2) + self_call + fork_to("server"))
     why, _ = _refusal(intake, batch)
     assert "before any AttachTo 'server'" in why
     intake = Intake("me")
-    intake.feed(attach("server") + batch)
+    intake.receive_data(attach("server") + batch)
     assert len(intake.outboxes["server"].buffered) == 1
 
 
 def test_the_checkpoint_event_carries_the_attachments_and_recovery_restores_them() -> None:
     intake = Intake("me")
-    (event,) = intake.feed(attach("a") + attach("b") + attach("a") + checkpoint(b"blob"))
+    intake.receive_data(attach("a") + attach("b") + attach("a") + checkpoint(b"blob"))
+    event = intake.next_event()
+    assert intake.next_event() is None
     assert isinstance(event, CheckpointArrived) and event.attached == frozenset({"a", "b"})
     restored = Intake("me")
     restored.restore_attached(event.attached)
-    restored.feed(fork_to("a") + fork_to("b"))  # no AttachTo again: the binding's checkpoint
+    restored.receive_data(
+        fork_to("a") + fork_to("b")
+    )  # no AttachTo again: the binding's checkpoint
     assert set(restored.outboxes) == {"a", "b"}
     with pytest.raises(wire.MalformedMessageError, match="'c' before any AttachTo"):
-        restored.feed(fork_to("c"))
+        restored.receive_data(fork_to("c"))
 
 
 def test_a_checkpoint_that_did_not_record_them_requires_none_ever_after() -> None:
     intake = Intake("me")
     intake.restore_attached(None)
-    intake.feed(fork_to("a"))
-    (event,) = intake.feed(attach("b") + checkpoint(b"blob"))
+    intake.receive_data(fork_to("a"))
+    intake.receive_data(attach("b") + checkpoint(b"blob"))
+    event = intake.next_event()
     assert isinstance(event, CheckpointArrived) and event.attached is None
 
 

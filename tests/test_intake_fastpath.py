@@ -1,10 +1,12 @@
-"""The coordinator's byte-level fast paths give what the general paths give.
+"""The coordinator's byte-level paths give what decoding gives.
 
-``Intake.feed`` takes runs of small RPC frames through ``MessageReader.take_rpc_frames``
-and ``Intake._small_rpcs``; ``Intake.link_input`` takes link frames of fork calls through
-``routing.split_link_forks``. The references here are the same Intake with those fast
-paths switched off: the queued bytes, the outboxes, the counters and every error
-(type, message and offset) must be the same, for well-formed and for mangled input.
+``Intake.receive_data`` takes runs of small RPC frames through
+``MessageReader.take_rpc_frames`` and ``Intake._small_rpcs``; the reference is the same
+Intake with that fast path switched off: the queued bytes, the outboxes, the counters
+and every error (type, message and offset) must be the same, for well-formed and for
+mangled input. ``Intake.link_input`` has one path; its reference here reads the frame
+message by message with ``MessageReader`` and applies the link's rules (incoming calls
+that are no impulse and return values, a reply or an awaited call naming its sender).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ _SELF = "me"
 
 
 def _general(intake: Intake) -> Intake:
-    """``intake`` with the fast path of ``feed`` switched off."""
+    """``intake`` with the fast path of ``receive_data`` switched off."""
 
     def no_fast_path(out: list[bytes]) -> int:
         return intake.offset
@@ -59,7 +61,9 @@ def _run(intake: Intake, chunks: list[bytes]) -> tuple[Any, ...]:
     events: list[Any] = []
     try:
         for chunk in chunks:
-            events.extend(intake.feed(chunk))
+            intake.receive_data(chunk)
+            while (event := intake.next_event()) is not None:
+                events.append(event)
     except wire.ProtocolError as exc:
         return ("error", type(exc), str(exc), exc.offset, _state(intake)[:8])
     return ("ok", events, _state(intake))
@@ -122,19 +126,48 @@ def test_feed_fast_path_matches_on_mangled_bytes(
     assert _run(fast, [bytes(data)]) == _run(general, [bytes(data)])
 
 
-def _link_general(intake: Intake, sender: str, data: bytes) -> Any:
-    with pytest.MonkeyPatch.context() as patch:  # the fast path off: every frame is decoded
-        patch.setattr("ambrosia_py.coordinator.core.intake.split_link_forks", lambda data: None)
-        patch.setattr("ambrosia_py.coordinator.core.intake._ONE_SMALL", 0)
-        return _link(intake, sender, data)
+def _link_reference(sender: str, data: bytes) -> tuple[str, Any]:
+    """What a link frame from ``sender`` must queue: ``("ok", frames)`` or ``("refused",
+    None)``, read message by message (the incoming form) and checked by the link's rules."""
+    reader = MessageReader(direction=Direction.TO_BINDING)
+    frames: list[bytes] = []
+    try:
+        reader.feed(data)
+        while (frame := reader.next_frame()) is not None:
+            if frame.type != wire.MessageType.RPC:
+                return ("refused", None)
+            msg = reader.decode(frame)
+            if isinstance(msg, IncomingRpc):
+                if msg.rpc_type == RpcType.IMPULSE:
+                    return ("refused", None)
+                if msg.rpc_type == RpcType.ASYNC_AWAIT and msg.sender != sender:
+                    return ("refused", None)
+            elif not isinstance(msg, IncomingReturnValue) or msg.sender != sender:
+                return ("refused", None)
+            frames.append(bytes(frame.raw))
+        reader.close()
+    except wire.ProtocolError:
+        return ("refused", None)
+    return ("ok", frames)
 
 
-def _link(intake: Intake, sender: str, data: bytes) -> Any:
+def _link(intake: Intake, sender: str, data: bytes | memoryview) -> tuple[str, Any]:
+    """What ``intake.link_input`` queued, as :func:`_link_reference` says it; a refusal
+    must be a LinkError with an offset within the frame, and leave nothing queued."""
+    before = _state(intake)
     try:
         n = intake.link_input(sender, data)
     except LinkError as exc:
-        return ("error", str(exc), exc.offset, _state(intake))
-    return ("ok", n, _state(intake))
+        assert exc.offset is not None and 0 <= exc.offset <= len(data), exc
+        assert _state(intake) == before
+        return ("refused", None)
+    frames = [b"".join(bytes(p) for p in parts) for parts, *_ in intake.pending]
+    assert n == len(frames)
+    assert [rest for _, *rest in intake.pending] == [
+        [False, sender, seq] for seq in range(1, n + 1)
+    ]
+    assert intake.pending_bytes == len(data) and intake.inbox.queued.get(sender, 0) == n
+    return ("ok", frames)
 
 
 _forks = st.builds(
@@ -149,15 +182,14 @@ _forks = st.builds(
     st.lists(_forks | rpc_messages(Direction.TO_BINDING), max_size=10),
     st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), max_size=3),
 )
-def test_link_input_fast_path_matches_the_general_path(
+def test_link_input_takes_what_decoding_and_the_link_rules_take(
     msgs: list[wire.Message], edits: list[tuple[int, int]]
 ) -> None:
     data = bytearray(b"".join(wire.encode_message(m) for m in msgs))
     for at, value in edits:
         if data:
             data[at % len(data)] = value
-    expected = _link_general(Intake(_SELF), "b", bytes(data))
-    assert _link(Intake(_SELF), "b", bytes(data)) == expected
+    assert _link(Intake(_SELF), "b", bytes(data)) == _link_reference("b", bytes(data))
 
 
 _link_senders = st.sampled_from(["b", "c", "", "bb"])
@@ -191,17 +223,16 @@ _one_messages = st.one_of(
     st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), max_size=2),
     st.binary(max_size=3),
 )
-def test_a_frame_of_one_message_is_taken_as_the_general_path_takes_it(
+def test_a_frame_of_one_message_is_taken_as_decoding_and_the_link_rules_take_it(
     msg: wire.Message, edits: list[tuple[int, int]], extra: bytes
 ) -> None:
-    """The latency path's frame (one awaited call, or one reply) is decoded on its own:
-    what it takes, what it queues and what it refuses are the general path's, for any
-    kind of message, any sender it names, mangled bytes and bytes after the message."""
+    """The latency path's frame (one awaited call, or one reply): what it takes, what it
+    queues and what it refuses, for any kind of message, any sender it names, mangled
+    bytes and bytes after the message."""
     data = bytearray(wire.encode_message(msg) + extra)
     for at, value in edits:
         data[at % len(data)] = value
-    expected = _link_general(Intake(_SELF), "b", bytes(data))
-    assert _link(Intake(_SELF), "b", bytes(data)) == expected
+    assert _link(Intake(_SELF), "b", bytes(data)) == _link_reference("b", bytes(data))
 
 
 def test_an_awaited_call_and_a_reply_are_queued_whole_and_a_false_sender_refused() -> None:
@@ -248,8 +279,8 @@ def test_count_replayable_agrees_with_decoding(
 
 
 def test_a_large_link_call_is_queued_as_a_view_of_the_frame_not_a_copy() -> None:
-    """Calls of 64 KiB and more take the decoding path (the fast path reads sizes of up
-    to two varint bytes); what is queued is then a view of the frame, not a copy."""
+    """A call of 8 KiB and more is queued as a view of the frame, not a copy; a smaller
+    one as bytes of its own, which do not keep the frame alive."""
     msgs = [IncomingRpc(7, RpcType.FORK, b"a" * 70_000), IncomingRpc(7, RpcType.FORK, b"b")]
     data = b"".join(wire.encode_message(m) for m in msgs)
     intake = Intake(_SELF)
@@ -258,9 +289,16 @@ def test_a_large_link_call_is_queued_as_a_view_of_the_frame_not_a_copy() -> None
     assert isinstance(big, memoryview) and big.obj is data
     assert type(small) is bytes
     assert [bytes(big), small] == [wire.encode_message(m) for m in msgs]
-    general = Intake(_SELF)
-    _link_general(general, "b", data)
-    assert _state(intake) == _state(general)
+    assert _link(Intake(_SELF), "b", data) == _link_reference("b", data)
+
+
+def test_a_message_alone_in_a_frame_is_queued_as_the_frame_itself() -> None:
+    """The latency path's frame (an awaited call or its reply) is not copied again."""
+    data = wire.encode_message(IncomingRpc(5, RpcType.ASYNC_AWAIT, b"x" * 20, "b", 7))
+    intake = Intake(_SELF)
+    assert intake.link_input("b", data) == 1
+    ((queued,),) = (parts for parts, *_ in intake.pending)
+    assert queued is data
 
 
 # --- large calls from a link frame's view, decoded in place --------------------------------
@@ -307,16 +345,9 @@ def test_a_view_of_a_link_frame_is_taken_as_its_bytes_are(
     data = bytearray(b"".join(wire.encode_message(m) for m in [first, *msgs]))
     for at, value in edits:
         data[at % (8 if near_the_start else len(data)) % len(data)] = value
-    expected = _link_general(Intake(_SELF), "b", bytes(data))
+    expected = _link_reference("b", bytes(data))
     assert _link(Intake(_SELF), "b", bytes(data)) == expected
-    view_intake = Intake(_SELF)
-    try:
-        n = view_intake.link_input("b", _framed_view(bytes(data)))
-    except LinkError as exc:
-        got: Any = ("error", str(exc), exc.offset, _state(view_intake))
-    else:
-        got = ("ok", n, _state(view_intake))
-    assert got == expected
+    assert _link(Intake(_SELF), "b", _framed_view(bytes(data))) == expected
 
 
 def test_large_calls_of_a_frame_view_are_queued_as_views_of_the_frame() -> None:

@@ -13,6 +13,7 @@ from ambrosia_py import wire
 from ambrosia_py.coordinator.core.intake import IcState, Intake, StateFormatError
 from ambrosia_py.coordinator.links.protocol import Hello, Inbox, LinkError, Outbox
 from ambrosia_py.wire import AttachTo, IncomingRpc, OutgoingRpc, RpcType, encode_message
+from ambrosia_py.wire.records import decode_disk_tail
 
 
 def test_hello_bytes_and_round_trip() -> None:
@@ -132,12 +133,19 @@ def test_link_input_is_queued_with_watermarks() -> None:
     intake = Intake("server")
     assert intake.link_input("client", _incoming_call(1) + _incoming_call(2)) == 2
     assert intake.link_input("other", _incoming_call(3)) == 1
-    body, outputs, marks = intake.take(1 << 20)
-    assert b"".join(bytes(p) for p in body) == _incoming_call(1) + _incoming_call(
-        2
-    ) + _incoming_call(3)
-    assert outputs == 0  # input from links is not the binding's own output
-    assert marks == {"client": 2, "other": 1}
+    record = intake.next_record(1 << 20)
+    assert record is not None and intake.next_record(1 << 20) is None
+    body = _incoming_call(1) + _incoming_call(2) + _incoming_call(3)
+    assert b"".join(bytes(p) for p in record.wire_parts[1:]) == body
+    assert intake.logged_outputs == 0  # input from links is not the binding's own output
+    assert record.marks == {"client": 2, "other": 1}
+    # The disk form carries them as watermarks (reference ambrosia.md, *Files on disk*).
+    disk = b"".join(bytes(p) for p in record.disk_parts)
+    assert len(disk) == record.size and disk[24 : 24 + len(body)] == body  # a 24-byte header
+    tail, end = decode_disk_tail(disk, 24 + len(body))
+    assert end == len(disk)
+    # Per sender, the seq of its last message in the record (the first is 0).
+    assert {(w.name, w.last_seq) for w in tail.watermarks} == {("client", 1), ("other", 0)}
 
 
 @pytest.mark.parametrize(
@@ -159,8 +167,8 @@ def test_bad_link_input_is_refused_whole(payload: bytes, reason: str) -> None:
 
 def test_output_for_another_instance_goes_to_its_outbox_in_incoming_form() -> None:
     intake = Intake("client")
-    intake.feed(encode_message(AttachTo("server")))
-    intake.feed(encode_message(OutgoingRpc("server", 7, RpcType.FORK, b"\x01")))
+    intake.receive_data(encode_message(AttachTo("server")))
+    intake.receive_data(encode_message(OutgoingRpc("server", 7, RpcType.FORK, b"\x01")))
     assert intake.pending == []
     assert intake.new_destinations == ["server"]
     assert intake.outboxes["server"].buffered == [(0, _incoming_call(1))]
@@ -169,7 +177,7 @@ def test_output_for_another_instance_goes_to_its_outbox_in_incoming_form() -> No
 def test_an_impulse_for_another_instance_is_refused() -> None:
     intake = Intake("client")
     with pytest.raises(wire.MalformedMessageError, match="impulse for instance 'server'"):
-        intake.feed(encode_message(OutgoingRpc("server", 7, RpcType.IMPULSE, b"")))
+        intake.receive_data(encode_message(OutgoingRpc("server", 7, RpcType.IMPULSE, b"")))
 
 
 def test_checkpoint_state_keeps_the_link_section() -> None:

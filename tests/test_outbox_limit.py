@@ -88,9 +88,9 @@ def test_the_binding_pauses_past_the_limit_and_resumes_below_three_quarters() ->
 def test_output_for_other_instances_pauses_the_intake_past_its_limit() -> None:
     intake = Intake("client", max_outbox_bytes=3 * 1024)
     call = encode_message(OutgoingRpc("server", 7, RpcType.FORK, bytes(1000)))
-    intake.feed(encode_message(AttachTo("server")) + call * 3)
+    intake.receive_data(encode_message(AttachTo("server")) + call * 3)
     assert not intake.outbox_budget.paused
-    intake.feed(call)
+    intake.receive_data(call)
     assert intake.outbox_budget.paused
     assert intake.outbox_budget.total == intake.outboxes["server"].size > 3 * 1024
     with pytest.raises(ValueError, match="above 0 bytes"):

@@ -22,6 +22,8 @@ is blocked, or two instances waiting on each other's outbox limit would deadlock
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
@@ -38,108 +40,135 @@ INLINE_MAX_BYTES = 256 * 1024
 
 R = TypeVar("R")  # what is forwarded for a record: its wire form (and where it lies)
 
+# A record written, waiting for a sync: its file, what to forward, its size, what to run
+# once durable.
+_Written = tuple[LogWriter, R, int, Callable[[], None] | None]
+
 
 class CommitPipeline(Generic[R]):
     """Records written to a log, made durable by a sync stage, then forwarded in order.
 
-    ``append`` writes one record and returns once it is in the file (not yet durable);
-    ``flush`` returns once everything appended so far is durable and forwarded. At most
-    ``max_unsynced`` bytes wait for a sync at any time (``append`` waits for room).
-    ``forward`` should not wait for the binding (see the module docstring).
+    :meth:`append` is the one way in, for a record alone and for a record of a busy
+    round: called once :attr:`ready` (:meth:`wait_ready`), it either makes the record
+    durable and forwards it before it returns (the latency path) or starts writing it in
+    a worker thread, after which the sync stage takes it. :meth:`flush` returns once
+    everything appended so far is durable and forwarded. At most ``max_unsynced`` bytes
+    are written and not yet synced at any time. ``forward`` should not wait for the
+    binding (see the module docstring).
     """
 
     def __init__(self, forward: Callable[[R], None], *, max_unsynced: int) -> None:
         self._forward = forward
         self._max_unsynced = max_unsynced
-        # per written record: its file, what to forward, its size, what to run once durable
-        self._written: list[tuple[LogWriter, R, int, Callable[[], None] | None]] = []
-        self._unsynced_bytes = 0
+        self._written: list[_Written[R]] = []  # in the file, waiting for a sync
+        self._unsynced_bytes = 0  # written or being written, not yet synced
         self._appended = 0  # records appended so far
         self._done = 0  # records durable and forwarded so far
-        self._changed = asyncio.Condition()  # for appenders (room) and flush (done)
+        self._writing: asyncio.Future[None] | None = None  # a worker thread's write
+        self._changed = asyncio.Event()  # a write or a sync ended, or something failed
         self._to_sync = asyncio.Event()  # for the sync stage: records were written
         self._error: BaseException | None = None
         self._task = asyncio.create_task(self._sync_loop())
 
-    async def append(
+    @property
+    def ready(self) -> bool:
+        """:meth:`append` may be called: no write is in flight and there is room."""
+        return self._writing is None and self._unsynced_bytes < self._max_unsynced
+
+    @property
+    def idle(self) -> bool:
+        """Nothing in flight (every record appended is durable and forwarded) and nothing
+        failed: a record appended ``alone`` now takes the latency path."""
+        return self._done == self._appended and self._error is None
+
+    async def wait_ready(self) -> None:
+        """Wait until :attr:`ready`; raise what failed meanwhile, if anything did."""
+        while self._error is None and not self.ready:
+            writing = self._writing
+            if writing is None:  # room: the sync stage is behind
+                self._changed.clear()
+                await self._changed.wait()
+                continue
+            # The write itself is awaited: this resumes in the loop turn that ends it
+            # (after _wrote), a turn sooner than through _changed. What it raised is kept
+            # by _wrote, and raised below.
+            with contextlib.suppress(Exception):
+                await writing
+        self.check()
+
+    def append(
         self,
         writer: LogWriter,
         disk_parts: list[wire.Payload],
         wire_record: R,
         on_durable: Callable[[], None] | None = None,
         *,
+        size: int | None = None,
         alone: bool = False,
     ) -> None:
-        """Write one record (its disk form) and queue ``wire_record`` for forwarding.
+        """Append one record (its disk form); forward ``wire_record`` once it is durable.
 
         ``on_durable`` runs once the record is durable, before it is forwarded: it tells
-        the senders, and durability, not delivery, is what that promises. With ``alone``
-        (no more input is waiting), nothing in flight and a record of at most
-        :data:`INLINE_MAX_BYTES`, there is nothing to overlap: the record is written and
-        synced right away, on the calling thread, and forwarded at once — the latency
-        path, with no hop through worker threads.
+        the senders, and durability, not delivery, is what that promises. ``size``: the
+        disk form's length, if the caller knows it.
+
+        With ``alone`` (no more input is waiting), nothing in flight (:attr:`idle`) and a
+        record of at most :data:`INLINE_MAX_BYTES`, there is nothing to overlap: the
+        record is written, synced, ``on_durable`` run and the record forwarded before
+        this returns, on the event loop — the latency path, with no hop through worker
+        threads, which cost more than the fsync itself; input arriving meanwhile is read
+        after it. A failure there is raised, and kept: every later call raises it too.
+        Otherwise the record is written by a worker thread, and :attr:`ready` is False
+        until that write ended.
         """
-        size = sum(map(len, disk_parts))
-        if alone and size <= INLINE_MAX_BYTES and self.idle:
-            self.append_now(writer, disk_parts, wire_record, on_durable)
-            return
-        async with self._changed:
-            await self._changed.wait_for(
-                lambda: self._error is not None or self._unsynced_bytes < self._max_unsynced
-            )
-            self.check()
-        # Only this coroutine writes, so the file sees records in order.
-        await asyncio.to_thread(writer.write, disk_parts)
-        async with self._changed:
-            self._written.append((writer, wire_record, size, on_durable))
-            self._unsynced_bytes += size
-            self._appended += 1
-        self._to_sync.set()
-
-    @property
-    def idle(self) -> bool:
-        """Nothing in flight (every record appended is durable and forwarded) and nothing
-        failed: :meth:`append_now` may run."""
-        return self._done == self._appended and self._error is None
-
-    def append_now(
-        self,
-        writer: LogWriter,
-        disk_parts: list[wire.Payload],
-        wire_record: R,
-        on_durable: Callable[[], None] | None = None,
-    ) -> None:
-        """The latency path of :meth:`append`, for a caller that found the pipeline
-        :attr:`idle` and holds a record of at most :data:`INLINE_MAX_BYTES`: written,
-        synced, ``on_durable`` run and forwarded right away, on the calling thread.
-
-        Inline, on the event loop: nothing else is waiting to be written, and two thread
-        hops cost more than the fsync itself. Input arriving meanwhile is read after it.
-        No waiter needs telling: with nothing in flight, none waits for room or for this
-        record.
-        """
-        assert self.idle, "append_now with records in flight"
+        self.check()
+        if not self.ready:
+            raise RuntimeError("a record appended while the pipeline is not ready")
+        if size is None:
+            size = sum(map(len, disk_parts))
+        inline = alone and size <= INLINE_MAX_BYTES and self._done == self._appended
         self._appended += 1
-        try:
-            writer.append(disk_parts)
-            if on_durable is not None:
-                on_durable()
-            self._forward(wire_record)
-        except BaseException as exc:
-            self._error = exc
-            raise
-        finally:
-            self._done += 1
+        if inline:
+            try:
+                writer.append(disk_parts)
+                if on_durable is not None:
+                    on_durable()
+                self._forward(wire_record)
+            except BaseException as exc:
+                self._error = exc
+                raise
+            finally:
+                self._done += 1
+            return
+        # Only one write at a time, so the file sees records in order.
+        self._unsynced_bytes += size
+        writing = asyncio.get_running_loop().run_in_executor(None, writer.write, disk_parts)
+        self._writing = writing
+        writing.add_done_callback(
+            functools.partial(self._wrote, (writer, wire_record, size, on_durable))
+        )
+
+    def _wrote(self, written: _Written[R], writing: asyncio.Future[None]) -> None:
+        self._writing = None
+        exc = writing.exception() if not writing.cancelled() else asyncio.CancelledError()
+        if exc is not None:
+            self._error = self._error or exc
+        else:
+            self._written.append(written)
+            self._to_sync.set()
+        self._changed.set()
 
     async def flush(self) -> None:
         """Wait until every record appended so far is durable and forwarded."""
         target = self._appended
-        async with self._changed:
-            await self._changed.wait_for(lambda: self._error is not None or self._done >= target)
-            self.check()
+        await self._until(lambda: self._error is not None or self._done >= target)
+        self.check()
 
     async def close(self) -> None:
-        """Stop the sync stage (after :meth:`flush` when nothing went wrong)."""
+        """Stop the sync stage (after :meth:`flush` when nothing went wrong), once a write
+        in flight has ended: the log is closed after this."""
+        if self._writing is not None:
+            await asyncio.gather(self._writing, return_exceptions=True)
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
 
@@ -147,6 +176,11 @@ class CommitPipeline(Generic[R]):
         """Raise what failed, if a record's write, sync or forwarding did."""
         if self._error is not None:
             raise self._error
+
+    async def _until(self, done: Callable[[], bool]) -> None:
+        while not done():
+            self._changed.clear()
+            await self._changed.wait()
 
     async def _sync_loop(self) -> None:
         try:
@@ -164,13 +198,11 @@ class CommitPipeline(Generic[R]):
                     if done is not None:
                         done()
                     self._forward(record)
-                async with self._changed:
-                    self._unsynced_bytes -= sum(size for _, _, size, _ in batch)
-                    self._done += len(batch)
-                    self._changed.notify_all()
+                self._unsynced_bytes -= sum(size for _, _, size, _ in batch)
+                self._done += len(batch)
+                self._changed.set()
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # a failed sync or a lost binding: stop everything
-            async with self._changed:
-                self._error = exc
-                self._changed.notify_all()
+            self._error = exc
+            self._changed.set()

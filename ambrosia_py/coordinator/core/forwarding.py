@@ -46,6 +46,7 @@ from pathlib import Path
 import attrs
 
 from ... import wire
+from ...wire.records import disk_to_wire, encode_record_parts
 from ..links.protocol import Outbox, OutboxBudget
 from ..storage.errors import CorruptLogError
 from ..storage.files import LogWriter
@@ -125,7 +126,7 @@ class _Spilled:
                 while (raw := self.reader.next_raw()) is not None:
                     # The disk form's check bytes cover the messages only: the wire header
                     # is the disk header with the length positive, and the body goes as is.
-                    parts += [wire.disk_to_wire(raw.header, b""), raw.body]
+                    parts += [disk_to_wire(raw.header, b""), raw.body]
             except wire.ProtocolError as exc:
                 offset = base + (exc.offset or 0)
                 raise CorruptLogError(self.path, offset, exc.seq, exc.reason) from None
@@ -188,13 +189,9 @@ class Forwarder:
         self._settled.clear()
         self._kick.set()
 
-    def __call__(self, item: Forwarded) -> None:
-        """:meth:`put`, as the commit pipeline forwards."""
-        self.put(*item)
-
     def control(self, committer_id: int, msg: wire.Message) -> None:
         """Queue a control record (seq -1), in order behind the records put before it."""
-        self.put(wire.encode_record_parts(committer_id, wire.CONTROL_SEQ, [msg]))
+        self.put(encode_record_parts(committer_id, wire.CONTROL_SEQ, [msg]))
 
     def _spill(self, place: LogPlace) -> None:
         self.spilled_records += 1

@@ -1,18 +1,20 @@
-"""The coordinator's protocol logic, sans-IO: what the binding's messages become.
+"""The coordinator's protocol logic, sans-IO: the binding's and the links' bytes in,
+numbered log records and control events out.
 
 The binding sends bare messages (seed 002); the coordinator logs *input* — the calls and
 return values addressed to its own instance — in the incoming form its binding will
-receive, and handles the rest itself. :class:`Intake` takes the binding's frames and
-sorts them into input to log, output for other instances, and control events. It owns no
-socket, file or clock; ``ic_server`` drives it. The byte format of the coordinator's
-checkpoint files is :mod:`.checkpoint`'s.
+receive, and handles the rest itself. :class:`Intake` is shaped as h11's connection is:
+bytes go in (:meth:`Intake.receive_data` from the binding, :meth:`Intake.link_input` for
+one link frame), events come out (:meth:`Intake.next_event`: the binding's control
+messages; :meth:`Intake.next_record`: the next log record, ready to append, forward and
+confirm, see :mod:`.events`), and :meth:`Intake.made_durable` is told when a record is
+durable. It owns no socket, file or clock; :mod:`.server` drives it. The byte format of
+the coordinator's checkpoint files is :mod:`.checkpoint`'s.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-import attrs
+import collections
 
 from ... import wire
 from ...wire import (
@@ -29,75 +31,44 @@ from ...wire import (
     RpcBatch,
     TakeCheckpoint,
 )
+from ...wire.records import coalesce_parts, encode_disk_tail, encode_marks_tail, record_headers
 from ..links.protocol import Inbox, LinkError, Outbox, OutboxBudget
 from .checkpoint import IcState, OutboxState, StateFormatError
-from .routing import (
-    is_replayable,
-    large_link_forks,
-    one_link_message,
-    split_link_forks,
-    to_incoming,
+from .events import (
+    CheckpointArrived,
+    CheckpointRequested,
+    ControlEvent,
+    InitialArrived,
+    RecordReady,
+    new_record_ready,
 )
+from .routing import count_replayable, is_replayable, to_incoming
 
 __all__ = [
     "CheckpointArrived",
     "CheckpointRequested",
+    "ControlEvent",
     "IcState",
     "InitialArrived",
     "Intake",
-    "IntakeEvent",
-    "StateFormatError",
     "OutboxState",
-    "is_replayable",
-    "to_incoming",
+    "RecordReady",
+    "StateFormatError",
 ]
 
-# A link frame under this size holding one message is decoded on its own (the latency
-# path of an awaited call and its reply), not through a message reader.
-_ONE_SMALL = 8 * 1024
-
-# --- routing (the byte-level steps are in routing.py) -----------------------------------
-
-
-@attrs.frozen
-class CheckpointRequested:
-    """The binding asked to roll the log and take a checkpoint (TakeCheckpoint)."""
-
-
-@attrs.frozen
-class CheckpointArrived:
-    """The binding sent a checkpoint (its blob).
-
-    ``binding_outputs`` is the index of the binding's next replayable output at that
-    point; ``enqueued`` how many messages had been queued for logging before it: the
-    checkpoint may only be committed once all of those are durable, since replay from it
-    will not regenerate them. ``attached``: the instances attached to by then (None: not
-    recorded, see :meth:`Intake.restore_attached`).
-    """
-
-    blob: wire.Payload = attrs.field(repr=lambda b: f"<{len(b)} bytes>")
-    binding_outputs: int = 0
-    enqueued: int = 0
-    outboxes: dict[str, OutboxState] = attrs.field(factory=dict)
-    attached: frozenset[str] | None = None
-
-
-@attrs.frozen
-class InitialArrived:
-    """The binding sent its InitialMessage; ``frame`` is the framed message to log."""
-
-    frame: bytes
-
-
-IntakeEvent = CheckpointRequested | CheckpointArrived | InitialArrived
-
-
-_IMPULSE = int(wire.RpcType.IMPULSE)
 _MAX_NAMES = 4096  # destination names remembered by Intake (then it starts over)
+_EMPTY_TAIL = encode_disk_tail()  # a record's watermarks when no link sent to it
+# Link messages this large are queued as views of their frame (when it cannot change);
+# smaller ones as copies of their own, which do not keep the frame alive.
+_VIEW_FROM = 8 * 1024
+_FORK = wire.RpcType.FORK
+_IMPULSE = wire.RpcType.IMPULSE
+_MESSAGE_TYPES = {int(t): t for t in MessageType}
 
 
 class Intake:
-    """Sorts the binding's byte stream into input to log, output and control events.
+    """Sorts the binding's byte stream into input to log, output and control events, and
+    cuts the input, with the links', into numbered records.
 
     Exactly-once self-calls: a binding regenerates its outputs when it replays the log
     after a crash (replay is deterministic), and some of them were logged before the
@@ -120,15 +91,17 @@ class Intake:
     goes back to an instance that called this one and needs none: neither ours nor the
     released bindings attach to their callers. Attaching again is harmless.
 
-    ``feed`` returns the control events in order; input for this instance accumulates in
-    :attr:`pending` (framed incoming messages as buffers, ready to be packed into a record
-    without copying).
+    Input for this instance waits in :attr:`pending` (framed incoming messages as
+    buffers, ready to be packed into a record without copying) until
+    :meth:`next_record` cuts it into a record numbered :attr:`next_seq` under
+    :attr:`committer_id`.
     """
 
     def __init__(self, instance: str, max_outbox_bytes: int | None = None) -> None:
         self.instance = instance
         self.outbox_budget = OutboxBudget(max_outbox_bytes)
         self._reader = MessageReader()
+        self._events: collections.deque[ControlEvent] = collections.deque()
         # Per message: its buffers, whether it is a replayable output of the binding, and
         # for input from a link its sender and the sender's seq after it.
         self.pending: list[tuple[list[wire.Payload], bool, str | None, int]] = []
@@ -145,17 +118,27 @@ class Intake:
         self.enqueued = 0  # messages ever queued in ``pending``
         self.dequeued = 0  # messages ever taken out of it
         self._names: dict[bytes, str] = {}  # destination names seen, by their UTF-8 bytes
+        # The records: their numbering, and the binding's replayable outputs in them.
+        self.committer_id = 0
+        self.next_seq = 0
+        self.logged_outputs = 0
+        self._initial: bytes | None = None  # an InitialMessage, record of its own, not cut
 
     @property
     def offset(self) -> int:
         """Bytes of the binding's stream consumed so far."""
         return self._reader.offset
 
-    def feed(self, data: bytes | memoryview) -> list[IntakeEvent]:
-        """Consume bytes from the binding; raises :class:`wire.ProtocolError` on bad input."""
+    # --- bytes in ---------------------------------------------------------------------------
+
+    def receive_data(self, data: bytes | memoryview) -> None:
+        """Consume bytes from the binding; ``b""``: its stream ended (raises if it ended
+        inside a message). Raises :class:`wire.ProtocolError` on bad input."""
         reader = self._reader
+        if not data:
+            reader.close()
+            return
         reader.feed(data)
-        events: list[IntakeEvent] = []
         small: list[bytes] = []
         while True:
             # Runs of small RPC frames (nearly all traffic) take the fast path; anything
@@ -166,14 +149,99 @@ class Intake:
                 small.clear()
             frame = reader.next_frame()
             if frame is None:
-                return events
-            event = self._frame(frame)
-            if event is not None:
-                events.append(event)
+                return
+            self._frame(frame)
 
-    def close(self) -> None:
-        """The binding's stream ended: raise if it ended inside a message."""
-        self._reader.close()
+    def link_input(self, sender: str, payload: bytes | memoryview) -> int:
+        """Queue the messages of one link frame from ``sender``; return how many.
+
+        Every message is decoded (``wire.decode_messages``, the incoming form) and checked
+        before anything is queued: a peer that sends anything but complete incoming calls
+        and return values is refused (``LinkError``), and nothing of that frame reaches
+        the log. A reply, or an async/await call (whose reply goes to its sender), must
+        name the peer it came from: the binding takes a reply only from the instance its
+        call went to, and that holds only if the name is true.
+        """
+        data = payload
+        if isinstance(payload, memoryview) and not (
+            isinstance(payload.obj, bytes) and payload.format == "B" and payload.c_contiguous
+        ):
+            data = payload.tobytes()  # its owner may reuse it: what is queued must not change
+        try:
+            msgs = wire.decode_messages(data, 0, len(data))
+        except wire.ProtocolError as exc:
+            raise LinkError(f"bad message on a link: {exc}", offset=exc.offset) from None
+        frames = _link_frames(data, msgs, sender)
+        n = len(frames)
+        if not n:
+            return 0
+        seq = self.inbox.accept(sender, n) - n
+        pending = self.pending
+        for frame in frames:
+            seq += 1
+            pending.append(([frame], False, sender, seq))
+        self.enqueued += n
+        self.pending_bytes += len(data)
+        return n
+
+    # --- events out -------------------------------------------------------------------------
+
+    def next_event(self) -> ControlEvent | None:
+        """The next control event from the binding's stream, in its order; None: none yet."""
+        return self._events.popleft() if self._events else None
+
+    def next_record(self, max_bytes: int, upto: int | None = None) -> RecordReady | None:
+        """The next log record: an InitialMessage alone, else pending input, at most
+        ``max_bytes`` of it (at least one message) and, with ``upto``, only messages
+        queued before the ``upto``-th (see :class:`CheckpointArrived`); None: none.
+
+        The record is numbered (:attr:`next_seq`) and its disk form carries, per link
+        sender in it, its last message (the watermarks, reference ambrosia.md, *Files on
+        disk*), from which recovery rebuilds the inbox.
+        """
+        if self._initial is not None:
+            body: list[wire.Payload] = [self._initial]
+            self._initial = None
+            return self._seal(body, 0, {})
+        room = None if upto is None else upto - self.dequeued
+        if not self.pending or (room is not None and room <= 0):
+            return None
+        taken = 0
+        n = 0
+        outputs = 0
+        marks: dict[str, int] = {}
+        for parts, replayable, sender, seq in self.pending:
+            size = sum(map(len, parts))
+            if n and (taken + size > max_bytes or n == room):
+                break
+            taken += size
+            outputs += replayable
+            if sender is not None:
+                marks[sender] = seq
+            n += 1
+        out = [p for parts, _, _, _ in self.pending[:n] for p in parts]
+        del self.pending[:n]
+        self.dequeued += n
+        self.pending_bytes -= taken
+        self.queued_outputs -= outputs
+        return self._seal(coalesce_parts(out), outputs, marks)
+
+    def made_durable(self, record: RecordReady) -> None:
+        """``record`` is durable: its link senders' messages count as durable (the inbox,
+        whose numbers the links' Commits and the next checkpoint carry)."""
+        if record.marks:
+            self.inbox.made_durable(record.marks)
+
+    def _seal(self, body: list[wire.Payload], outputs: int, marks: dict[str, int]) -> RecordReady:
+        seq = self.next_seq
+        wire_header, disk_header = record_headers(self.committer_id, seq, body)
+        self.next_seq = seq + 1
+        self.logged_outputs += outputs
+        tail = encode_marks_tail(marks) if marks else _EMPTY_TAIL
+        disk = [disk_header, *body, tail]
+        return new_record_ready(seq, disk, [wire_header, *body], marks, sum(map(len, disk)))
+
+    # --- checkpoints and recovery -----------------------------------------------------------
 
     def restore_outboxes(self, outboxes: dict[str, OutboxState]) -> None:
         """Recovery: the output a checkpoint kept; replay regenerates what follows."""
@@ -198,123 +266,7 @@ class Intake:
     def attached_snapshot(self) -> frozenset[str] | None:
         return frozenset(self.attached) if self.require_attach else None
 
-    def link_input(self, sender: str, payload: bytes | memoryview) -> int:
-        """Queue the messages of one link frame from ``sender``; return how many.
-
-        The whole frame is checked before anything is queued: a peer that sends anything
-        but complete incoming calls and return values is refused (``LinkError``), and
-        nothing of that frame reaches the log.
-        """
-        if isinstance(payload, memoryview) and (views := large_link_forks(payload)):
-            return self._queue_forks(sender, views, payload.nbytes)
-        data = payload if isinstance(payload, bytes) else bytes(payload)
-        forks = split_link_forks(data)
-        if forks:  # the common shape, checked byte by byte
-            return self._queue_forks(sender, forks, len(data))
-        if len(data) < _ONE_SMALL and self._one_message(sender, data):
-            return 1  # a call awaited or its reply, alone: the latency path
-        reader = MessageReader(direction=wire.Direction.TO_BINDING)  # the incoming form
-        reader.feed(data)
-        frames: list[RawMessage] = []
-        try:
-            while (frame := reader.next_frame()) is not None:
-                if frame.type != MessageType.RPC:
-                    raise LinkError(
-                        f"a link carries calls and return values, not {frame.type.name}",
-                        offset=frame.offset,
-                    )
-                msg = reader.decode(frame)
-                if not isinstance(msg, IncomingReturnValue | IncomingRpc):
-                    raise LinkError("a link carries incoming calls only", offset=frame.offset)
-                if isinstance(msg, IncomingRpc) and msg.rpc_type == wire.RpcType.IMPULSE:
-                    raise LinkError("an impulse on a link", offset=frame.offset)
-                # A reply, or an async/await call (whose reply goes to its sender), must
-                # name the peer it came from: the binding takes a reply only from the
-                # instance its call went to, and that holds only if the name is true.
-                claimed = msg.sender
-                if (
-                    isinstance(msg, IncomingReturnValue) or msg.rpc_type == wire.RpcType.ASYNC_AWAIT
-                ) and claimed != sender:
-                    raise LinkError(
-                        f"a message on {sender!r}'s link names sender {claimed!r}",
-                        offset=frame.offset,
-                    )
-                frames.append(frame)
-            reader.close()
-        except LinkError:
-            raise
-        except wire.ProtocolError as exc:
-            raise LinkError(f"bad message on a link: {exc}", offset=exc.offset) from None
-        for frame in frames:
-            seq = self.inbox.accept(sender, 1)
-            # As the reader gave it: a small message a copy of its own, a large one a view
-            # no later feed changes (of ``data``, which is immutable), not copied again.
-            self._queue([frame.raw], False, sender, seq)
-        return len(frames)
-
-    def _one_message(self, sender: str, data: bytes) -> bool:
-        """Queue a frame of exactly one message that the general path of
-        :meth:`link_input` would accept (an incoming call, not an impulse, or a return
-        value; one that is awaited or a reply naming ``sender``), decoded on its own: no
-        reader, no frame objects. False, having queued nothing, for anything else, which
-        the general path then reads and refuses with its errors."""
-        msg = one_link_message(data)
-        if msg is None:
-            return False
-        if type(msg) is IncomingReturnValue:
-            if msg.sender != sender:
-                return False
-        elif type(msg) is IncomingRpc:
-            kind = msg.rpc_type
-            if kind is wire.RpcType.IMPULSE or (
-                kind is wire.RpcType.ASYNC_AWAIT and msg.sender != sender
-            ):
-                return False
-        else:
-            return False
-        self._queue([data], False, sender, self.inbox.accept(sender, 1))
-        return True
-
-    def _queue_forks(self, sender: str, forks: Sequence[wire.Payload], size: int) -> int:
-        """Queue the fork calls of one link frame (``size`` bytes in all) from ``sender``."""
-        n = len(forks)
-        seq = self.inbox.accept(sender, n) - n
-        pending = self.pending
-        for fork in forks:
-            seq += 1
-            pending.append(([fork], False, sender, seq))
-        self.enqueued += n
-        self.pending_bytes += size
-        return n
-
-    def take(
-        self, max_bytes: int, max_messages: int | None = None
-    ) -> tuple[list[wire.Payload], int, dict[str, int]]:
-        """Remove pending input, at most ``max_bytes`` (at least one message), as buffers.
-
-        Returns the buffers (small ones joined, large payloads left as views: see
-        ``wire.coalesce_parts``), how many replayable outputs of the binding they hold,
-        and per link sender the seq after its last message in them (the watermarks).
-        """
-        taken = 0
-        n = 0
-        outputs = 0
-        marks: dict[str, int] = {}
-        for parts, replayable, sender, seq in self.pending:
-            size = sum(map(len, parts))
-            if n and (taken + size > max_bytes or n == max_messages):
-                break
-            taken += size
-            outputs += replayable
-            if sender is not None:
-                marks[sender] = seq
-            n += 1
-        out = [p for parts, _, _, _ in self.pending[:n] for p in parts]
-        del self.pending[:n]
-        self.dequeued += n
-        self.pending_bytes -= taken
-        self.queued_outputs -= outputs
-        return wire.coalesce_parts(out), outputs, marks
+    # --- the binding's messages -------------------------------------------------------------
 
     def _queue(
         self, parts: list[wire.Payload], replayable: bool, sender: str | None = None, seq: int = 0
@@ -370,10 +322,11 @@ class Intake:
     def _small_rpcs(self, frames: list[bytes], offset: int) -> None:
         """RPC frames under 8 KiB from ``MessageReader.take_rpc_frames``, at ``offset``.
 
-        The same as :meth:`_rpc` per frame, with the common shape done inline: a
-        destination name already seen (its length one varint byte) and a method id of
-        one varint byte or a return value. Any other frame takes :meth:`_rpc`, which
-        checks it in full and raises the documented errors.
+        The same as :meth:`_rpc` per frame, with a destination name already seen (its
+        length one varint byte) cut out by a lookup; whether the message is replayable is
+        routing's answer (:func:`count_replayable` on the incoming frame, which reads a
+        fork or an impulse call in C; :func:`is_replayable` for anything else). Any other
+        frame takes :meth:`_rpc`, which checks it in full and raises the documented errors.
         """
         names = self._names
         instance = self.instance
@@ -386,33 +339,23 @@ class Intake:
             nl = raw[at + 1] if at + 1 < n else 0x80
             name_at = at + 2
             body_at = name_at + (nl >> 1)
-            dest = (
-                names.get(raw[name_at:body_at])
-                if nl < 0x80 and not nl & 1 and body_at < n
-                else None
-            )
+            plain = nl < 0x80 and not nl & 1 and body_at < n  # a short name, then a body
+            dest = names.get(raw[name_at:body_at]) if plain else None
             if dest is None:
                 dest = self._rpc(raw, offset)
-                if nl < 0x80 and not nl & 1 and body_at < n:
+                if plain:
                     if len(names) >= _MAX_NAMES:
                         names.clear()
                     names[raw[name_at:body_at]] = dest
                 offset += n
                 continue
-            if raw[body_at]:
-                replayable = True  # a return value
-            else:  # a call: skip its method id (a ZigZagInt: 32 bits, at most 5 bytes)
-                p = body_at + 1
-                last = min(p + 5, n)
-                while p < last and raw[p] >= 0x80:
-                    p += 1
-                if p < last and (p - body_at < 5 or raw[p] <= 0x0F):
-                    replayable = p + 1 >= n or raw[p + 1] != _IMPULSE
-                else:  # not a valid varint: is_replayable raises what decoding does
-                    replayable = is_replayable(memoryview(raw)[body_at:])
             m = (n - body_at + 1) << 1  # the incoming frame's size, as a ZigZagInt
             prefix = bytes((m, 0)) if m < 0x80 else bytes(((m & 0x7F) | 0x80, m >> 7, 0))
-            frame = prefix + raw[body_at:]
+            body = raw[body_at:]
+            frame = prefix + body
+            forks = count_replayable(frame)  # 1: a fork call, 0: an impulse
+            # None: a return value or an awaited call, or not a valid one (which raises)
+            replayable = is_replayable(body) if forks is None else forks == 1
             if dest == "" or dest == instance:
                 if replayable:
                     index = self.received_outputs
@@ -435,34 +378,36 @@ class Intake:
                 self._output(dest, frame, replayable, offset, call=not raw[body_at])
             offset += n
 
-    def _frame(self, frame: RawMessage) -> IntakeEvent | None:
+    def _frame(self, frame: RawMessage) -> None:
         t = frame.type
         if t == MessageType.RPC:
             self._rpc(frame.raw, frame.offset)
-            return None
+            return
         msg = self._reader.decode(frame)
         if isinstance(msg, RpcBatch):
             for inner in msg.messages:
                 self._route_message(inner, frame.offset)
-            return None
-        if isinstance(msg, AttachTo):
+        elif isinstance(msg, AttachTo):
             self.attached.add(msg.destination)
-            return None
-        if isinstance(msg, TakeCheckpoint):
-            return CheckpointRequested()
-        if isinstance(msg, Checkpoint):
-            return CheckpointArrived(
-                msg.blob,
-                self.received_outputs,
-                self.enqueued,
-                self.outbox_snapshot(),
-                self.attached_snapshot(),
+        elif isinstance(msg, TakeCheckpoint):
+            self._events.append(CheckpointRequested())
+        elif isinstance(msg, Checkpoint):
+            self._events.append(
+                CheckpointArrived(
+                    msg.blob,
+                    self.received_outputs,
+                    self.enqueued,
+                    self.outbox_snapshot(),
+                    self.attached_snapshot(),
+                )
             )
-        if isinstance(msg, InitialMessage):
-            return InitialArrived(bytes(frame.raw))
-        raise wire.MalformedMessageError(
-            f"a binding does not send {t.name} (type {int(t)})", offset=frame.offset
-        )
+        elif isinstance(msg, InitialMessage):
+            self._initial = bytes(frame.raw)
+            self._events.append(InitialArrived(self._initial))
+        else:
+            raise wire.MalformedMessageError(
+                f"a binding does not send {t.name} (type {int(t)})", offset=frame.offset
+            )
 
     def _route_message(self, msg: wire.Message, offset: int) -> None:
         if isinstance(msg, OutgoingRpc):
@@ -481,3 +426,60 @@ class Intake:
         else:
             call = isinstance(msg, OutgoingRpc)
             self._output(msg.destination, frame, is_replayable(body), offset, call=call)
+
+
+def _link_frames(
+    data: bytes | memoryview, msgs: list[wire.Message], sender: str
+) -> list[wire.Payload]:
+    """The frames of a link frame's decoded messages ``msgs``, to queue, once each is
+    checked: an incoming call that is no impulse, or a return value, naming ``sender``
+    where a reply goes back to it. Raises :class:`LinkError` naming the first that is not.
+
+    ``data`` is ``bytes`` or a view of ``bytes``. A message alone in ``bytes`` is queued
+    as it is; a large one as a view of ``data`` (not copied), any other as a copy.
+    """
+    whole = len(msgs) == 1 and isinstance(data, bytes)
+    frames: list[wire.Payload] = []
+    append = frames.append
+    pos = 0
+    for msg in msgs:
+        b0 = data[pos]
+        if b0 < 0x80:  # a size of one varint byte (decoding accepted it: even, positive)
+            at = pos + 1
+            stop = at + (b0 >> 1)
+        else:
+            size, at = wire.decode_zigzag_int(data, pos)
+            stop = at + size
+            if size > wire.DEFAULT_MAX_MESSAGE_SIZE:
+                raise LinkError(
+                    f"a message of {size} bytes on a link: more than "
+                    f"{wire.DEFAULT_MAX_MESSAGE_SIZE}",
+                    offset=pos,
+                )
+        if isinstance(msg, IncomingRpc):
+            rpc_type = msg.rpc_type
+            if rpc_type is not _FORK:
+                if rpc_type is _IMPULSE:
+                    raise LinkError("an impulse on a link", offset=pos)
+                if msg.sender != sender:
+                    raise _false_sender(sender, msg.sender, pos)
+        elif isinstance(msg, IncomingReturnValue):
+            if msg.sender != sender:
+                raise _false_sender(sender, msg.sender, pos)
+        else:
+            name = _MESSAGE_TYPES[data[at]].name
+            raise LinkError(f"a link carries calls and return values, not {name}", offset=pos)
+        if whole:
+            append(data)
+        elif stop - pos >= _VIEW_FROM:
+            append((memoryview(data) if isinstance(data, bytes) else data)[pos:stop])
+        elif isinstance(data, bytes):
+            append(data[pos:stop])
+        else:
+            append(data[pos:stop].tobytes())
+        pos = stop
+    return frames
+
+
+def _false_sender(sender: str, claimed: str, offset: int) -> LinkError:
+    return LinkError(f"a message on {sender!r}'s link names sender {claimed!r}", offset=offset)
