@@ -29,7 +29,7 @@ import attrs
 from ... import crashpoints
 from ...wire import TakeCheckpoint
 from ..links.peers import PeerLinks
-from ..registry.store import Registry
+from ..registry.interface import InstanceRegistry
 from ..storage.files import InstanceFiles, LogWriter
 from .binding_link import BindingLink
 from .checkpoint import IcState
@@ -65,7 +65,11 @@ class Committer:
     """
 
     def __init__(
-        self, config: CoordinatorConfig, registry: Registry, files: InstanceFiles, intake: Intake
+        self,
+        config: CoordinatorConfig,
+        registry: InstanceRegistry,
+        files: InstanceFiles,
+        intake: Intake,
     ) -> None:
         self.config = config
         self.registry = registry

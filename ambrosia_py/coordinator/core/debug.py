@@ -34,7 +34,7 @@ async def run_debug(
     ready: Callable[[str], None] = print_ready,
 ) -> int:
     """Serve a binding checkpoint ``checkpoint`` and the records after it, writing nothing."""
-    registry = prepare_start(config.data_dir, config.instance)
+    registry = prepare_start(config.data_dir, config.instance, config.registry, config.cluster)
     try:
         version, receive_port, send_port = resolve_start(config, registry)
     finally:

@@ -10,7 +10,6 @@ import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import cast
 
 from ...allocator import prime_allocator
 from ..links.config import load_secret, tls_contexts
@@ -104,9 +103,7 @@ async def run_coordinator(
         # An earlier incarnation's ingress address is dead (its run process publishes the
         # new one once serving): left, it would name this instance for another's port.
         registry.clear_ingress_address(config.instance)
-        # Coordinator and Committer name the SQLite Registry in their signatures; they call
-        # only what every InstanceRegistry offers.
-        coordinator = Coordinator(config, cast(Registry, registry), files)
+        coordinator = Coordinator(config, registry, files)
         try:
             info = registry.get(config.instance)
             if info is not None and info.last_checkpoint is None:

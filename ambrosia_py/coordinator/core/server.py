@@ -2,7 +2,7 @@
 
 This is the thin asyncio adapter around :mod:`.intake` (bytes in, records and control
 events out), :mod:`.committer` (the log: group commit, rolls, checkpoints),
-:mod:`..storage.files` (files) and :mod:`..registry.store` (metadata). The rules it keeps
+:mod:`..storage.files` (files) and :mod:`..registry.interface` (metadata). The rules it keeps
 (seed 002, *Communication Protocols*; reference ambrosia.md, *Start-up* and *The two local
 sockets*):
 
@@ -45,7 +45,8 @@ from ...wire import (
 from ...wire.records import encode_record_parts
 from ..links.peers import PeerLinks
 from ..links.protocol import Inbox
-from ..registry.store import Registry
+from ..registry.interface import InstanceRegistry
+from ..registry.publish import advertised_host
 from ..storage.files import InstanceFiles
 from ..storage.replay import replay_log
 from .binding_auth import open_gate
@@ -63,7 +64,7 @@ log = logging.getLogger("ambrosia_py.coordinator")
 
 
 class Coordinator:
-    def __init__(self, config: CoordinatorConfig, registry: Registry, files: InstanceFiles):
+    def __init__(self, config: CoordinatorConfig, registry: InstanceRegistry, files: InstanceFiles):
         self.config = config
         self.registry = registry
         self.intake = Intake(config.instance, config.link_settings.max_outbox_bytes)
@@ -307,9 +308,9 @@ class Coordinator:
         )
         host = self.config.link_host
         port = await self.links.listen(host, self.config.link_port)
-        # Published for coordinators sharing this registry, so on this machine: a wildcard
-        # listener is reached at the loopback address.
-        published = "127.0.0.1" if host in ("", "0.0.0.0", "::") else host
+        # Published for coordinators sharing this registry (registry/publish.py: a
+        # wildcard listener under the machine's name, or --advertise-host).
+        published = advertised_host(host, self.config.advertise_host)
         await asyncio.to_thread(registry.set_link_address, self.config.instance, published, port)
         log.info("accepting links from other coordinators on %s:%d", host, port)
         self.links.output_ready()
