@@ -1,7 +1,8 @@
 """Buffers written as they are, never joined: the queue a socket sends them from.
 
-Shared by the binding's sockets (``binding/socket_io.py``), the coordinator's socket to
-its binding (``coordinator/core/binding_link.py``) and its log files (``storage.py``).
+Shared by the raw socket streams (``serving/socket_stream.py``: the binding's sockets
+and the coordinator's side of them) and the coordinator's log files
+(``coordinator/storage/files.py``).
 """
 
 from __future__ import annotations

@@ -5,9 +5,10 @@ on what it writes (:func:`wait_for_room`), and refusal logs a flood cannot grow
 (:class:`RefusalLog`).
 
 The links, the ingress, the Ockam hub and the Wallaroo worker use these, so one rule
-holds on every port; each server chooses its limits' defaults in one place. Only the
-listener touches sockets (it accepts them and hands them to the loop); the rest works
-through the asyncio writer or transport it is given.
+holds on every port; each server chooses its limits' defaults in one place. The busiest
+connections (the binding's two sockets, the links) are read and written through one
+stream interface (:mod:`.stream`) with two backends: a raw non-blocking socket
+(:mod:`.socket_stream`) and an asyncio transport, TLS included (:mod:`.transport_stream`).
 """
 
 from .accept import Incoming, Listener
