@@ -16,8 +16,8 @@ import asyncio
 import json
 import sys
 
-from immortals.ockam.hub_client import OckamClient
 from immortals.ockam.errors import OckamError
+from immortals.ockam.hub_client import OckamClient
 
 from .sensors import parse_reading
 
