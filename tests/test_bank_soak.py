@@ -10,12 +10,16 @@ once, with the same amount, and the total must be unchanged.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from ambrosia_py import eventloop
-from examples.bank.soak import Audit, Report, Settings, SoakResult, audit, run_soak
+from examples.bank.soak import Audit, Bank, Report, Settings, SoakResult, audit, run_soak
+from tests.etcd_server import EtcdServer, etcd_server
+
+__all__ = ["etcd_server"]
 
 
 def _assert_exactly_once(result: SoakResult, transfers: int) -> None:
@@ -58,6 +62,32 @@ def test_transfers_are_exactly_once_across_sigkills(
     assert sorted(k.account for k in result.kills) == ["a", "a", "b", "b", "c", "c"]
     # Kills land while transfers run, not after (spaced by the credited count).
     assert all(k.credited < 3000 for k in result.kills), result.kills
+    assert result.final_restarts == 3
+
+
+def test_transfers_are_exactly_once_across_sigkills_with_the_registry_in_etcd(
+    tmp_path: Path, etcd_server: EtcdServer
+) -> None:
+    """The soak with the accounts finding each other by name in etcd: no --link-to and
+    no link port given anywhere. Fewer transfers and kills than above (each account and
+    each kind once), as the same paths are exercised; the exactly-once check is the same."""
+    settings = Settings(
+        transfers=900,
+        kills=3,
+        seed=11,
+        registry=f"{etcd_server.spec}?lease_ttl=1",
+        cluster=f"bank{os.getpid()}",
+    )
+    (tmp_path / "shape").mkdir()
+    shape = Bank(tmp_path / "shape", settings)
+    for account in shape.accounts.values():
+        assert "--registry" in account.args
+        assert not {"--link-to", "--link-port"} & set(account.args), account.args
+    result = run_soak(tmp_path / "soak", settings, progress=print)
+    _assert_exactly_once(result, 900)
+    assert sorted(k.kind for k in result.kills) == ["both", "coordinator", "service"]
+    assert sorted(k.account for k in result.kills) == ["a", "b", "c"]
+    assert all(k.credited < 900 for k in result.kills), result.kills
     assert result.final_restarts == 3
 
 

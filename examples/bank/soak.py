@@ -4,7 +4,8 @@
 
 Three accounts (``examples/bank/account.py``), as on three machines: each runs under
 ``ambrosia-py run`` with its own data directory and coordinator, a fixed ``--link-port``,
-``--link-to`` for the other two, and its own copy of one cluster secret (mode 0600). While
+``--link-to`` for the other two, and its own copy of one cluster secret (mode 0600); or,
+with ``--registry etcd://...``, with neither: they find each other by name in etcd. While
 the transfers run, the soak SIGKILLs a random account's service process, its coordinator,
 or both, waits until both are gone, and runs the same command again (up once its
 coordinator is ready). Kills are spaced by
@@ -68,6 +69,8 @@ class Settings:
     max_down_s: float = 0.3  # an account stays down up to this long after a kill
     deadline_s: float = 60.0  # for each wait
     final_restart: bool = True  # kill and restart all once settled, compare their state
+    registry: str | None = None  # a registry all share (etcd://...): no link ports given
+    cluster: str = "ambrosia"  # its prefix
 
 
 @attrs.frozen
@@ -240,14 +243,17 @@ class Bank:
     def __init__(self, root: Path, settings: Settings) -> None:
         self.settings = settings
         self.transfers = _per_account(settings.transfers)
-        ports = {name: free_port() for name in NAMES}
+        ports = {} if settings.registry else {name: free_port() for name in NAMES}
         _secret(root)
         self.accounts: dict[str, AccountProcess] = {}
         for name in NAMES:
             others = [n for n in NAMES if n != name]
-            args = ["--link-port", str(ports[name])]
-            for other in others:
-                args += ["--link-to", f"{other}=127.0.0.1:{ports[other]}"]
+            if settings.registry is not None:  # by name, each on a port of its choosing
+                args = ["--registry", settings.registry, "--cluster", settings.cluster]
+            else:
+                args = ["--link-port", str(ports[name])]
+                for other in others:
+                    args += ["--link-to", f"{other}=127.0.0.1:{ports[other]}"]
             args += ["--secret-file", str(root / f"{name}.secret")]
             args += ["--peers", ",".join(others), "--transfers", str(self.transfers[name])]
             args += ["--seed", str(settings.seed), "--opening", str(settings.opening)]
@@ -367,12 +373,12 @@ _DEFAULT = attrs.fields(Settings)
 @click.option("--tick-ms", default=_DEFAULT.tick_ms.default, show_default=True, help="Tick pace.")
 @click.option("--batch", default=_DEFAULT.batch.default, show_default=True, help="Per tick.")
 @click.option("--keep", type=click.Path(path_type=Path), help="Run in this folder, keep it.")
-def main(
-    transfers: int, kills: int, seed: int, tick_ms: float, batch: int, keep: Path | None
-) -> None:
+@click.option("--registry", help="A registry all share (etcd://...), instead of --link-to.")
+@click.option("--cluster", default=_DEFAULT.cluster.default, show_default=True, help="Its prefix.")
+def main(keep: Path | None, **options: Any) -> None:
     """Run the bank soak and print its figures; exit status 1 if any transfer went wrong."""
     root = keep or Path(tempfile.mkdtemp(prefix="bank-soak-"))
-    settings = Settings(transfers=transfers, kills=kills, seed=seed, tick_ms=tick_ms, batch=batch)
+    settings = Settings(**options)  # each option is the setting of its name
     try:
         result = run_soak(root, settings)
     finally:

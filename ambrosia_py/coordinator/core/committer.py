@@ -14,8 +14,9 @@ or the log passes its size trigger, the committer moves to log N+1 and sends
 TakeCheckpoint (a seq -1 record) between the last record of log N and the first of log
 N+1, so the binding's answer is the state at the start of log N+1: it becomes
 ``serverchkpt<N+1>``, written atomically only once everything the binding sent before
-it is durable, and only then committed in the registry. Until then recovery uses
-checkpoint N and replays both logs.
+it is durable, and only then committed in the registry, in the background
+(:mod:`.recording`: a registry that cannot be reached does not stop the coordinator).
+Until then recovery uses checkpoint N and replays both logs.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from .config import CoordinatorConfig
 from .events import CheckpointArrived, RecordReady
 from .forwarding import Forwarded, Forwarder, LogPlace
 from .intake import Intake
+from .recording import CheckpointRecorder
 
 __all__ = ["Committer"]
 
@@ -93,6 +95,7 @@ class Committer:
         self._committing = False
         self._room = asyncio.Event()
         self._max_pending = 4 * config.max_record_bytes
+        self.recorder = CheckpointRecorder(registry, config.instance, self.wake)
 
     def start(self, binding: BindingLink, forwarder: Forwarder) -> None:
         """From here on, records are forwarded (by ``forwarder``) to ``binding``."""
@@ -103,11 +106,13 @@ class Committer:
         )
 
     async def close(self) -> None:
-        """Stop the pipeline's sync stage (:meth:`run` did, if it ran) and close the log."""
+        """Stop the pipeline's sync stage (:meth:`run` did, if it ran), close the log, and
+        wait for the checkpoint being recorded in the registry."""
         if self._pipeline is not None:
             await self._pipeline.close()
         if self.writer is not None:
             self.writer.close()
+        await self.recorder.close()
 
     # -- the one way a record reaches the log ------------------------------------------------
 
@@ -245,7 +250,8 @@ class Committer:
         return True
 
     async def commit_checkpoint(self, n: int, arrived: CheckpointArrived) -> None:
-        """Write checkpoint n once everything queued before it is durable, then commit it."""
+        """Write checkpoint n once everything queued before it is durable, then commit it
+        (checkpoint 1 before this returns; a later one in the background)."""
         pipeline = self._pipeline
         assert pipeline is not None
         while True:
@@ -267,12 +273,8 @@ class Committer:
         )
         await asyncio.to_thread(self.files.write_checkpoint, n, state.encode_parts())
         crashpoints.reach("ic.checkpoint.before_commit")
-        await asyncio.to_thread(
-            self.registry.commit_checkpoint, self.config.instance, self.files.version, n, n
-        )
-        log.info(
-            "checkpoint %d committed (%d bytes, next seq %d)", n, len(arrived.blob), start.next_seq
-        )
+        details = f" ({len(arrived.blob)} bytes, next seq {start.next_seq})"
+        await self.recorder.record(self.files.version, n, details)
 
     def move_to_version(self, version: int) -> None:
         """An upgrade: the instance's files of ``version``, emptied of what an earlier
@@ -318,6 +320,7 @@ class Committer:
     async def _rounds(self, pipeline: CommitPipeline[Forwarded]) -> None:
         while True:
             pipeline.check()  # what a latency round from a read (input_read) met
+            self.recorder.check()  # the registry refused a checkpoint
             if not pipeline.ready:
                 # A record is being written (or the sync stage is behind): the next one
                 # takes in everything that arrives meanwhile. Once the write ended, its

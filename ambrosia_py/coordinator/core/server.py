@@ -45,7 +45,7 @@ from ...wire import (
 from ...wire.records import encode_record_parts
 from ..links.peers import PeerLinks
 from ..links.protocol import Inbox
-from ..registry.interface import InstanceRegistry
+from ..registry.interface import InstanceRegistry, RegistryError
 from ..registry.publish import advertised_host
 from ..storage.files import InstanceFiles
 from ..storage.replay import replay_log
@@ -289,10 +289,22 @@ class Coordinator:
         registry = self.registry
         given = {name: (host, port) for name, host, port in self.config.link_to}
 
+        said: dict[str, str] = {}  # per peer, the last lookup error logged
+
         async def lookup(name: str) -> tuple[str, int] | None:
+            # None (nothing to dial now) also when the registry cannot answer, so the
+            # link's send loop backs off and asks again instead of ending for good.
             if name in given:
                 return given[name]
-            return await asyncio.to_thread(registry.link_address, name)
+            try:
+                found = await asyncio.to_thread(registry.link_address, name)
+            except RegistryError as exc:
+                if said.get(name) != str(exc):
+                    said[name] = str(exc)
+                    log.warning("looking up %r's link address: %s", name, exc)
+                return None
+            said.pop(name, None)
+            return found
 
         committer = self.committer
         self.links = committer.links = PeerLinks(

@@ -17,6 +17,11 @@ Addresses (link, ingress, machine name) are put under the process's lease, which
 within the lease's TTL. :meth:`EtcdRegistry.watch` follows them (:func:`follow`),
 reconnecting when etcd goes away and comes back.
 
+While etcd cannot be reached, a request fails with
+:class:`~.interface.RegistryUnavailable`, except the two a serving coordinator makes:
+:meth:`EtcdRegistry.link_address` answers with what this process read last, and an
+address published is held and put once etcd answers (:mod:`.etcd_lease`).
+
 The registry's methods are synchronous, like the SQLite registry's, for the commands and
 for the coordinator (which calls them from worker threads). They run on a private event
 loop in a thread of their own, which also keeps the lease alive, so a busy caller cannot
@@ -57,7 +62,13 @@ from .etcd_records import (
     encode,
     fold_addresses,
 )
-from .interface import DEFAULT_CLUSTER, Addresses, InstanceInfo, RegistryError
+from .interface import (
+    DEFAULT_CLUSTER,
+    Addresses,
+    InstanceInfo,
+    RegistryError,
+    RegistryUnavailable,
+)
 from .rules import (
     PORT_RANGE,
     check_checkpoint,
@@ -94,6 +105,7 @@ class EtcdRegistry:
         self.keys = Keys(cluster)
         self.host_name = host_name or socket.gethostname()
         self._closed = False
+        self._known: dict[str, Addresses] = {}  # as last read, for link_address
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="etcd registry", daemon=True
@@ -181,12 +193,20 @@ class EtcdRegistry:
         return sorted(infos, key=lambda info: info.name)
 
     def link_address(self, name: str) -> tuple[str, int] | None:
-        link = self.addresses(name).link
+        """The link address of ``name``; while etcd cannot be reached, the one this
+        process read last (a link that reconnects during an outage dials where its peer
+        was: the peer cannot have published a move meanwhile either)."""
+        try:
+            link = self.addresses(name).link
+        except RegistryUnavailable:
+            link = self._known.get(name, Addresses()).link
         return None if link is None else (link.host, link.port)
 
     def addresses(self, name: str) -> Addresses:
         self.keys.check_name(name)
-        return self._run(self._addresses(name))
+        found = self._run(self._addresses(name))
+        self._known[name] = found
+        return found
 
     async def _addresses(self, name: str) -> Addresses:
         prefix = self.keys.addresses_of(name)

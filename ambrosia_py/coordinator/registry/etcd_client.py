@@ -14,21 +14,28 @@ the client authenticates (``/v3/auth/authenticate``) and sends the token in the
 ``Authorization`` header, authenticating again when etcd says the token expired.
 Connections use TCP keep-alive, so a watch on a machine that vanished without closing
 its connections ends within about half a minute instead of hanging.
+
+Outages: once etcd has answered a client, the first request that finds no endpoint
+answering logs one line, and the first that is answered again logs one more (with how
+long etcd was unreachable); the requests in between fail with :class:`EtcdUnavailable`
+and say nothing. A client that never reached etcd logs nothing: its caller refuses.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import logging
 import socket
 import ssl
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import attrs
 import httpx
 
-from .interface import RegistryError
+from .interface import RegistryError, RegistryUnavailable
 
 __all__ = [
     "EtcdClient",
@@ -39,6 +46,12 @@ __all__ = [
     "WatchEvent",
     "prefix_end",
 ]
+
+log = logging.getLogger("ambrosia_py.coordinator")
+# httpx logs every request at INFO: with a coordinator's INFO lines, its lease keep-alives
+# alone would be three lines a second. Left as set if the application set a level.
+if logging.getLogger("httpx").level == logging.NOTSET:
+    logging.getLogger("httpx").setLevel(logging.WARNING)
 
 _UNAVAILABLE = 14  # gRPC code: the member cannot serve now (no leader, shutting down)
 _NOT_FOUND = 5
@@ -60,7 +73,7 @@ class EtcdError(RegistryError):
         self.code = code
 
 
-class EtcdUnavailable(EtcdError):
+class EtcdUnavailable(EtcdError, RegistryUnavailable):
     """No endpoint could be reached (or none could serve): worth trying again later."""
 
 
@@ -199,6 +212,8 @@ class EtcdClient:
         )
         self._current = 0  # the endpoint that answered last
         self._token: str | None = None
+        self._answered = False  # etcd answered this client once
+        self._down_since: float | None = None  # monotonic time of the first failure
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -218,6 +233,36 @@ class EtcdClient:
 
     async def _post(
         self, path: str, body: dict[str, Any], *, authenticated: bool = True
+    ) -> dict[str, Any]:
+        try:
+            answer = await self._post_authenticated(path, body, authenticated)
+        except EtcdUnavailable as exc:
+            if self._answered and self._down_since is None:
+                self._down_since = time.monotonic()
+                log.warning(
+                    "the registry in etcd is unreachable (%s); going on with what is known, "
+                    "and trying again",
+                    exc,
+                )
+            raise
+        except EtcdError:
+            self._reached()  # it answered, with a refusal
+            raise
+        self._reached()
+        return answer
+
+    def _reached(self) -> None:
+        if self._down_since is not None:
+            log.info(
+                "the registry in etcd answers again (%s), after %.1f s unreachable",
+                self.settings.endpoints[self._current],
+                time.monotonic() - self._down_since,
+            )
+            self._down_since = None
+        self._answered = True
+
+    async def _post_authenticated(
+        self, path: str, body: dict[str, Any], authenticated: bool
     ) -> dict[str, Any]:
         if authenticated and self.settings.user is not None and self._token is None:
             await self._authenticate()

@@ -6,10 +6,12 @@ process dies (or is cut off from etcd for longer than the TTL) the keep-alives s
 ends the lease and deletes its keys: a dead coordinator's addresses are gone within the
 TTL, and watchers see them go.
 
-When etcd is unreachable the keeper keeps trying, and once it answers again:
+When etcd is unreachable the keeper keeps trying (the client says so, once), and an
+address published meanwhile is held, to be put once etcd answers (a coordinator that
+recovered during the outage serves all the same). Once it answers again:
 
-- if etcd no longer has the lease (it ran out meanwhile), a new one is granted and every
-  address held is published again under it;
+- if etcd no longer has the lease (it ran out meanwhile), or none was ever granted, a new
+  one is granted and every address held is published again under it;
 - if it has (etcd extends every lease when it restarts), each address held is read back
   and put again if it is missing or differs (a store restored from an older snapshot).
 """
@@ -20,7 +22,7 @@ import asyncio
 import contextlib
 import logging
 
-from .etcd_client import EtcdClient, EtcdError, compare, put_op
+from .etcd_client import EtcdClient, EtcdError, EtcdUnavailable, compare, put_op
 
 __all__ = ["LeaseKeeper"]
 
@@ -55,11 +57,20 @@ class LeaseKeeper:
         """Put ``key`` under the lease if the key ``require`` exists (the instance is
         registered); whether it did."""
         async with self._lock:
-            if not self._lease:
-                await self._grant()
-            done, _ = await self._client.txn(
-                [compare(require, "VERSION", "GREATER", 0)], [put_op(key, value, self._lease)]
-            )
+            try:
+                if not self._lease:
+                    await self._grant()
+                done, _ = await self._client.txn(
+                    [compare(require, "VERSION", "GREATER", 0)],
+                    [put_op(key, value, self._lease)],
+                )
+            except EtcdUnavailable as exc:
+                # Put by the keep-alive once etcd answers (the instance was registered
+                # when this process started, which etcd had to answer for).
+                self._held[key] = value
+                self._outage = str(exc)
+                self._start()
+                return True
             if done:
                 self._held[key] = value
             return done
@@ -90,6 +101,9 @@ class LeaseKeeper:
         self._lease, self._granted = await self._client.grant(self._ttl)
         if self._granted != self._ttl:
             log.info("etcd granted a %d s lease (asked for %d s)", self._granted, self._ttl)
+        self._start()
+
+    def _start(self) -> None:
         if self._task is None:
             self._task = asyncio.create_task(self._keep(), name="etcd lease keep-alive")
 
@@ -99,26 +113,23 @@ class LeaseKeeper:
             try:
                 async with self._lock:
                     await self._renew()
-            except EtcdError as exc:
-                if self._outage is None:
-                    log.warning(
-                        "cannot keep the etcd lease %x alive (%s); trying again every %.1f s",
-                        self._lease,
-                        exc,
-                        self._granted / 3,
-                    )
+            except EtcdError as exc:  # the client logged the outage; etcd refusing, here
+                if self._outage is None and not isinstance(exc, EtcdUnavailable):
+                    log.warning("cannot keep the etcd lease %x alive: %s", self._lease, exc)
                 self._outage = str(exc)
 
     async def _renew(self) -> None:
-        if await self._client.keepalive(self._lease) <= 0:
-            log.warning(
-                "the etcd lease %x ran out, withdrawing what it held; publishing %d "
-                "addresses again under a new lease",
-                self._lease,
-                len(self._held),
-            )
+        # No lease yet: etcd was unreachable when the first address was published.
+        if not self._lease or await self._client.keepalive(self._lease) <= 0:
+            if self._lease:
+                log.warning(
+                    "the etcd lease %x ran out, withdrawing what it held; publishing %d "
+                    "addresses again under a new lease",
+                    self._lease,
+                    len(self._held),
+                )
+                self.regrants += 1
             self._lease, self._granted = await self._client.grant(self._ttl)
-            self.regrants += 1
             for key, value in self._held.items():
                 await self._client.put(key, value, self._lease)
         elif self._outage is not None:
@@ -126,7 +137,5 @@ class LeaseKeeper:
                 _, found = await self._client.range(key)
                 if not found or found[0].value != value or found[0].lease != self._lease:
                     await self._client.put(key, value, self._lease)
-        if self._outage is not None:
-            log.info("etcd answers again; the lease %x is kept alive", self._lease)
-            self._outage = None
+        self._outage = None
         self.renewals += 1

@@ -29,6 +29,7 @@ __all__ = [
     "InstanceInfo",
     "InstanceRegistry",
     "RegistryError",
+    "RegistryUnavailable",
 ]
 
 # The cluster (etcd key prefix, ``/<cluster>/``) when none is given.
@@ -37,6 +38,11 @@ DEFAULT_CLUSTER = "ambrosia"
 
 class RegistryError(Exception):
     """A registry request that cannot be met (unknown instance, port clash, ...)."""
+
+
+class RegistryUnavailable(RegistryError):
+    """The store cannot be reached now (etcd down, or cut off from it): the request may
+    succeed if tried again later. Every other :class:`RegistryError` is an answer."""
 
 
 @attrs.frozen
