@@ -1,14 +1,17 @@
-"""The C accelerator ``ambrosia_py.wire._cdecode`` gives the results of its Python twins.
+"""The C accelerator ``ambrosia_py.wire._cdecode`` gives the results of its pure-Python
+references, the general paths.
 
-``decode_messages`` (its incoming fork / impulse fast path in C, everything else in
-Python) against ``_decode_messages_py``, and ``routing.count_replayable`` against
-``_count_replayable_py``: on bodies of encoded messages of every kind, hand-made edge
-cases of the fast path's conditions, and garbage, truncations and flipped bytes, they
-return equal results or raise the same error (type, message, offset).
+``decode_messages`` (its runs of incoming calls and replies in C, everything else in
+Python) against ``_decode_messages_py`` (message by message), and
+``routing.count_replayable`` against ``_count_replayable_py`` (decoding, then counting):
+on bodies of encoded messages of every kind, hand-made edge cases of the C loops'
+conditions, and garbage, truncations and flipped bytes, they return equal results or
+raise the same error (type, message, offset).
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from typing import Any
 
@@ -45,7 +48,7 @@ def test_the_accelerator_is_used_when_built() -> None:
     assert module is not None
     assert decoding._decode_calls is module.decode_calls
     assert routing._c_count_replayable is module.count_replayable
-    # ... and it does decode the fast path's calls itself.
+    # ... and it does decode the calls of its loop itself.
     body = wire.encode_message(IncomingRpc(7, RpcType.FORK, b"abc")) * 2
     out: list[wire.Message] = []
     assert module.decode_calls(memoryview(body), 0, len(body), out) == len(body)
@@ -103,7 +106,7 @@ def _framed(body: bytes) -> bytes:
     return wire.encode_zigzag_int(len(body)) + body
 
 
-# Hand-made messages on the edges of the fast path's conditions: non-canonical varints,
+# Hand-made messages on the edges of the C loops' conditions: non-canonical varints,
 # method ids of five and six bytes and beyond 32 bits, odd and small sizes, every RPC type
 # byte, an RPC that is a return value.
 _EDGE_MESSAGES = [
@@ -116,7 +119,7 @@ _EDGE_MESSAGES = [
     _framed(b"\x00\x00\x80\x80\x80\x80\x00\x01"),  # five bytes, value 0
     _framed(b"\x00\x00\xff\xff\xff\xff\x0f"),  # no RPC type byte
     _framed(b"\x00\x00\xff\xff"),  # the method id runs to the message end
-    _framed(b"\x00\x00\x02"),  # size 3: too short for the fast path
+    _framed(b"\x00\x00\x02"),  # size 3: too short for the C loop
     _framed(b"\x00\x00"),  # size 2
     b"\x07" + b"\x00\x00\x02\x01",  # odd size (negative)
     b"\x09" + b"\x00\x00\x02\x01",  # odd size, as if 4
@@ -144,7 +147,7 @@ def _awaited(name: bytes, seq: bytes, args: bytes = b"a") -> bytes:
     return _framed(b"\x00\x00\x02\x00" + wire.encode_zigzag_int(len(name)) + name + seq + args)
 
 
-# The async/await call's own edges: the fast path takes a name of at most 63 ASCII bytes
+# The async/await call's own edges: the C loop takes a name of at most 63 ASCII bytes
 # (one length byte) and a sequence number of at most nine bytes.
 _SEQ9 = b"\xff" * 8 + b"\x7f"  # the largest nine-byte varint: 2**63 - 1, zig-zag
 _EDGE_MESSAGES += [
@@ -153,7 +156,7 @@ _EDGE_MESSAGES += [
     _awaited(b"n" * 64, b"\x02"),  # two length bytes: the general path
     _awaited("é".encode(), b"\x02"),  # not ASCII, valid UTF-8: the general path
     _awaited(b"\xff\xfe", b"\x02"),  # not UTF-8: the general path raises
-    _awaited(b"ab", _SEQ9),  # the longest sequence number the fast path takes
+    _awaited(b"ab", _SEQ9),  # the longest sequence number the C loop takes
     _awaited(b"ab", b"\x80" * 9 + b"\x01"),  # ten bytes: the general path
     _awaited(b"ab", b"\xff" * 10 + b"\x01"),  # eleven: the general path raises
     _awaited(b"ab", b"\x80\x80", b""),  # the sequence number runs to the end
@@ -171,7 +174,7 @@ def _reply(kind: int, name: bytes, seq: bytes, rest: bytes) -> bytes:
     return _framed(b"\x00" + bytes([kind]) + wire.encode_zigzag_int(len(name)) + name + seq + rest)
 
 
-# Return values: the fast path takes the caller as for a call, then a value's length in one
+# Return values: the C loop takes the caller as for a call, then a value's length in one
 # or two varint bytes and exactly that many bytes.
 _EDGE_MESSAGES += [
     _reply(1, b"ab", b"\x02", b"\x06xyz"),  # a value
@@ -257,7 +260,7 @@ def _same_messages(got: list[wire.Message], want: list[wire.Message]) -> None:
         if isinstance(w, IncomingRpc):
             assert isinstance(g, IncomingRpc)
             # Small calls' arguments are copies, larger ones views of the caller's buffer,
-            # as the pure path makes them.
+            # as the reference makes them.
             assert type(g.args) is type(w.args)
             if isinstance(w.args, memoryview):
                 assert isinstance(g.args, memoryview) and g.args.obj is w.args.obj
@@ -288,7 +291,7 @@ def _check_count(body: Any, start: int = 0) -> None:
 
 
 @given(_bodies(), st.data())
-def test_decode_messages_matches_its_pure_twin(body: bytes, data: Any) -> None:
+def test_decode_messages_matches_its_reference(body: bytes, data: Any) -> None:
     buf = data.draw(_buffers(body))
     _check_decode(buf, 0, len(body), Direction.TO_BINDING)
     # A window of the body, an end past the buffer, the other direction.
@@ -299,7 +302,7 @@ def test_decode_messages_matches_its_pure_twin(body: bytes, data: Any) -> None:
 
 
 def _general_only(buf: Any, pos: int, end: int) -> list[wire.Message]:
-    """The body decoded message by message by ``decode_message``: no fast path at all."""
+    """The body decoded message by message by ``decode_message``: no C at all."""
     mv = memoryview(buf)
     if end > len(mv):
         raise wire.TruncatedInputError(
@@ -313,9 +316,9 @@ def _general_only(buf: Any, pos: int, end: int) -> list[wire.Message]:
 
 
 @given(st.one_of(_bodies(), st.lists(_edge_messages, max_size=6).map(b"".join)))
-def test_the_pure_fast_path_decodes_as_the_general_path(body: bytes) -> None:
-    """The twin's own fast path is held to ``decode_message``: the same messages (payloads
-    equal, copies where the general path gives views) and the same errors."""
+def test_the_reference_decodes_as_decode_message(body: bytes) -> None:
+    """The reference is ``decode_message`` run over the body: the same messages (payloads
+    equal, copies where ``decode_message`` gives views) and the same errors."""
     got = _outcome(decoding._decode_messages_py, body, 0, len(body), Direction.TO_BINDING)
     assert got == _outcome(_general_only, body, 0, len(body))
 
@@ -335,7 +338,7 @@ def test_fast_path_edges_match(parts: list[bytes]) -> None:
 
 
 @given(_bodies(), st.data())
-def test_count_replayable_matches_its_pure_twin(body: bytes, data: Any) -> None:
+def test_count_replayable_matches_its_reference(body: bytes, data: Any) -> None:
     _check_count(body)
     _check_count(data.draw(_buffers(body)))
     # From a start inside a longer buffer: what a record's header is followed by.
@@ -351,7 +354,7 @@ def test_count_replayable_counts_forks(calls: list[IncomingRpc]) -> None:
 
 
 @pytest.mark.parametrize("fmt", ["b", "c", "@B", "H"])
-def test_views_of_other_formats_take_the_pure_path(fmt: str) -> None:
+def test_views_of_other_formats_take_the_reference(fmt: str) -> None:
     body = b"".join(wire.encode_message(IncomingRpc(i, RpcType.FORK, b"ab")) for i in range(5))
     body += b"\x00" * (-len(body) % 2)  # whole items for "H"
     buf = memoryview(body).cast(fmt)
@@ -416,3 +419,125 @@ def test_init_checks_what_it_is_given() -> None:
     assert wire.decode_messages(body, 0, len(body)) == [reply]
     body = wire.encode_message(IncomingRpc(-5, RpcType.IMPULSE, b""))
     assert wire.decode_messages(body, 0, len(body)) == [IncomingRpc(-5, RpcType.IMPULSE, b"")]
+
+
+# --- the C loops against their references, on seeded random bodies -------------------------
+
+
+def _shaped_messages(rng: random.Random) -> bytes:
+    """A message of a shape the C loops read themselves: a fork or an impulse, an awaited
+    call from a short ASCII name, a reply with a small value."""
+    method = rng.choice(_EDGE_IDS)
+    args = rng.randbytes(rng.choice([0, 3, 60, 300, 8000]))
+    seq = rng.randrange(-(2**62), 2**62)
+    name = "".join(rng.choice("abcxyz-_0") for _ in range(rng.randrange(64)))
+    kind = rng.randrange(4)
+    if kind == 0:
+        return wire.encode_message(IncomingRpc(method, RpcType.FORK, args))
+    if kind == 1:
+        return wire.encode_message(IncomingRpc(method, RpcType.IMPULSE, args))
+    if kind == 2:
+        return wire.encode_message(IncomingRpc(method, RpcType.ASYNC_AWAIT, args, name, seq))
+    return_type = rng.choice([ReturnType.VALUE, ReturnType.NO_VALUE, ReturnType.EXCEPTION])
+    value = b"" if return_type is ReturnType.NO_VALUE else args
+    return wire.encode_message(IncomingReturnValue(return_type, name, seq, value))
+
+
+def _any_message(rng: random.Random) -> bytes:
+    pick = rng.random()
+    if pick < 0.5:
+        return _shaped_messages(rng)
+    if pick < 0.8:
+        return rng.choice(_EDGE_MESSAGES)
+    if pick < 0.9:  # large: three size bytes
+        return wire.encode_message(IncomingRpc(1, RpcType.FORK, rng.randbytes(9000)))
+    return rng.randbytes(rng.randrange(1, 12))
+
+
+def _damaged(rng: random.Random, body: bytes) -> bytes:
+    how = rng.choice(["none", "none", "truncate", "flip", "insert"])
+    if not body or how == "none":
+        return body
+    at = rng.randrange(len(body))
+    if how == "truncate":
+        return body[:at]
+    if how == "flip":
+        data = bytearray(body)
+        for _ in range(rng.randrange(1, 4)):
+            data[rng.randrange(len(data))] = rng.randrange(256)
+        return bytes(data)
+    return body[:at] + rng.randbytes(rng.randrange(1, 5)) + body[at:]
+
+
+@_needs_c
+def test_the_c_loops_give_their_references_results_on_seeded_random_bodies() -> None:
+    """``decode_calls`` appends exactly the reference's messages up to where it stops;
+    ``count_replayable`` answers as the reference does, or leaves it (-2)."""
+    from ambrosia_py.wire import _cdecode
+
+    rng = random.Random(7_2024)
+    for _ in range(3000):
+        parts = [_any_message(rng) for _ in range(rng.randrange(0, 8))]
+        body = _damaged(rng, b"".join(parts))
+        out: list[wire.Message] = []
+        stop = _cdecode.decode_calls(memoryview(body), 0, len(body), out)
+        assert 0 <= stop <= len(body)
+        _same_messages(out, decoding._decode_messages_py(body, 0, stop))
+        n = _cdecode.count_replayable(body)
+        want = routing._count_replayable_py(body)
+        if n != -2:
+            assert (None if n == -1 else n) == want, body
+
+
+@_needs_c
+def test_the_c_loops_read_their_shapes_to_the_end() -> None:
+    """Bodies of the common shapes are read by C alone: nothing left to the reference."""
+    from ambrosia_py.wire import _cdecode
+
+    rng = random.Random(11)
+    for _ in range(500):
+        body = b"".join(_shaped_messages(rng) for _ in range(rng.randrange(1, 8)))
+        out: list[wire.Message] = []
+        assert _cdecode.decode_calls(memoryview(body), 0, len(body), out) == len(body)
+        _same_messages(out, decoding._decode_messages_py(body, 0, len(body)))
+        if all(type(m) is IncomingRpc and m.rpc_type is not RpcType.ASYNC_AWAIT for m in out):
+            assert _cdecode.count_replayable(body) == sum(
+                m.rpc_type is RpcType.FORK for m in out if isinstance(m, IncomingRpc)
+            )
+        else:
+            assert _cdecode.count_replayable(body) == -1
+
+
+# --- which payloads are copies ---------------------------------------------------------------
+
+
+def test_small_incoming_payloads_are_bytes_of_their_own_and_large_ones_views() -> None:
+    """The rule :func:`wire.decode_messages` documents, whichever path reads a message:
+    in the incoming form, an argument or a value in a message under 8 KiB is ``bytes``; in
+    a larger one, and from ``decode_message`` or in the outgoing form, a view."""
+    small = [
+        IncomingRpc(1, RpcType.FORK, b"a" * 8187),  # a message of 8,191 bytes
+        IncomingRpc(1, RpcType.ASYNC_AWAIT, b"abc", "caller-é", 5),  # not ASCII: Python
+        IncomingReturnValue(ReturnType.VALUE, "n" * 64, 9, b"value"),  # a long name: Python
+    ]
+    large = [
+        IncomingRpc(1, RpcType.FORK, b"b" * 8188),  # 8,192 bytes
+        IncomingReturnValue(ReturnType.EXCEPTION, "callee", 9, b"c" * 9000),
+    ]
+    body = b"".join(wire.encode_message(m) for m in small + large)
+    # type, call, method id, RPC type, arguments; after a size of two and of three bytes
+    assert len(wire.encode_message(small[0])) == 2 + 8191
+    assert len(wire.encode_message(large[0])) == 3 + 8192
+    got = wire.decode_messages(body, 0, len(body))
+    assert got == small + large
+    for msg, want in zip(got, [bytes] * 3 + [memoryview] * 2, strict=True):
+        payload = msg.args if isinstance(msg, IncomingRpc) else msg.value  # type: ignore[union-attr]
+        assert type(payload) is want
+        if isinstance(payload, memoryview):
+            assert payload.obj is body
+    one, _ = wire.decode_message(wire.encode_message(small[0]))
+    assert isinstance(one, IncomingRpc) and type(one.args) is memoryview
+    out = wire.OutgoingRpc("d", 1, RpcType.FORK, b"xyz")
+    frame = wire.encode_message(out)
+    (sent,) = wire.decode_messages(frame, 0, len(frame), Direction.TO_COORDINATOR)
+    assert sent == out and isinstance(sent, wire.OutgoingRpc) and type(sent.args) is memoryview

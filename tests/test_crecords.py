@@ -1,5 +1,5 @@
 """The C accelerator for reading records (``ambrosia_py/wire/_crecords.c``) against its
-pure-Python twin: the same hashes, records, offsets, tails and errors, on clean and on
+pure-Python reference: the same hashes, records, offsets, tails and errors, on clean and on
 damaged streams."""
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from ambrosia_py import accel, wire
 from ambrosia_py.coordinator.storage.scan import LogScan
 from ambrosia_py.wire import reader as reader_mod
+from ambrosia_py.wire.records import frame_record
 
 C = reader_mod._crecords
 
@@ -28,7 +29,7 @@ pytestmark = needs_c
 
 
 def test_accelerator_is_used_when_built(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Not vacuous: the reader reads clean records in C (the twin is never asked)."""
+    """Not vacuous: the reader reads clean records in C (the reference is never asked)."""
     assert C is not None, "the accelerator is required but not built"
     reader = wire.RecordReader(on_disk=True)
     assert reader.accelerated
@@ -38,7 +39,7 @@ def test_accelerator_is_used_when_built(monkeypatch: pytest.MonkeyPatch) -> None
 
     def refuse(self: Any) -> None:
         # Asked at the end of the bytes (to say "no more"), it must find nothing.
-        assert pure(self) is None, "the pure-Python twin read a clean record"
+        assert pure(self) is None, "the pure-Python reference read a clean record"
 
     data = b"".join(wire.encode_disk_record(7, s, b"body %d" % s) for s in range(5))
     reader.feed(data)
@@ -117,7 +118,7 @@ def streams(draw: st.DrawFn, on_disk: bool) -> tuple[bytes, dict[str, Any]]:
                 s = wire.CHECKPOINT_SEQ
                 if draw(st.booleans()):  # checkpoint records carry 0 as check bytes
                     body = b""
-            rec = wire.frame_record(who, s, body) + body
+            rec = frame_record(who, s, body) + body
         if s >= 0:
             seq = s + 1
         parts.append(bytearray(rec))
@@ -205,7 +206,7 @@ chunkings = st.lists(st.integers(1, 5000), max_size=4)
     max_examples=300, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
 )
 @given(streams(on_disk=True), chunkings)
-def test_disk_streams_match_the_twin(
+def test_disk_streams_match_the_reference(
     stream: tuple[bytes, dict[str, Any]], chunks: list[int]
 ) -> None:
     _compare(True, stream, chunks)
@@ -215,13 +216,13 @@ def test_disk_streams_match_the_twin(
     max_examples=300, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
 )
 @given(streams(on_disk=False), chunkings)
-def test_wire_streams_match_the_twin(
+def test_wire_streams_match_the_reference(
     stream: tuple[bytes, dict[str, Any]], chunks: list[int]
 ) -> None:
     _compare(False, stream, chunks)
 
 
-def test_invalid_names_and_long_varints_go_to_the_twin() -> None:
+def test_invalid_names_and_long_varints_go_to_the_reference() -> None:
     good = wire.encode_disk_record(1, 0, b"abc", [wire.Watermark("n", 1, 2)])
     bad_utf8 = good.replace(b"\x02n", b"\x02\xff")
     long_count = good[:27] + b"\x80\x80\x80\x80\x10" + good[28:]
@@ -233,14 +234,14 @@ def test_invalid_names_and_long_varints_go_to_the_twin() -> None:
 
 
 @given(bodies, watermarks, trims, st.integers(0, 2**62))
-def test_disk_to_wire_matches_the_twin(body: bytes, wms: Any, trs: Any, seq: int) -> None:
+def test_disk_to_wire_matches_the_reference(body: bytes, wms: Any, trs: Any, seq: int) -> None:
     assert C is not None
     reader = wire.RecordReader(on_disk=True, accelerated=False)
     reader.feed(wire.encode_disk_record(5, seq, body, wms, trs))
     raw = reader.next_raw()
     assert raw is not None
     assert C.disk_to_wire(raw.raw, raw.header.length) == wire.disk_to_wire(raw.header, raw.body)
-    assert C.disk_to_wire(raw.raw, raw.header.length) == wire.frame_record(5, seq, body) + body
+    assert C.disk_to_wire(raw.raw, raw.header.length) == frame_record(5, seq, body) + body
 
 
 def test_disk_to_wire_bounds() -> None:
@@ -253,7 +254,7 @@ def test_disk_to_wire_bounds() -> None:
 
 @pytest.mark.parametrize("cut", [None, -3, -40])
 @pytest.mark.parametrize("flip", [None, 200, 5000])
-def test_log_scan_matches_the_twin(
+def test_log_scan_matches_the_reference(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cut: int | None, flip: int | None
 ) -> None:
     data = bytearray()
@@ -279,7 +280,7 @@ def test_log_scan_matches_the_twin(
     assert scan() == fast
 
 
-def test_every_cut_and_every_length_byte_in_a_watermark_tail_matches_the_twin() -> None:
+def test_every_cut_and_every_length_byte_in_a_watermark_tail_matches_the_reference() -> None:
     """Random cuts rarely land inside a watermark's two 8-byte numbers, nor set a name's
     length past them: here every cut of a record's tail, and several values of every
     byte of the tail, are read by both and must be read alike."""

@@ -18,6 +18,7 @@ from ambrosia_py import wire
 from ambrosia_py.spark import calls, read_rows
 from ambrosia_py.spark.calls import call_rows
 from ambrosia_py.spark.frames import frame_ends
+from ambrosia_py.wire.messages import frame_parts
 from tests import log_oracle as oracle
 from tests import strategies
 from tests.test_spark_rows import _log_of, normal, reference_rows
@@ -33,7 +34,7 @@ others = strategies.rpc_messages(wire.Direction.TO_BINDING)
 
 
 def framed(messages: Sequence[wire.Message]) -> list[bytes]:
-    return [b"".join(bytes(p) for p in wire.frame_parts(m)) for m in messages]
+    return [b"".join(bytes(p) for p in frame_parts(m)) for m in messages]
 
 
 def decoded_rows(body: bytes) -> dict[str, list[object]]:

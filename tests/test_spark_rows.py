@@ -30,6 +30,7 @@ from ambrosia_py.coordinator.storage.files import LogWriter
 from ambrosia_py.coordinator.storage.index import INDEX_MAGIC, IndexEntry, encode_entry
 from ambrosia_py.spark import LogDamageError, LogFormatError, NoLogsError, find_logs, read_rows
 from ambrosia_py.spark.plan import plan
+from ambrosia_py.wire.messages import frame_parts
 from tests import log_oracle as oracle
 from tests import strategies
 from tests.fake_binding import frame, incoming_fork, incoming_impulse, zz
@@ -67,7 +68,7 @@ def sample(seq: int) -> tuple[list[wire.Message], bytes]:
 
 def disk_record(seq: int, committer: int = COMMITTER) -> bytes:
     messages, blob = sample(seq)
-    body = b"".join(b"".join(bytes(p) for p in wire.frame_parts(m)) for m in messages)
+    body = b"".join(b"".join(bytes(p) for p in frame_parts(m)) for m in messages)
     marks = [wire.Watermark("peer", seq, seq)] if seq % 3 else []
     return wire.encode_disk_record(committer, seq, body, marks, [wire.TrimWatermark("x", 1)]) + blob
 
@@ -434,7 +435,7 @@ def _log_of(bodies: list[list[wire.Message]], directory: Path) -> Path:
     log.parent.mkdir(parents=True, exist_ok=True)
     data = b""
     for seq, messages in enumerate(bodies):
-        body = b"".join(b"".join(bytes(p) for p in wire.frame_parts(m)) for m in messages)
+        body = b"".join(b"".join(bytes(p) for p in frame_parts(m)) for m in messages)
         blobs = b"".join(bytes(m.blob) for m in messages if isinstance(m, wire.Checkpoint))
         data += wire.encode_disk_record(COMMITTER, seq, body, [wire.Watermark("w", seq, 0)])
         data += blobs

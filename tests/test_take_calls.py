@@ -3,7 +3,7 @@
 
 Reading a stream by ``take_calls`` where it can and ``next_record`` where it stops must
 give exactly what ``next_record`` alone gives (records, messages, errors), in C and in
-the pure-Python twin, however the stream is cut; handling runs must leave the immortal
+the pure-Python reference, however the stream is cut; handling runs must leave the immortal
 and its outputs as handling the records one by one does.
 """
 
@@ -29,6 +29,7 @@ from ambrosia_py.wire import (
     RpcType,
 )
 from ambrosia_py.wire import reader as reader_mod
+from ambrosia_py.wire.records import frame_record
 
 from . import strategies as s
 
@@ -137,7 +138,7 @@ def test_take_calls_reads_what_next_record_reads(
 def test_the_c_reader_takes_the_calls_and_stops_before_anything_else(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Not vacuous: in C, without the twin, and the record it stops at stays unread."""
+    """Not vacuous: in C, without the reference, and the record it stops at stays unread."""
     args = pickle.dumps(((b"x",), {}))
     records: list[tuple[int, list[Message]]] = [
         (5, [IncomingRpc(1, RpcType.FORK, args)]),
@@ -152,7 +153,7 @@ def test_the_c_reader_takes_the_calls_and_stops_before_anything_else(
     reader.feed(b"".join(wire.encode_record(9, q, m) for q, m in records))
 
     def refuse(self: Any, limit: int) -> None:
-        raise AssertionError("the pure-Python twin was asked")
+        raise AssertionError("the pure-Python reference was asked")
 
     monkeypatch.setattr(wire.RecordReader, "_take_calls_pure", refuse)
     first = reader.take_calls()
@@ -190,7 +191,7 @@ def test_records_taken_before_a_malformed_one_are_returned_and_then_it_raises(
     calls before it come out, and the next read raises, as next_record does."""
     args = pickle.dumps(((b"x",), {}))
     good = wire.encode_record(1, 0, [IncomingRpc(1, RpcType.FORK, args)])
-    bad = wire.frame_record(1, 1, b"\x7f\x00") + b"\x7f\x00"
+    bad = frame_record(1, 1, b"\x7f\x00") + b"\x7f\x00"
     reader = wire.RecordReader(accelerated=accelerated)
     reader.feed(good + bad)
     assert [q for q, _ in reader.take_calls()] == [0]

@@ -18,7 +18,7 @@ from ambrosia_py.wire import (
     ReturnType,
     RpcType,
 )
-from ambrosia_py.wire.messages import new_outgoing_rpc
+from ambrosia_py.wire.messages import encode_message_parts, new_outgoing_rpc
 
 from .strategies import messages
 
@@ -52,7 +52,7 @@ _replies = st.builds(
 
 @given(st.lists(_calls | _awaited | _replies | messages(Direction.TO_COORDINATOR), max_size=8))
 def test_encode_messages_parts_is_encode_message_parts_of_each(msgs: list[wire.Message]) -> None:
-    expected = b"".join(bytes(p) for m in msgs for p in wire.encode_message_parts(m))
+    expected = b"".join(bytes(p) for m in msgs for p in encode_message_parts(m))
     assert b"".join(bytes(p) for p in wire.encode_messages_parts(msgs)) == expected
 
 
@@ -82,9 +82,9 @@ def test_decoded_fast_path_calls_equal_constructed_ones(calls: list[IncomingRpc]
 
 
 def test_small_calls_own_their_arguments_and_large_ones_are_views() -> None:
-    """Under 8 KiB (the fast path: a size of one or two varint bytes) a call's arguments
-    are bytes of their own, so the record they came in is not kept alive by them; above,
-    views of it, not copied."""
+    """In a message under 8 KiB (``decode_messages``' rule, in C and in Python alike) a
+    call's arguments are bytes of their own, so the record they came in is not kept alive
+    by them; above, views of it, not copied."""
     small = IncomingRpc(5, RpcType.FORK, b"s" * 100)
     large = IncomingRpc(5, RpcType.IMPULSE, b"L" * 20_000)
     data = bytearray(wire.encode_message(small) + wire.encode_message(large))

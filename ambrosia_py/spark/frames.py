@@ -54,28 +54,10 @@ def frame_ends(raw: bytes, pos: int, end: int) -> list[int] | Any | None:
     append = ends.append
     pos = stop
     while pos < end:
-        b = raw[pos]
-        if b < 0x80:  # sizes take one or two bytes but for large messages
-            if b & 1:
-                return None
-            pos += 1 + (b >> 1)
-            if b == 0 or pos > end:
-                return None
-            if raw[pos - (b >> 1)] != _RPC:
-                return None
-        elif pos + 1 < end and raw[pos + 1] < 0x80:
-            size = (b & 0x7F) | (raw[pos + 1] << 7)
-            if size & 1 or size == 0:
-                return None
-            size >>= 1
-            pos += 2 + size
-            if pos > end or raw[pos - size] != _RPC:
-                return None
-        else:
-            one = _frame(raw, pos, end)
-            if one is None:
-                return None
-            pos = one[0]
+        one = _frame(raw, pos, end)
+        if one is None:
+            return None
+        pos = one[0]
         append(pos)
     return ends
 
@@ -84,9 +66,9 @@ def _frame(raw: bytes, pos: int, end: int) -> tuple[int, int] | None:
     """(end, offset of the type byte) of the message framed at ``pos``, if it frames
     within ``end`` and is an RPC."""
     try:
-        size, at = zigzag_int(raw, pos)
+        size, at = zigzag_int(raw, pos, end)
     except ProtocolError:
         return None
-    if size < 1 or at + size > end or at > end or raw[at] != _RPC:
+    if size < 1 or at + size > end or raw[at] != _RPC:
         return None
     return at + size, at

@@ -3,10 +3,9 @@
 The Spark reader and :func:`read_rows` share this code: records (:mod:`.scan`) become
 columns here, and :mod:`.arrow` turns the columns into Arrow record batches (so
 :func:`read_rows` gives what Spark gets). Records of calls and return values are kept
-as they are and read with numpy when the batch is made (:mod:`.calls`); the rest are
-read here into lists, calls and return values the numpy path leaves (a very long call
-seq, a sender that is not UTF-8) straight from the bytes, other messages from the wire
-decoder's objects.
+as they are and read with numpy when the batch is made (:mod:`.calls`); the rest (other
+messages, and the calls and return values the numpy path leaves: a very long call seq, a
+sender that is not UTF-8) are read here into lists from the wire decoder's objects.
 
 Per message (``level=message``, the default), batches flattened, ``msg_index`` counting
 the flattened messages of the record:
@@ -36,8 +35,6 @@ from pathlib import Path
 from typing import Any
 
 from .. import wire
-from ..wire import decode_zigzag_int as zigzag_int
-from ..wire import decode_zigzag_long as zigzag_long
 from .layout import find_logs
 from .plan import DEFAULT_SPLIT_BYTES, Piece, plan
 from .scan import Record, messages_of, read_span
@@ -159,10 +156,8 @@ class Columns:
 
     def add_listed(self, c: dict[str, list[Any]], record: Record) -> int:
         """Add the rows of a record whose check bytes verify to lists ``c``; return how
-        many."""
-        plain = self._add_calls(c, record) if record.messages is None else None
-        if plain is not None:
-            return plain
+        many. Its messages are the wire decoder's: the records read here are the few
+        the numpy path leaves (:mod:`.calls`)."""
         return self._add_messages(c, messages_of(self.log_file, record))
 
     def _add_messages(self, c: dict[str, list[Any]], messages: list[wire.Message]) -> int:
@@ -205,112 +200,6 @@ class Columns:
                     else None
                 )
         return n
-
-    def _add_calls(self, c: dict[str, list[Any]], record: Record) -> int | None:
-        """Add the rows of a record that holds only calls and return values, read straight
-        from its bytes (no message objects: most of a log is such records, and making
-        objects is most of the cost); return how many, or ``None``, having added nothing,
-        for anything else (batches, other types, anything malformed), which the general
-        path decodes. The layouts are those of :mod:`ambrosia_py.wire.decoding`
-        (reference ambrosia.md, RPC layouts); a test holds the two paths to the same rows.
-        """
-        raw = record.raw
-        pos = record.body_start
-        assert record.body is not None
-        end = pos + len(record.body)
-        view = memoryview(raw)
-        method_id, rpc_type, payload = c["method_id"], c["rpc_type"], c["payload"]
-        mark = len(payload)
-        named: list[tuple[int, str, int]] = []  # (row, sender, call_seq): async calls, returns
-        returns: list[tuple[int, str]] = []  # (row, return_type)
-        try:
-            while pos < end:
-                b = raw[pos]
-                if b < 0x80:  # sizes take one or two bytes but for large messages
-                    size = (b >> 1) ^ -(b & 1)
-                    pos += 1
-                elif pos + 1 < end and raw[pos + 1] < 0x80:
-                    b = (b & 0x7F) | (raw[pos + 1] << 7)
-                    size = (b >> 1) ^ -(b & 1)
-                    pos += 2
-                else:
-                    size, pos = zigzag_int(raw, pos)
-                stop = pos + size
-                if size < 2 or stop > end or raw[pos] != 0:  # not an RPC
-                    raise _NotPlain
-                kind = raw[pos + 1]
-                q = pos + 2
-                if kind == 0:  # a call
-                    b = raw[q] if q < stop else 0x80
-                    if b < 0x80:
-                        method = (b >> 1) ^ -(b & 1)
-                        q += 1
-                    else:
-                        method, q = zigzag_int(raw, q)
-                    if q >= stop or raw[q] > 2:
-                        raise _NotPlain
-                    kind = raw[q]
-                    q += 1
-                    if kind == 0:
-                        name, q = _name(raw, q, stop)
-                        seq, q = zigzag_long(raw, q)
-                        if q > stop:
-                            raise _NotPlain
-                        named.append((len(payload), name, seq))
-                    method_id.append(method)
-                    rpc_type.append(RPC_TYPE_NAMES[kind])
-                    payload.append(view[q:stop])
-                elif kind <= 3:  # a return value (1), none (2), an exception (3)
-                    name, q = _name(raw, q, stop)
-                    seq, q = zigzag_long(raw, q)
-                    if kind == 2:
-                        value = view[q:q]
-                    else:
-                        length, q = zigzag_int(raw, q)
-                        if length < 0:
-                            raise _NotPlain
-                        value = view[q : q + length]
-                        q += length
-                    if q != stop:
-                        raise _NotPlain
-                    named.append((len(payload), name, seq))
-                    returns.append((len(payload), RETURN_TYPE_NAMES[kind]))
-                    method_id.append(None)
-                    rpc_type.append("return")
-                    payload.append(value)
-                else:
-                    raise _NotPlain
-                pos = stop
-        except (_NotPlain, wire.ProtocolError, UnicodeDecodeError):
-            del method_id[mark:], rpc_type[mark:], payload[mark:]
-            return None
-        n = len(payload) - mark
-        c["msg_index"].extend(range(n))
-        c["msg_type"].extend([_RPC] * n)
-        c["destination"].extend([self.instance] * n)
-        sender, call_seq = c["sender"], c["call_seq"]
-        sender.extend([None] * n)
-        call_seq.extend([None] * n)
-        for row, name, seq in named:
-            sender[row] = name
-            call_seq[row] = seq
-        return_type = c["return_type"]
-        return_type.extend([None] * n)
-        for row, kind_name in returns:
-            return_type[row] = kind_name
-        return n
-
-
-class _NotPlain(Exception):
-    """A record the plain-call path does not read (see :meth:`Columns._add_calls`)."""
-
-
-def _name(raw: bytes, pos: int, stop: int) -> tuple[str, int]:
-    """A sender name (zigzag length, UTF-8) that must end by ``stop``."""
-    length, pos = zigzag_int(raw, pos)
-    if length < 0 or pos + length > stop:
-        raise _NotPlain
-    return raw[pos : pos + length].decode("utf-8"), pos + length
 
 
 def _other(msg: wire.Message, instance: str | None) -> tuple[Any, ...]:

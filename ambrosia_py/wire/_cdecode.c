@@ -1,20 +1,24 @@
-/* The C twin of two hot loops over record bodies (the Python code stays the reference):
+/* The C accelerator of two loops over record bodies. Each has one pure-Python reference,
+ * the general path, which tests/test_cdecode.py holds it to:
  *
- * decode_calls(mv, pos, end, out) -- decoding.decode_messages' fast path: decodes the run
- *   of incoming calls (fork, impulse, async/await) and return values at mv[pos:end] that the
- *   pure loop builds by setting IncomingRpc's and IncomingReturnValue's slots, appends them
- *   to the list ``out``, and returns where it
- *   stopped (``end``, or the first message the pure loop gives to decode_message). It
- *   accepts exactly what that loop accepts and never raises for malformed input: anything
- *   doubtful is left to the Python code, which raises the documented errors. Returns -1,
- *   having done nothing, for arguments the loop is not written for (a memoryview that is
- *   not a flat run of unsigned bytes, a position out of range): the caller then runs the
- *   pure loop.
+ * decode_calls(mv, pos, end, out) -- the runs of incoming calls (fork, impulse,
+ *   async/await) and return values that decoding.decode_messages reads, decoded as its
+ *   reference (decoding._decode_messages_py) decodes them: each an IncomingRpc or an
+ *   IncomingReturnValue (slots set directly), the arguments or value ``bytes`` of its own
+ *   (messages under 8 KiB). It appends them to the list ``out`` and returns where it
+ *   stopped (``end``, or the first message it leaves to the reference). It takes only
+ *   the common shapes (a size of one or two varint bytes, a method id of at most five, a
+ *   sender of at most 63 ASCII bytes, a call seq of at most nine, a value's length of at
+ *   most two) and never raises for malformed input: anything doubtful is left to the
+ *   reference, which raises the documented errors. Returns -1, having done nothing, for
+ *   arguments it is not written for (a memoryview that is not a flat run of unsigned
+ *   bytes, a position out of range): the caller then runs the reference alone.
  *
  * count_replayable(body, start=0) -- routing.count_replayable: the number of fork calls in
  *   body[start:] when every message there is a fork or impulse call that decoding would
- *   accept; -1 where the Python function returns None; -2 for a body it is not written
- *   for (then run the Python one).
+ *   accept; -1 where its reference (routing._count_replayable_py) returns None; -2 where
+ *   it does not decide (a body it is not written for, a message of three size bytes or
+ *   more): then run the reference.
  *
  * init(cls, descriptors, rpc_types) -- called once at import: the IncomingRpc class, the
  *   member descriptors of its five slots in field order (method_id, rpc_type, args,
@@ -190,7 +194,7 @@ set_slot(PyObject *obj, int slot, PyObject *value)
 /* The sender's name and a sequence number at b[p:stop], as an async/await call and a
  * return value carry them: a name of at most 63 ASCII bytes (its length one varint byte),
  * then a varint of at most nine bytes. Returns where they end, or -1 for anything else
- * (the Python code's to read). */
+ * (the reference's to read). */
 static Py_ssize_t
 caller_at(const unsigned char *b, Py_ssize_t p, Py_ssize_t stop, Py_ssize_t *name_at,
           Py_ssize_t *name_len, long long *seq)
@@ -264,7 +268,7 @@ decode_return(const unsigned char *b, Py_ssize_t p, Py_ssize_t stop, unsigned in
     Py_INCREF(slots[RET_TYPE]);
     slots[RET_SENDER] = PyUnicode_DecodeASCII((const char *)b + name_at, name_len, NULL);
     slots[RET_SEQ] = PyLong_FromLongLong(seq);
-    /* A copy of its own, as the pure loop makes it; b"" for no value. */
+    /* A copy of its own, as the reference makes it; b"" for no value. */
     slots[RET_VALUE] = PyBytes_FromStringAndSize((const char *)b + p, value_len);
     for (int i = 0; i < N_RET_SLOTS; i++) {
         *(PyObject **)((char *)reply + ret_offset[i]) = slots[i];
@@ -303,12 +307,12 @@ cdecode_decode_calls(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
     Py_ssize_t end = PyLong_AsSsize_t(args[2]);
     if ((pos == -1 || end == -1) && PyErr_Occurred()) {
-        PyErr_Clear(); /* out of range: the pure loop says what that means */
+        PyErr_Clear(); /* out of range: the reference says what that means */
         return PyLong_FromLong(-1);
     }
     Py_buffer view;
     if (PyObject_GetBuffer(mv, &view, PyBUF_FULL_RO) < 0) {
-        PyErr_Clear(); /* a released view: the pure loop raises as it always did */
+        PyErr_Clear(); /* a released view: the reference raises as it always did */
         return PyLong_FromLong(-1);
     }
     if (!is_flat_bytes(&view) || pos < 0 || end > view.len) {
@@ -408,7 +412,7 @@ cdecode_decode_calls(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             goto error;
         }
         set_slot(call, SLOT_METHOD, method_obj);
-        /* A copy of its own, as the pure loop makes it (see _decode_messages_py). */
+        /* A copy of its own, as the reference makes it (decoding._COPY_BELOW). */
         PyObject *args_obj = PyBytes_FromStringAndSize((const char *)b + args_at, stop - args_at);
         if (args_obj == NULL) {
             Py_DECREF(call);
@@ -480,7 +484,7 @@ cdecode_count_replayable(PyObject *module, PyObject *const *args, Py_ssize_t nar
     }
     Py_buffer view;
     if (PyObject_GetBuffer(body, &view, PyBUF_FULL_RO) < 0) {
-        PyErr_Clear(); /* a released view: the Python function raises as it always did */
+        PyErr_Clear(); /* a released view: the reference raises as it always did */
         return PyLong_FromLong(-2);
     }
     if (!is_flat_bytes(&view) || start < 0 || start > view.len) {
@@ -497,12 +501,18 @@ cdecode_count_replayable(PyObject *module, PyObject *const *args, Py_ssize_t nar
             size = b0;
             at = pos + 1;
         }
-        else if (pos + 1 < end && b[pos + 1] < 0x80) {
+        else if (pos + 1 >= end) {
+            goto none; /* a size cut short: decoding refuses it */
+        }
+        else if (b[pos + 1] < 0x80) {
             size = (Py_ssize_t)((b0 & 0x7F) | ((unsigned int)b[pos + 1] << 7));
             at = pos + 2;
         }
         else {
-            goto none;
+            /* A size of three or more bytes (a message of 8 KiB or more, or a longer
+             * encoding): the reference decides. */
+            PyBuffer_Release(&view);
+            return PyLong_FromLong(-2);
         }
         Py_ssize_t stop = at + (size >> 1);
         /* stop - at >= 2: the type byte and the kind byte are inside. */
@@ -546,14 +556,14 @@ static PyMethodDef cdecode_methods[] = {
      "mv[pos:end] to out; return where it stopped (-1: not handled, nothing done)."},
     {"count_replayable", (PyCFunction)(void (*)(void))cdecode_count_replayable, METH_FASTCALL,
      "count_replayable(body, start=0) -> int: the fork calls in body[start:], a body of fork "
-     "and impulse calls; -1 where routing.count_replayable returns None; -2: not handled."},
+     "and impulse calls; -1 where routing.count_replayable returns None; -2: not decided."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef cdecode_module = {
     PyModuleDef_HEAD_INIT,
     "ambrosia_py.wire._cdecode",
-    "C twins of decoding.decode_messages' fast path and routing.count_replayable.",
+    "C accelerators of decoding.decode_messages and routing.count_replayable.",
     -1,
     cdecode_methods,
     NULL,

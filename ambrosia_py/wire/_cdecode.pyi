@@ -1,5 +1,5 @@
-"""The C twins of ``decoding.decode_messages``' fast path and ``routing.count_replayable``
-(``_cdecode.c``); the Python code stays the reference."""
+"""The C accelerator of ``decoding.decode_messages`` and ``routing.count_replayable``
+(``_cdecode.c``); their general paths in Python are the references it is held to."""
 
 from .messages import IncomingReturnValue, IncomingRpc, Message, ReturnType, RpcType
 

@@ -1,15 +1,16 @@
-/* Accelerator for reading log records (pure-Python twin: reader.py / records.py).
+/* Accelerator for reading log records. Its one pure-Python reference is the general path
+ * (reader.py's RecordReader._next_raw_pure and _take_calls_pure, records.py).
  *
  * Only *clean* records are handled here: a complete header whose length is in the right
  * form and range, a complete body, (on disk) a complete, well-formed watermark section,
  * the expected committer and sequence id, and matching check bytes. At anything else
  * (too few bytes, a bad length, a bad check, a mismatch, a malformed tail, an invalid
  * name, a record of 64 KiB or more) these functions stop *before* that record and the
- * caller's pure-Python path reads it, so errors, messages and offsets are the twin's.
+ * caller's pure-Python path reads it, so errors, messages and offsets are the reference's.
  *
  * The check bytes are XXH64 (seed 0), the system's libxxhash (setup.py links it).
  *
- * Results are the twin's attrs classes (given once to configure()). They are filled in
+ * Results are the reference's attrs classes (given once to configure()). They are filled in
  * without running their generated __init__ (allocation, then the slots set through the
  * generic setattr, which a frozen class's __setattr__ does not stand in the way of):
  * these classes have no validators or converters, so the objects are the same, for a
@@ -42,7 +43,7 @@ static inline uint32_t rd32(const unsigned char *p)
     return v;
 }
 
-/* ---- configuration: the twin's classes --------------------------------------------- */
+/* ---- configuration: the reference's classes --------------------------------------------- */
 
 static PyTypeObject *T_header, *T_raw, *T_tail, *T_wm, *T_trim;
 static PyObject *empty_tail; /* DiskRecordTail((), ()): frozen, so one serves all */
@@ -124,7 +125,7 @@ typedef struct {
     long long max_record;
 } Ctx;
 
-/* ZigZagInt at *pos (the twin's decode_zigzag_int); 0 on any failure. */
+/* ZigZagInt at *pos (the reference's decode_zigzag_int); 0 on any failure. */
 static int zigzag_int(const unsigned char *d, Py_ssize_t size, Py_ssize_t *pos, int64_t *out)
 {
     Py_ssize_t at = *pos;
@@ -149,7 +150,7 @@ static inline int64_t rd_i64(const unsigned char *p) { return (int64_t)rd64(p); 
 
 /* ``count`` entries at *at, each a name and ``n_ints`` int64s (a watermark: two, a trim
  * watermark: one), as a tuple of ``tp`` objects with the fields ``names`` (new
- * reference), advancing *at. NULL and no error: not clean (the twin reads them); NULL
+ * reference), advancing *at. NULL and no error: not clean (the reference reads them); NULL
  * and an error: a real failure (memory). */
 static PyObject *parse_entries(const unsigned char *d, Py_ssize_t size, Py_ssize_t *at,
                                int64_t count, int n_ints, PyTypeObject *tp,
@@ -185,7 +186,7 @@ fail:
 }
 
 /* The watermark sections at *pos as a DiskRecordTail (new reference). Returns NULL with
- * no error set if they are not clean (the twin reads them), NULL with an error set on
+ * no error set if they are not clean (the reference reads them), NULL with an error set on
  * a real failure (memory). */
 static PyObject *parse_tail(const Ctx *c, Py_ssize_t *pos)
 {
@@ -254,7 +255,7 @@ static int clean_head(const Ctx *c, Py_ssize_t at, Head *r)
         return 0;
     if (c->have_committer && committer != c->committer)
         return 0;
-    if (seq == INT64_MAX) /* its successor does not fit: the twin's business */
+    if (seq == INT64_MAX) /* its successor does not fit: the reference's business */
         return 0;
     if (seq < 0) {
         if (c->on_disk || (seq != -1 && seq != -2))
@@ -290,7 +291,7 @@ static void took(Ctx *c, const Head *r)
 
 /* The clean record at *pos as a RawRecord (new reference), advancing *pos and the
  * context's committer and next seq. NULL and no error: not clean, or incomplete (the
- * twin reads it); NULL and an error: a real failure. */
+ * reference reads it); NULL and an error: a real failure. */
 static PyObject *parse_one(Ctx *c, Py_ssize_t *pos)
 {
     Py_ssize_t at = *pos;
@@ -355,7 +356,7 @@ static int parse_args(PyObject *const *args, Ctx *c, Py_buffer *view, Py_ssize_t
         if (v == -1 && PyErr_Occurred())
             return -1;
         if (overflow || v < INT32_MIN || v > INT32_MAX)
-            return 0; /* no record can match: the twin says so */
+            return 0; /* no record can match: the reference says so */
         c->committer = (int32_t)v;
     }
     c->have_next = args[6] != Py_None;

@@ -2,8 +2,13 @@
 
 The counterpart of the encoder in :mod:`.messages`, which defines the message classes.
 Decoding is zero-copy: arguments, return values, initial-message bytes and checkpoint
-blobs are ``memoryview`` slices of the buffer they were read from. Every rejection raises
-a :class:`~.errors.ProtocolError` subclass naming what was wrong and at which offset.
+blobs are ``memoryview`` slices of the buffer they were read from (but for the small
+incoming payloads :func:`decode_messages` copies). Every rejection raises a
+:class:`~.errors.ProtocolError` subclass naming what was wrong and at which offset.
+
+The code here is the one pure-Python reference: ``_cdecode.c`` decodes the common runs
+of incoming calls and return values in C where it is built (chosen once, at import), and
+leaves every other message to it.
 """
 
 from __future__ import annotations
@@ -54,7 +59,7 @@ __all__ = ["calls_decoder", "decode_message", "decode_messages"]
 
 
 def _read_name(mv: memoryview, pos: int, end: int, field: str) -> tuple[str, int]:
-    n, pos2 = decode_zigzag_int(mv, pos)
+    n, pos2 = decode_zigzag_int(mv, pos, end)
     if n < 0:
         raise MalformedMessageError(f"negative {field} length {n}", offset=pos)
     if pos2 + n > end:
@@ -65,13 +70,8 @@ def _read_name(mv: memoryview, pos: int, end: int, field: str) -> tuple[str, int
         raise InvalidNameError(f"{field} is not valid UTF-8: {exc.reason}", offset=pos2) from None
 
 
-def _varint(mv: memoryview, pos: int, end: int, long: bool) -> tuple[int, int]:
-    # Decode within [pos, end): a varint must not run past the end of its message.
-    view = mv[:end]
-    return decode_zigzag_long(view, pos) if long else decode_zigzag_int(view, pos)
-
-
-def _decode_rpc(mv: memoryview, pos: int, end: int, outgoing: bool) -> Message:
+def _decode_rpc(mv: memoryview, pos: int, end: int, outgoing: bool, copy: bool) -> Message:
+    """An RPC's data at ``mv[pos:end]``; ``copy``: its arguments or value as ``bytes``."""
     destination = ""
     if outgoing:
         destination, pos = _read_name(mv, pos, end, "destination name")
@@ -80,7 +80,7 @@ def _decode_rpc(mv: memoryview, pos: int, end: int, outgoing: bool) -> Message:
     kind = mv[pos]
     pos += 1
     if kind == 0:
-        method_id, pos = _varint(mv, pos, end, False)
+        method_id, pos = decode_zigzag_int(mv, pos, end)
         if pos >= end:
             raise TruncatedInputError("RPC type byte missing", offset=pos)
         raw_type = mv[pos]
@@ -92,26 +92,26 @@ def _decode_rpc(mv: memoryview, pos: int, end: int, outgoing: bool) -> Message:
         call_seq = 0
         if raw_type == 0:
             sender, pos = _read_name(mv, pos, end, "sender name")
-            call_seq, pos = _varint(mv, pos, end, True)
-        args = mv[pos:end]
+            call_seq, pos = decode_zigzag_long(mv, pos, end)
+        args: Payload = mv[pos:end].tobytes() if copy else mv[pos:end]
         if outgoing:
             return OutgoingRpc(destination, method_id, rpc_type, args, sender, call_seq)
         return IncomingRpc(method_id, rpc_type, args, sender, call_seq)
     if kind > 3:
         raise MalformedMessageError(f"unknown RPC return type {kind}", offset=pos - 1)
-    return_type = ReturnType(kind)
+    return_type = _RETURN_TYPES[kind - 1]
     sender, pos = _read_name(mv, pos, end, "sender name")
-    call_seq, pos = _varint(mv, pos, end, True)
+    call_seq, pos = decode_zigzag_long(mv, pos, end)
     value: Payload = b""
     if return_type != ReturnType.NO_VALUE:
-        n, pos = _varint(mv, pos, end, False)
+        n, pos = decode_zigzag_int(mv, pos, end)
         if n < 0:
             raise MalformedMessageError(f"negative return value length {n}", offset=pos)
         if pos + n > end:
             raise TruncatedInputError(
                 f"return value of {n} bytes runs past the message end", offset=pos
             )
-        value = mv[pos : pos + n]
+        value = mv[pos : pos + n].tobytes() if copy else mv[pos : pos + n]
         pos += n
     if pos != end:
         raise MalformedMessageError(f"{end - pos} trailing bytes after return value", offset=pos)
@@ -124,10 +124,10 @@ def _decode_batch(
     mv: memoryview, pos: int, end: int, direction: Direction, counted: bool
 ) -> Message:
     start = pos
-    count, pos = _varint(mv, pos, end, False)
+    count, pos = decode_zigzag_int(mv, pos, end)
     replayable = 0
     if counted:
-        replayable, pos = _varint(mv, pos, end, False)
+        replayable, pos = decode_zigzag_int(mv, pos, end)
     if count < 0:
         raise BatchCountError(f"negative batch count {count}", offset=start)
     items: list[RpcMessage] = []
@@ -140,10 +140,10 @@ def _decode_batch(
         inner_start = pos
         # Refuse a nested batch before decoding it: decoding recurses, and a record can
         # hold enough nesting levels to exhaust the stack (RecursionError).
-        size, p = _varint(mv, pos, end, False)
+        size, p = decode_zigzag_int(mv, pos, end)
         if size >= 1 and p < end and mv[p] in _BATCH_TYPES:
             raise MalformedMessageError("batch holds a batch", offset=inner_start)
-        inner, pos = decode_message(mv, pos, direction, end=end)
+        inner, pos = _decode(mv, pos, end, direction, False)
         if not isinstance(
             inner, IncomingRpc | IncomingReturnValue | OutgoingRpc | OutgoingReturnValue
         ):
@@ -172,6 +172,11 @@ _EMPTY: dict[MessageType, Message] = {
     MessageType.BECOMING_PRIMARY: BecomingPrimary(),
 }
 
+# Messages under this size that :func:`decode_messages` reads in the incoming form own
+# their arguments or value (``bytes``): cheaper to make than a view and to collect, and
+# they do not keep the record alive (a binding's checkpoint tail holds calls a while).
+_COPY_BELOW = 8 * 1024
+
 
 def decode_message(
     buf: Payload,
@@ -188,8 +193,16 @@ def decode_message(
     mv = buf if isinstance(buf, memoryview) else memoryview(buf)
     # An ``end`` past the buffer must not let an IndexError out: the data is truncated.
     limit = len(mv) if end is None else min(end, len(mv))
+    return _decode(mv, pos, limit, direction, False)
+
+
+def _decode(
+    mv: memoryview, pos: int, limit: int, direction: Direction, copy: bool
+) -> tuple[Message, int]:
+    """:func:`decode_message` within ``mv[:limit]``; ``copy``: an incoming call's arguments
+    or return value's value under :data:`_COPY_BELOW` as ``bytes`` of its own."""
     start = pos
-    size, pos = _varint(mv, pos, limit, False)
+    size, pos = decode_zigzag_int(mv, pos, limit)
     if size < 1:
         raise MalformedMessageError(f"message size {size} (must be at least 1)", offset=start)
     stop = pos + size
@@ -200,14 +213,14 @@ def decode_message(
         )
     t = mv[pos]
     pos += 1
-    try:
-        mtype = MessageType(t)
-    except ValueError:
-        raise UnknownMessageTypeError(f"unknown message type {t}", offset=pos - 1) from None
+    if t == 0:  # an RPC: the common case, ahead of the table
+        outgoing = direction is Direction.TO_COORDINATOR
+        return _decode_rpc(mv, pos, stop, outgoing, copy and size < _COPY_BELOW), stop
+    mtype = _MESSAGE_TYPES.get(t)
+    if mtype is None:
+        raise UnknownMessageTypeError(f"unknown message type {t}", offset=pos - 1)
     msg: Message
-    if mtype == MessageType.RPC:
-        msg = _decode_rpc(mv, pos, stop, direction is Direction.TO_COORDINATOR)
-    elif mtype in _EMPTY:
+    if mtype in _EMPTY:
         if pos != stop:
             raise MalformedMessageError(
                 f"{mtype.name} carries {stop - pos} unexpected bytes", offset=pos
@@ -221,13 +234,13 @@ def decode_message(
                 f"AttachTo name is not valid UTF-8: {exc.reason}", offset=pos
             ) from None
     elif mtype in (MessageType.COMMIT, MessageType.REPLAY_FROM):
-        a, p2 = _varint(mv, pos, stop, True)
-        b, p2 = _varint(mv, p2, stop, True)
+        a, p2 = decode_zigzag_long(mv, pos, stop)
+        b, p2 = decode_zigzag_long(mv, p2, stop)
         if p2 != stop:
             raise MalformedMessageError(f"{stop - p2} trailing bytes in {mtype.name}", offset=p2)
         msg = Commit(a, b) if mtype == MessageType.COMMIT else ReplayFrom(a, b)
     elif mtype in (MessageType.TRIM_TO, MessageType.CHECKPOINT):
-        a, p2 = _varint(mv, pos, stop, True)
+        a, p2 = decode_zigzag_long(mv, pos, stop)
         if p2 != stop:
             raise MalformedMessageError(f"{stop - p2} trailing bytes in {mtype.name}", offset=p2)
         if mtype == MessageType.CHECKPOINT:
@@ -248,189 +261,79 @@ def decode_message(
     return msg, stop
 
 
+_MESSAGE_TYPES = {int(t): t for t in MessageType}  # a lookup, not an enum call per message
+
+CallsDecoder = Callable[[memoryview, int, int, list[Message]], int]
+
+
 def decode_messages(
     buf: Payload, pos: int, end: int, direction: Direction = Direction.TO_BINDING
 ) -> list[Message]:
     """Decode the messages packed in ``buf[pos:end]`` (a record body).
 
-    Payloads are views of ``buf``, except the arguments of incoming calls and the values
-    of return values in messages under 8 KiB (the common case, decoded by the fast path),
-    which are ``bytes`` of their own: cheaper to make than a view and to collect, and they
-    do not keep ``buf`` alive (a binding's checkpoint tail holds calls for a while).
+    Payloads are views of ``buf``, except, in the incoming form, the arguments of calls
+    and the values of return values in messages under 8 KiB, which are ``bytes`` of
+    their own: cheaper to make than a view and to collect, and they do not keep ``buf``
+    alive (a binding's checkpoint tail holds calls for a while). Where the C accelerator
+    is built it decodes the runs of incoming calls and return values (the same messages:
+    ``tests/test_cdecode.py``); everything else is :func:`_decode_messages_py`'s.
     """
-    decode_calls = _decode_calls
-    if decode_calls is None or direction is not Direction.TO_BINDING:
-        return _decode_messages_py(buf, pos, end, direction)
-    mv = buf if isinstance(buf, memoryview) else memoryview(buf)
-    if end > len(mv):
-        raise TruncatedInputError(
-            f"messages end at {end}, past the {len(mv)}-byte buffer", offset=pos
-        )
-    out: list[Message] = []
-    # The C twin of the fast path below decodes each run of incoming calls and return
-    # values; every other message (or anything doubtful) is decoded here, as before.
-    at = decode_calls(mv, pos, end, out)
-    if at < 0:  # a buffer the C loop is not written for (not flat bytes): nothing done
-        return _decode_messages_py(mv, pos, end, direction)
-    while at < end:
-        msg, at = decode_message(mv, at, direction, end=end)
-        out.append(msg)
-        at = decode_calls(mv, at, end, out)
-    return out
+    return _decode_all(buf, pos, end, direction, _decode_calls)
 
 
 def _decode_messages_py(
     buf: Payload, pos: int, end: int, direction: Direction = Direction.TO_BINDING
 ) -> list[Message]:
-    """:func:`decode_messages` in Python alone: the reference for its C twin."""
+    """:func:`decode_messages` in Python alone, message by message: the reference that
+    its C accelerator (``_cdecode.decode_calls``) is held to."""
+    return _decode_all(buf, pos, end, direction, None)
+
+
+def _decode_all(
+    buf: Payload, pos: int, end: int, direction: Direction, calls: CallsDecoder | None
+) -> list[Message]:
+    """The messages at ``buf[pos:end]``, each by :func:`_decode`, but for the runs of
+    incoming calls and replies that ``calls`` (the C loop) decodes the same way."""
     mv = buf if isinstance(buf, memoryview) else memoryview(buf)
     if end > len(mv):
         raise TruncatedInputError(
             f"messages end at {end}, past the {len(mv)}-byte buffer", offset=pos
         )
-    out: list[Message] = []
-    append = out.append
     incoming = direction is Direction.TO_BINDING
-    new = object.__new__
-    set_method, set_type, set_args, set_sender, set_seq = _INCOMING_RPC_SLOTS
+    out: list[Message] = []
+    if calls is not None and incoming:
+        at = calls(mv, pos, end, out)  # the run of calls and replies at pos, decoded in C
+        if at >= 0:
+            while at < end:
+                msg, at = _decode(mv, at, end, direction, True)  # what C leaves
+                out.append(msg)
+                at = calls(mv, at, end, out)
+            return out
+        # a buffer the C loop is not written for (not flat bytes): nothing was done
+    append = out.append
     while pos < end:
-        # Fast path: a size of one or two varint bytes and an incoming call (a fork, an
-        # impulse, or an async/await call from a short ASCII name) or a return value, which
-        # is what high-rate traffic and awaited calls and their replies look like.
-        if incoming:
-            b0 = mv[pos]
-            if b0 < 0x80:
-                raw_size, hdr = b0, 1
-            elif pos + 1 < end and mv[pos + 1] < 0x80:
-                raw_size, hdr = (b0 & 0x7F) | (mv[pos + 1] << 7), 2
-            else:
-                raw_size, hdr = 1, 0  # odd: falls through to the general path
-            if not raw_size & 1 and raw_size >= 8:
-                stop = pos + hdr + (raw_size >> 1)
-                p = pos + hdr
-                if stop <= end and mv[p] == 0 and 1 <= mv[p + 1] <= 3:
-                    reply = _fast_return(mv, p + 2, stop, mv[p + 1])
-                    if reply is not None:
-                        append(reply)
-                        pos = stop
-                        continue
-                elif stop <= end and mv[p] == 0 and mv[p + 1] == 0:
-                    # The method id: one byte, or up to five (ids hashed from method names
-                    # are 31-bit); anything longer or odd takes the general path.
-                    q = p + 2
-                    m = mv[q]
-                    q += 1
-                    shift = 7
-                    if m >= 0x80:
-                        m &= 0x7F
-                        while q < stop and shift < 35:
-                            b = mv[q]
-                            q += 1
-                            m |= (b & 0x7F) << shift
-                            shift += 7
-                            if b < 0x80:
-                                break
-                        else:
-                            shift = 99
-                    if shift <= 35 and m <= 0xFFFFFFFF and q < stop and mv[q] <= 2:
-                        r = mv[q]
-                        sender, call_seq, at = "", 0, q + 1
-                        if r == 0:
-                            # An async/await call: a sender of at most 63 ASCII bytes,
-                            # a sequence number of at most nine varint bytes; anything
-                            # else takes the general path.
-                            sender, call_seq, at = _fast_caller(mv, q + 1, stop)
-                        if at:
-                            # IncomingRpc(method, type, args, ...), its slots set directly:
-                            # the frozen class's __init__ costs a third more per message.
-                            # The arguments (under 8 KiB here) are copied: a view costs
-                            # more to make and to collect, and keeps the record alive.
-                            call = new(IncomingRpc)
-                            set_method(call, (m >> 1) ^ -(m & 1))
-                            set_type(call, _RPC_TYPES[r])
-                            set_args(call, mv[at:stop].tobytes())
-                            set_sender(call, sender)
-                            set_seq(call, call_seq)
-                            append(call)
-                            pos = stop
-                            continue
-        msg, pos = decode_message(mv, pos, direction, end=end)
+        msg, pos = _decode(mv, pos, end, direction, incoming)
         append(msg)
     return out
-
-
-def _fast_caller(mv: memoryview, p: int, stop: int) -> tuple[str, int, int]:
-    """An async/await call's sender and sequence number at ``mv[p:stop]``, and where its
-    arguments start; ``("", 0, 0)`` for anything the fast path leaves to the general one."""
-    if p >= stop or mv[p] >= 0x80 or mv[p] & 1:
-        return "", 0, 0
-    n = mv[p] >> 1
-    name = mv[p + 1 : p + 1 + n]
-    p += 1 + n
-    if p > stop or not name.tobytes().isascii():
-        return "", 0, 0
-    v = shift = 0
-    while p < stop and shift < 63:
-        c = mv[p]
-        p += 1
-        v |= (c & 0x7F) << shift
-        shift += 7
-        if c < 0x80:
-            return str(name, "ascii"), (v >> 1) ^ -(v & 1), p
-    return "", 0, 0
-
-
-def _fast_return(mv: memoryview, p: int, stop: int, kind: int) -> IncomingReturnValue | None:
-    """A return value of ``kind`` (1-3) from ``mv[p:stop]``, after its kind byte: its caller
-    (as :func:`_fast_caller`), then for a value or an exception a length of one or two
-    varint bytes and exactly that many bytes; None for anything else."""
-    sender, call_seq, p = _fast_caller(mv, p, stop)
-    if not p:
-        return None
-    n = 0
-    if kind != 2:
-        if p >= stop:
-            return None
-        v = mv[p]
-        p += 1
-        if v >= 0x80:
-            if p >= stop or mv[p] >= 0x80:
-                return None
-            v = (v & 0x7F) | (mv[p] << 7)
-            p += 1
-        if v & 1:
-            return None
-        n = v >> 1
-    if p + n != stop:
-        return None
-    reply = object.__new__(IncomingReturnValue)
-    set_type, set_sender, set_seq, set_value = _RETURN_SLOTS
-    set_type(reply, _RETURN_TYPES[kind - 1])
-    set_sender(reply, sender)
-    set_seq(reply, call_seq)
-    set_value(reply, mv[p:stop].tobytes())  # a copy of its own, as for calls; b"" for none
-    return reply
 
 
 _RPC_TYPES = (RpcType.ASYNC_AWAIT, RpcType.FORK, RpcType.IMPULSE)
 _INCOMING_RPC_DESCRIPTORS = slot_descriptors(
     IncomingRpc,
     ("method_id", "rpc_type", "args", "sender", "call_seq"),
-    "decode_messages' fast path and _cdecode.c",
+    "_cdecode.c",
 )
-_INCOMING_RPC_SLOTS = tuple(d.__set__ for d in _INCOMING_RPC_DESCRIPTORS)
 _RETURN_TYPES = (ReturnType.VALUE, ReturnType.NO_VALUE, ReturnType.EXCEPTION)
 _RETURN_DESCRIPTORS = slot_descriptors(
     IncomingReturnValue,
     ("return_type", "sender", "call_seq", "value"),
-    "decode_messages' fast path and _cdecode.c",
+    "_cdecode.c",
 )
-_RETURN_SLOTS = tuple(d.__set__ for d in _RETURN_DESCRIPTORS)
 
 
-def _load_decode_calls() -> Callable[[memoryview, int, int, list[Message]], int] | None:
-    """The C fast path (``_cdecode.decode_calls``), given what it builds; None where it is
-    not built or ``AMBROSIA_PURE_PYTHON`` is set."""
+def _load_decode_calls() -> CallsDecoder | None:
+    """The C loop (``_cdecode.decode_calls``), given what it builds; None where it is not
+    built or ``AMBROSIA_PURE_PYTHON`` is set."""
     if accel.load("ambrosia_py.wire._cdecode") is None:
         return None
     from . import _cdecode
@@ -443,7 +346,7 @@ def _load_decode_calls() -> Callable[[memoryview, int, int, list[Message]], int]
 _decode_calls = _load_decode_calls()
 
 
-def calls_decoder() -> Callable[[memoryview, int, int, list[Message]], int] | None:
+def calls_decoder() -> CallsDecoder | None:
     """The C loop :func:`decode_messages` runs over incoming calls and return values: given
     ``(view, pos, end, out)`` it appends the calls it reads to ``out`` and returns where it
     stopped (``end`` when the calls are all there is). None where it is not built."""

@@ -111,19 +111,13 @@ class MessageReader:
         most = self._max_message
         append = out.append
         while pos < end:
-            b0 = data[pos]
-            if b0 < 0x80:
-                n = b0
-                at = pos + 1
-            elif pos + 1 < end and data[pos + 1] < 0x80:
-                n = (b0 & 0x7F) | (data[pos + 1] << 7)
-                at = pos + 2
-            else:
+            try:
+                n, at = decode_zigzag_int(data, pos)
+            except ProtocolError:  # cut short or malformed: next_frame's to say
                 break
-            if n & 1 or not n or n >> 1 > most:  # next_frame rejects these
-                break
-            stop = at + (n >> 1)
-            if stop > end or data[at] != 0:  # incomplete, or not an RPC
+            stop = at + n
+            # Not small, rejected by next_frame, incomplete, or not an RPC.
+            if at - pos > 2 or not 0 < n <= most or stop > end or data[at]:
                 break
             append(data[pos:stop])
             pos = stop

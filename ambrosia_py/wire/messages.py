@@ -528,13 +528,7 @@ def encode_messages_parts(msgs: Iterable[Message]) -> list[Buffer]:
         else:
             out.extend(encode_message_parts(msg))
             continue
-        n = (1 + len(head) + len(args)) << 1  # the frame's size, as a ZigZagInt
-        if n < 0x80:
-            prefix = bytes((n, 0)) + head
-        elif n < 0x4000:
-            prefix = bytes(((n & 0x7F) | 0x80, n >> 7, 0)) + head
-        else:
-            prefix = encode_zigzag_int(n >> 1) + b"\x00" + head
+        prefix = encode_zigzag_int(1 + len(head) + len(args)) + b"\x00" + head
         if len(args) <= _JOIN_MAX:
             append(prefix + args)
         else:

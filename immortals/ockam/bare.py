@@ -17,6 +17,14 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterable
 from typing import TypeVar
 
+from ambrosia_py.wire.errors import TruncatedInputError, VarintTooLongError
+from ambrosia_py.wire.varint import (
+    decode_uvarint,
+    encode_uvarint,
+    encode_zigzag_long,
+    uvarint_size,
+)
+
 from .errors import DecodeError
 
 __all__ = [
@@ -32,6 +40,7 @@ __all__ = [
     "string_size",
     "u8",
     "uint",
+    "uint_at",
     "uint_size",
 ]
 
@@ -50,25 +59,22 @@ _MAX_INT = 2**63 - 1
 # --- encoders ---------------------------------------------------------------------------
 
 
+# BARE's ``uint`` is the unsigned LEB128 varint AMBROSIA's ZigZagInt and ZigZagLong are
+# built on, and its ``int`` is their zig-zag form over 64 bits (ZigZagLong): the byte
+# work is ``ambrosia_py.wire.varint``'s. BARE's own rules (64 bits, minimal encodings
+# only) are checked here.
+
+
 def uint(n: int) -> bytes:
     """``n`` as a BARE ``uint`` (unsigned LEB128); ValueError unless 0 <= n < 2**64."""
-    if n < 0x80:
-        if n < 0:
-            raise ValueError(f"uint {n} is negative")
-        return bytes((n,))
-    if n > MAX_UINT:
-        raise ValueError(f"uint {n} does not fit in 64 bits")
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
+    if not 0 <= n <= MAX_UINT:
+        raise ValueError(f"uint {n} is negative" if n < 0 else f"uint {n} does not fit in 64 bits")
+    return encode_uvarint(n)
 
 
 def uint_size(n: int) -> int:
     """The length of ``uint(n)`` in bytes, computed without encoding."""
-    return 1 if n < 0x80 else (n.bit_length() + 6) // 7
+    return uvarint_size(n)
 
 
 def int_(n: int) -> bytes:
@@ -76,7 +82,29 @@ def int_(n: int) -> bytes:
     if not _MIN_INT <= n <= _MAX_INT:
         raise ValueError(f"int {n} does not fit in 64 bits")
     # Zig-zag maps 0, -1, 1, -2 ... to 0, 1, 2, 3 ... so small magnitudes stay short.
-    return uint((n << 1) ^ (n >> 63))
+    return encode_zigzag_long(n)
+
+
+def uint_at(buf: bytes | memoryview, pos: int, end: int) -> tuple[int, int]:
+    """The ``uint`` at ``buf[pos:end]`` and the position after it: at most 10 bytes,
+    below 2**64, minimally encoded. ValueError saying why for anything else."""
+    try:
+        value, after = decode_uvarint(buf, pos, end, MAX_VARINT_BYTES)
+    except TruncatedInputError:
+        n = end - pos
+        got = f"after {n} byte{'s' * (n != 1)}" if n > 0 else "with no bytes left"
+        raise ValueError(f"truncated: varint ends {got}") from None
+    except VarintTooLongError:
+        raise ValueError(f"varint longer than {MAX_VARINT_BYTES} bytes") from None
+    # We reject a last group of zero after other groups ("80 00" for 0): the BARE spec
+    # requires the minimal encoding, the released encoders only produce it, and accepting
+    # padding would give one value many encodings (two payloads equal as values but not
+    # as bytes).
+    if after - pos > 1 and buf[after - 1] == 0:
+        raise ValueError(f"non-minimal varint ({after - pos} bytes)")
+    if value > MAX_UINT:  # the 10th group holds bit 63 only
+        raise ValueError("varint value does not fit in 64 bits")
+    return value, after
 
 
 def string(s: str) -> bytes:
@@ -184,35 +212,13 @@ class Reader:
     # -- scalars --
 
     def uint(self, field: str) -> int:
-        """A ``uint``: at most 10 bytes, below 2**64, minimally encoded."""
-        buf, pos, end = self._buf, self._pos, self._end
-        if pos < end and buf[pos] < 0x80:  # the common one-byte case
-            self._pos = pos + 1
-            return buf[pos]
-        start = pos
-        result = 0
-        shift = 0
-        for i in range(MAX_VARINT_BYTES):
-            if pos >= end:
-                got = f"after {i} byte{'s' * (i != 1)}" if i else "with no bytes left"
-                raise self.error(field, start, f"truncated: varint ends {got}")
-            b = buf[pos]
-            pos += 1
-            result |= (b & 0x7F) << shift
-            if b < 0x80:
-                # We reject a last group of zero after other groups ("80 00" for 0):
-                # the BARE spec requires the minimal encoding, the released encoders
-                # only produce it, and accepting padding would give one value many
-                # encodings (two payloads equal as values but not as bytes).
-                if b == 0:
-                    raise self.error(field, start, f"non-minimal varint ({i + 1} bytes)")
-                # The 10th group holds bit 63 only; anything more is >= 2**64.
-                if i == MAX_VARINT_BYTES - 1 and b > 1:
-                    raise self.error(field, start, "varint value does not fit in 64 bits")
-                self._pos = pos
-                return result
-            shift += 7
-        raise self.error(field, start, f"varint longer than {MAX_VARINT_BYTES} bytes")
+        """A ``uint``: at most 10 bytes, below 2**64, minimally encoded (:func:`uint_at`)."""
+        pos = self._pos
+        try:
+            value, self._pos = uint_at(self._buf, pos, self._end)
+        except ValueError as exc:
+            raise self.error(field, pos, str(exc)) from None
+        return value
 
     def int_(self, field: str) -> int:
         """An ``int``: a zig-zag ``uint``."""

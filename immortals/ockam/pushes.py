@@ -49,36 +49,12 @@ def header(onward_route: Route, return_route: Route) -> bytes:
 
 def _uint(buf: bytes, pos: int) -> tuple[int, int]:
     """A ``uint`` at ``pos`` and the position after it, or (-1, pos) if the bytes there
-    are not one the strict decoder accepts (truncated, non-minimal, over 64 bits): the
-    caller then leaves the frame to the generic decoder, which reports it."""
-    end = len(buf)
-    if pos < end:
-        b = buf[pos]
-        if b < 0x80:  # the common case: one byte
-            return b, pos + 1
-    value = shift = 0
-    for i in range(bare.MAX_VARINT_BYTES):
-        if pos + i >= end:
-            return -1, pos
-        b = buf[pos + i]
-        value |= (b & 0x7F) << shift
-        shift += 7
-        if b < 0x80:
-            if (i and b == 0) or value > bare.MAX_UINT:
-                return -1, pos
-            return value, pos + i + 1
-    return -1, pos
-
-
-def _uint_bytes(n: int) -> bytes:
-    if 0 <= n < 0x80:
-        return _SMALL[n]
-    if 0x80 <= n < 0x4000:
-        return bytes(((n & 0x7F) | 0x80, n >> 7))
-    return bare.uint(n)
-
-
-_SMALL: Final = tuple(bytes((n,)) for n in range(0x80))
+    are not one the strict decoder accepts (:func:`.bare.uint_at`): the caller then
+    leaves the frame to the generic decoder, which reports it."""
+    try:
+        return bare.uint_at(buf, pos, len(buf))
+    except ValueError:
+        return -1, pos
 
 
 def _fields_at(message: bytes, start: int) -> int:
@@ -112,8 +88,8 @@ def read_push_at(message: bytes, start: int) -> tuple[int, bytes] | None:
 
 def confirm_payload(request_id: int, index: int) -> bytes:
     """``codec.encode(PushConfirm(request_id, Status.OK, index))``, directly."""
-    inner = _uint_bytes(request_id) + _OK + _uint_bytes(index)
-    return _PROTOCOL + _uint_bytes(len(inner)) + inner
+    inner = bare.uint(request_id) + _OK + bare.uint(index)
+    return _PROTOCOL + bare.uint(len(inner)) + inner
 
 
 def read_confirm_at(message: bytes, start: int) -> tuple[int, int, int] | None:
@@ -135,5 +111,5 @@ def read_confirm_at(message: bytes, start: int) -> tuple[int, int, int] | None:
 
 def push_payload(request_id: int, data: bytes) -> bytes:
     """``codec.encode(PushRequest(request_id, data))``, directly."""
-    inner = _uint_bytes(request_id) + _uint_bytes(len(data)) + data
-    return _PROTOCOL + _uint_bytes(len(inner)) + inner
+    inner = bare.uint(request_id) + bare.uint(len(data)) + data
+    return _PROTOCOL + bare.uint(len(inner)) + inner

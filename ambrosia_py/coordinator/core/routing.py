@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ... import accel, wire
-from ...wire.decoding import calls_decoder
+from ...wire.decoding import _decode_messages_py
 
 __all__ = [
     "count_replayable",
@@ -24,9 +24,7 @@ __all__ = [
     "to_incoming",
 ]
 
-_FORK = int(wire.RpcType.FORK)
 _VIEW_FROM = 8 * 1024  # link calls this large are queued as views of their frame
-_decode_calls = calls_decoder()
 
 
 def to_incoming(raw: bytes | memoryview) -> tuple[str, bytes, memoryview]:
@@ -38,7 +36,7 @@ def to_incoming(raw: bytes | memoryview) -> tuple[str, bytes, memoryview]:
     """
     mv = memoryview(raw)
     size, pos = wire.decode_zigzag_int(mv, 0)
-    name_len, name_at = wire.decode_zigzag_int(mv[: pos + size], pos + 1)
+    name_len, name_at = wire.decode_zigzag_int(mv, pos + 1, pos + size)
     if name_len < 0 or name_at + name_len > pos + size:
         raise wire.MalformedMessageError(f"destination length {name_len}", offset=pos + 1)
     try:
@@ -62,66 +60,40 @@ def is_replayable(incoming_body: wire.Payload) -> bool:
 
 
 def split_link_forks(data: bytes) -> list[bytes] | None:
-    """A link frame's messages, if all are fork calls in the incoming form; else None.
+    """A link frame's messages, if all are fork calls in the incoming form under
+    :data:`_VIEW_FROM` bytes (:func:`large_link_forks` takes larger ones); else None.
 
-    The fast path of :meth:`Intake.link_input`: it accepts exactly the frames that
-    decoding would accept as incoming fork calls (a size of one or two varint bytes, the
-    RPC type, a call, a method id of at most five varint bytes within 32 bits, the fork
-    type byte, the arguments). Anything else, valid or not, returns None and takes the
-    general path, which decodes each message and raises the documented errors.
+    The fast path of :meth:`Intake.link_input`: the frame is read as decoding reads it
+    (:func:`count_replayable`: every message a fork or an impulse call, and as many forks
+    as messages), then cut at its messages' sizes. Anything else, valid or not, returns
+    None and takes the general path, which decodes each message and raises the
+    documented errors.
     """
+    forks = count_replayable(data)
+    if forks is None:
+        return None
     out: list[bytes] = []
     append = out.append
+    decode_size = wire.decode_zigzag_int
     pos = 0
-    end = len(data)
-    while pos < end:
-        b0 = data[pos]
-        if b0 < 0x80:
-            n = b0
-            at = pos + 1
-        elif pos + 1 < end and data[pos + 1] < 0x80:
-            n = (b0 & 0x7F) | (data[pos + 1] << 7)
-            at = pos + 2
-        else:
-            return None
-        stop = at + (n >> 1)
-        if n & 1 or n < 6 or stop > end or data[at] != 0 or data[at + 1] != 0:
-            return None
-        q = at + 2  # the method id
-        if data[q] >= 0x80:
-            if q + 1 >= stop:
-                return None
-            last = min(q + 4, stop - 1)
-            k = q + 1
-            while k < last and data[k] >= 0x80:
-                k += 1
-            if data[k] >= 0x80 or (k == q + 4 and data[k] > 0x0F):
-                return None
-            q = k
-        q += 1
-        if q >= stop or data[q] != _FORK:
+    for _ in range(forks):
+        size, at = decode_size(data, pos)  # decoding read it: a valid size
+        stop = at + size
+        if size >= _VIEW_FROM:
             return None
         append(data[pos:stop])
         pos = stop
-    return out
+    return out if pos == len(data) else None  # an impulse, too: not a frame of forks
 
 
 def one_link_message(data: bytes) -> wire.Message | None:
     """The message ``data`` is, decoded in the incoming form, if it is exactly one; None
-    if it is several, or is not read whole (malformed: the general path says how).
-
-    Incoming calls and return values go through the C decoder where it is built (the
-    same messages as :func:`wire.decode_message`, tested so in ``test_cdecode``)."""
-    if _decode_calls is not None:
-        out: list[wire.Message] = []
-        stop = _decode_calls(memoryview(data), 0, len(data), out)
-        if out:
-            return out[0] if stop == len(data) and len(out) == 1 else None
+    if it is several, or is not read whole (malformed: the general path says how)."""
     try:
-        msg, stop = wire.decode_message(data, 0, wire.Direction.TO_BINDING)
+        messages = wire.decode_messages(data, 0, len(data))
     except wire.ProtocolError:
         return None
-    return msg if stop == len(data) else None
+    return messages[0] if len(messages) == 1 else None
 
 
 def large_link_forks(payload: memoryview) -> list[wire.Payload] | None:
@@ -157,8 +129,13 @@ def large_link_forks(payload: memoryview) -> list[wire.Payload] | None:
 def count_replayable(body: wire.Payload, start: int = 0) -> int | None:
     """How many of a record body's framed messages (from ``body[start:]``; a record in
     wire form from its header's size on) are fork calls, when all are fork or impulse
-    calls; None otherwise (see :func:`_count_replayable_py`, the reference, and
-    ``wire/_cdecode.c``, its C twin, used where built)."""
+    calls as decoding reads them; None otherwise (a return value, an async/await call, a
+    batch, a control message, anything malformed): then decode them.
+
+    Used by replay, which needs only this count per logged record. The C accelerator
+    (``wire/_cdecode.c``) counts without decoding where it is built, and leaves to
+    :func:`_count_replayable_py`, the reference, what it does not decide.
+    """
     count = _c_count_replayable
     if count is not None:
         n = count(body, start)
@@ -166,57 +143,30 @@ def count_replayable(body: wire.Payload, start: int = 0) -> int | None:
             return n
         if n == -1:
             return None
-        # -2: a body the C loop is not written for (not flat bytes)
+        # -2: not decided here (a body the C loop is not written for, a large message)
     return _count_replayable_py(body, start)
 
 
 def _count_replayable_py(body: wire.Payload, start: int = 0) -> int | None:
-    """How many of a record body's framed messages are fork calls, read byte by byte,
-    when all are fork or impulse calls (decoding accepts exactly these and reads
-    nothing after their type byte); None otherwise (a return value, an async/await
-    call, a batch, a control message, anything malformed): then decode them.
-
-    Used by replay, which needs only this count per logged record.
-    """
+    """:func:`count_replayable` by decoding the messages (in Python alone: the reference
+    its C accelerator is held to)."""
+    try:
+        messages = _decode_messages_py(body, start, len(body))
+    except wire.ProtocolError:
+        return None
     n = 0
-    pos = start
-    end = len(body)
-    while pos < end:
-        b0 = body[pos]
-        if b0 < 0x80:
-            size = b0
-            at = pos + 1
-        elif pos + 1 < end and body[pos + 1] < 0x80:
-            size = (b0 & 0x7F) | (body[pos + 1] << 7)
-            at = pos + 2
-        else:
+    for msg in messages:
+        if type(msg) is not wire.IncomingRpc or msg.rpc_type is wire.RpcType.ASYNC_AWAIT:
             return None
-        stop = at + (size >> 1)
-        if size & 1 or size < 4 or stop > end or body[at] != 0:
-            return None
-        if body[at + 1]:  # a return value: decoding checks its fields
-            return None
-        p = at + 2  # a call: its method id (at most 5 varint bytes), then its type byte
-        last = min(p + 5, stop)
-        while p < last and body[p] >= 0x80:
-            p += 1
-        if p >= last or (p - at == 6 and body[p] > 0x0F) or p + 1 >= stop:
-            return None
-        rpc_type = body[p + 1]
-        if rpc_type == _FORK:
-            n += 1
-        elif rpc_type != _IMPULSE:  # an async/await call: decoding checks its sender
-            return None
-        pos = stop
+        n += msg.rpc_type is wire.RpcType.FORK
     return n
 
 
-_IMPULSE = int(wire.RpcType.IMPULSE)
-
-
 def _load_count_replayable() -> Callable[[wire.Payload, int], int] | None:
-    # The C twin reads fork as 1 and impulse as 2, as the wire format has them.
-    if (_FORK, _IMPULSE) != (1, 2) or accel.load("ambrosia_py.wire._cdecode") is None:
+    # The C loop reads fork as 1 and impulse as 2, as the wire format has them.
+    if (wire.RpcType.FORK, wire.RpcType.IMPULSE) != (1, 2):  # pragma: no cover
+        return None
+    if accel.load("ambrosia_py.wire._cdecode") is None:
         return None
     from ...wire import _cdecode
 
