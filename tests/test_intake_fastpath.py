@@ -247,16 +247,6 @@ def test_an_awaited_call_and_a_reply_are_queued_whole_and_a_false_sender_refused
         Intake(_SELF).link_input("c", reply)
 
 
-@given(st.lists(_forks, min_size=1, max_size=10))
-def test_split_link_forks_takes_fork_calls_as_decoding_reads_them(msgs: list[IncomingRpc]) -> None:
-    data = b"".join(wire.encode_message(m) for m in msgs)
-    frames = routing.split_link_forks(data)
-    assert frames is not None
-    assert frames == [wire.encode_message(m) for m in msgs]
-    reader = MessageReader(direction=Direction.TO_BINDING)
-    assert reader.messages(data) == msgs
-
-
 @given(
     st.lists(_forks | rpc_messages(Direction.TO_BINDING), max_size=10),
     st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), max_size=3),

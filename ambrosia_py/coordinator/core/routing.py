@@ -1,11 +1,11 @@
 """Routing at the byte level: the coordinator's per-message paths, sans-IO.
 
-What :class:`ic_core.Intake` does to each call or return value without decoding it:
+What :class:`.intake.Intake` does to each call or return value without decoding it:
 cut the destination out of an outgoing frame (:func:`to_incoming`), tell an impulse
-from replayable input (:func:`is_replayable`), and split a link frame of fork calls into
-its messages (:func:`split_link_forks`; :func:`large_link_forks` for frames of large
-calls, as views). Each accepts exactly what decoding accepts, or leaves the frame to the
-general path that decodes it and raises the documented errors.
+from replayable input (:func:`is_replayable`), and count a record's fork calls
+(:func:`count_replayable`, in C where built). Each accepts exactly what decoding
+accepts, or leaves the frame to the general path that decodes it and raises the
+documented errors.
 """
 
 from __future__ import annotations
@@ -18,13 +18,8 @@ from ...wire.decoding import _decode_messages_py
 __all__ = [
     "count_replayable",
     "is_replayable",
-    "large_link_forks",
-    "one_link_message",
-    "split_link_forks",
     "to_incoming",
 ]
-
-_VIEW_FROM = 8 * 1024  # link calls this large are queued as views of their frame
 
 
 def to_incoming(raw: bytes | memoryview) -> tuple[str, bytes, memoryview]:
@@ -57,73 +52,6 @@ def is_replayable(incoming_body: wire.Payload) -> bool:
         return True  # a return value
     _, pos = wire.decode_zigzag_int(incoming_body, 1)
     return pos >= len(incoming_body) or incoming_body[pos] != wire.RpcType.IMPULSE
-
-
-def split_link_forks(data: bytes) -> list[bytes] | None:
-    """A link frame's messages, if all are fork calls in the incoming form under
-    :data:`_VIEW_FROM` bytes (:func:`large_link_forks` takes larger ones); else None.
-
-    The fast path of :meth:`Intake.link_input`: the frame is read as decoding reads it
-    (:func:`count_replayable`: every message a fork or an impulse call, and as many forks
-    as messages), then cut at its messages' sizes. Anything else, valid or not, returns
-    None and takes the general path, which decodes each message and raises the
-    documented errors.
-    """
-    forks = count_replayable(data)
-    if forks is None:
-        return None
-    out: list[bytes] = []
-    append = out.append
-    decode_size = wire.decode_zigzag_int
-    pos = 0
-    for _ in range(forks):
-        size, at = decode_size(data, pos)  # decoding read it: a valid size
-        stop = at + size
-        if size >= _VIEW_FROM:
-            return None
-        append(data[pos:stop])
-        pos = stop
-    return out if pos == len(data) else None  # an impulse, too: not a frame of forks
-
-
-def one_link_message(data: bytes) -> wire.Message | None:
-    """The message ``data`` is, decoded in the incoming form, if it is exactly one; None
-    if it is several, or is not read whole (malformed: the general path says how)."""
-    try:
-        messages = wire.decode_messages(data, 0, len(data))
-    except wire.ProtocolError:
-        return None
-    return messages[0] if len(messages) == 1 else None
-
-
-def large_link_forks(payload: memoryview) -> list[wire.Payload] | None:
-    """A link frame's messages if the first is large, the frame immutable and all are
-    fork calls as decoding reads them (``MessageReader``, ``decode_message``); else None,
-    and the paths of ``bytes`` decide (and name what is wrong). :func:`split_link_forks`
-    never takes large calls; without this the frame was copied whole before decoding.
-    Calls of :data:`_VIEW_FROM` or more are views of the frame, smaller ones copies."""
-    if not isinstance(payload.obj, bytes) or payload.format != "B" or not payload.c_contiguous:
-        return None
-    end = payload.nbytes
-    try:
-        if wire.decode_zigzag_int(payload, 0)[0] < _VIEW_FROM:
-            return None
-        out: list[wire.Payload] = []
-        pos = 0
-        while pos < end:
-            msg, stop = wire.decode_message(payload, pos, wire.Direction.TO_BINDING)
-            if (
-                stop - pos > wire.DEFAULT_MAX_MESSAGE_SIZE
-                or not isinstance(msg, wire.IncomingRpc)
-                or msg.rpc_type != wire.RpcType.FORK
-            ):
-                return None
-            view = payload[pos:stop]
-            out.append(view if stop - pos >= _VIEW_FROM else view.tobytes())
-            pos = stop
-    except wire.ProtocolError:
-        return None
-    return out
 
 
 def count_replayable(body: wire.Payload, start: int = 0) -> int | None:
