@@ -1,0 +1,264 @@
+"""What the replication cores ask of their adapter, and how they are configured.
+
+The cores (:class:`~.primary.Primary`, :class:`~.secondary.Secondary`) return frozen
+events; the adapter carries them out **in order**, each one that says *durably* made
+durable before it carries out the next (a :class:`SaveEpoch` before the
+:class:`Send` of the position that follows it, a :class:`TruncateLog` before the
+:class:`SaveHistory` after it). :class:`WriteRecords` is the exception: the adapter
+writes at once and reports durability later, with ``records_durable``; acknowledgements
+wait for that report.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import attrs
+
+from .history import History
+from .messages import Buffer, Message
+
+__all__ = [
+    "CommitAdvanced",
+    "Established",
+    "Event",
+    "EventQueue",
+    "Group",
+    "InstallCheckpoint",
+    "PrimaryLost",
+    "ReadLog",
+    "Replayable",
+    "SaveEpoch",
+    "SaveHistory",
+    "Send",
+    "SendCheckpoint",
+    "SteppedDown",
+    "StoreCheckpointChunk",
+    "Timing",
+    "TruncateLog",
+    "WriteRecords",
+]
+
+
+@attrs.frozen
+class Group:
+    """The registered replicas of an instance and the replication ack ``k``: a record is
+    committed once durable on ``k`` replicas, the primary among them (default: a
+    majority). A new primary needs positions from ``term_quorum`` replicas, itself
+    counted: ``n - k + 1``, so that every such quorum meets every set of ``k``."""
+
+    replicas: frozenset[int]
+    k: int
+
+    @classmethod
+    def of(cls, replicas: frozenset[int] | set[int], k: int | None = None) -> Group:
+        members = frozenset(replicas)
+        if not members:
+            raise ValueError("a replica group needs at least one replica")
+        if any(r < 0 for r in members):
+            raise ValueError(f"replica numbers are 0 or more: {sorted(members)}")
+        chosen = len(members) // 2 + 1 if k is None else k
+        if not 1 <= chosen <= len(members):
+            raise ValueError(f"replication ack {chosen} is not in 1..{len(members)}")
+        return cls(members, chosen)
+
+    @property
+    def n(self) -> int:
+        return len(self.replicas)
+
+    @property
+    def term_quorum(self) -> int:
+        return self.n - self.k + 1
+
+
+@attrs.frozen
+class Timing:
+    """The cores' time rules, in seconds of the adapter's monotonic clock (it passes
+    ``now`` in; the cores read no clock).
+
+    ``heartbeat_every``: the primary sends a replica a heartbeat when it has sent it
+    nothing for this long. ``failover_after``: a secondary that has heard nothing from
+    its primary for this long reports it lost. ``retry_after``: a secondary repeats the
+    same resend request or position no sooner, and gives up a checkpoint transfer that
+    brought nothing for this long. ``establish_within``: a new primary that has not
+    gathered its quorum by then steps down. ``max_inflight``: records sent a replica and
+    not yet acknowledged durable, at most, before the primary waits. ``max_append_bytes``:
+    the records one APPEND carries, at most (one larger record goes alone).
+    ``checkpoint_chunk``: the bytes of one checkpoint chunk."""
+
+    heartbeat_every: float = 0.05
+    failover_after: float = 0.3
+    retry_after: float = 0.1
+    establish_within: float = 0.6
+    max_inflight: int = 4096
+    max_append_bytes: int = 8 << 20
+    checkpoint_chunk: int = 1 << 20
+
+
+# --- both sides ------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Send:
+    """Send ``message`` to replica ``to``."""
+
+    to: int
+    message: Message
+
+
+@attrs.frozen
+class SaveEpoch:
+    """Durably: this replica holds ``epoch`` now, and refuses anything lower, also after
+    a restart."""
+
+    epoch: int
+
+
+@attrs.frozen
+class SaveHistory:
+    """Durably: the log's epoch history is ``history`` now."""
+
+    history: History
+
+
+# --- the primary's ---------------------------------------------------------------------
+
+
+@attrs.frozen
+class Established:
+    """The term is established: the log is the one to continue. Records below
+    ``term_start`` come from earlier terms; they are committed with the first commit
+    of this term, and the binding must have replayed them before it takes new input."""
+
+    epoch: int
+    term_start: int
+
+
+@attrs.frozen
+class CommitAdvanced:
+    """Records below ``commit_end`` are committed: forward them to the binding,
+    acknowledge them to other instances, answer them on the ingress."""
+
+    commit_end: int
+
+
+@attrs.frozen
+class ReadLog:
+    """Read records from ``from_seq`` on (as many as suit one APPEND) and hand them to
+    ``Primary.records_read(replica, from_seq, records)``."""
+
+    replica: int
+    from_seq: int
+
+
+@attrs.frozen
+class SendCheckpoint:
+    """Read the latest checkpoint and hand it over with ``Primary.checkpoint_read``."""
+
+    replica: int
+
+
+@attrs.frozen
+class SteppedDown:
+    """This replica is primary no more: it met ``epoch`` (higher than its own), could
+    not gather its quorum, or is outranked (``better``: the replica with the most
+    up-to-date log it heard of, the one to take over, when it knows one). Carry on as a
+    secondary holding ``epoch``."""
+
+    epoch: int
+    reason: str
+    better: int | None = None
+
+
+# --- the secondary's -------------------------------------------------------------------
+
+
+@attrs.frozen
+class TruncateLog:
+    """Durably: keep the records below ``end``, drop the rest (an uncommitted tail that
+    disagrees with the primary's log)."""
+
+    end: int
+
+
+@attrs.frozen
+class WriteRecords:
+    """Write these on-disk records, ``first_seq`` on, at the log's end; fdatasync, then
+    report with ``Secondary.records_durable``."""
+
+    first_seq: int
+    records: tuple[Buffer, ...] = attrs.field(repr=lambda r: f"<{len(r)} records>")
+
+
+@attrs.frozen
+class Replayable:
+    """Records below ``end`` are committed and in the log: replay them to the binding
+    (continuous recovery)."""
+
+    end: int
+
+
+@attrs.frozen
+class PrimaryLost:
+    """Nothing came from the primary of ``epoch`` (replica ``primary``, if known) for
+    ``failover_after``: try to take the role over from that term."""
+
+    epoch: int
+    primary: int | None
+
+
+@attrs.frozen
+class StoreCheckpointChunk:
+    """Keep bytes ``offset ..`` of the checkpoint at ``seq`` (``total`` in all) aside,
+    at their offset (chunks come in any order); ``starts_over``: drop whatever was kept
+    of another transfer first."""
+
+    seq: int
+    total: int
+    offset: int
+    data: Buffer = attrs.field(repr=lambda d: f"<{len(d)} bytes>")
+    starts_over: bool = False
+
+
+@attrs.frozen
+class InstallCheckpoint:
+    """Durably: the checkpoint kept aside is the one to recover from, the state before
+    record ``seq``; the log starts over, empty, at ``seq``; reload the binding from it."""
+
+    seq: int
+
+
+Event = (
+    Send
+    | SaveEpoch
+    | SaveHistory
+    | Established
+    | CommitAdvanced
+    | ReadLog
+    | SendCheckpoint
+    | SteppedDown
+    | TruncateLog
+    | WriteRecords
+    | Replayable
+    | PrimaryLost
+    | StoreCheckpointChunk
+    | InstallCheckpoint
+)
+
+
+class EventQueue:
+    """What a core has for its adapter, in order: :meth:`next_event` one at a time, or
+    :meth:`events` all at once."""
+
+    def __init__(self) -> None:
+        self._events: deque[Event] = deque()
+
+    def next_event(self) -> Event | None:
+        """The next thing to do, or None."""
+        return self._events.popleft() if self._events else None
+
+    def events(self) -> list[Event]:
+        """Every event pending."""
+        out = list(self._events)
+        self._events.clear()
+        return out

@@ -1,0 +1,520 @@
+"""The replicated log's messages and their bytes, sans-IO.
+
+Every message travels in one frame::
+
+    frame   := uvarint length | u8 version (1) | u8 kind | fields
+    history := uvarint count | (uvarint epoch | uvarint start) * count
+    records := uvarint count | (uvarint size | on-disk record) * count
+
+``length`` counts everything after it. Every integer field is an unsigned LEB128 varint
+(:func:`ambrosia_py.wire.varint.encode_uvarint`) of at most 10 bytes and at most
+``2**63 - 1``. Positions are *ends*: ``log_end`` is the seq the next record will take,
+``commit_end`` the first seq not known committed, so nothing needs a -1. The kinds::
+
+    1 NEW_TERM    primary -> all        epoch
+    2 POSITION    replica -> primary    epoch | log_end | history (its effective part)
+    3 SYNC        primary -> replica    epoch | history (the primary's, ending in epoch)
+    4 APPEND      primary -> replica    epoch | first_seq | commit_end | records
+    5 HEARTBEAT   primary -> replica    epoch | log_end | commit_end
+    6 ACK         replica -> primary    epoch | durable_end | log_end
+    7 RESEND      replica -> primary    epoch | from_seq
+    8 REFUSE      anyone -> sender      epoch (the higher one the refuser holds)
+    9 CHECKPOINT  primary -> replica    epoch | seq | total | offset | data (to the end)
+
+An APPEND's records are in their on-disk form (:mod:`ambrosia_py.wire.records`: header
+with the length as ``-length-1``, messages, watermarks), numbered ``first_seq``,
+``first_seq + 1``, ...: decoding checks each one's header, seq, check bytes and that its
+watermarks end exactly at its size, so a secondary writes nothing it could not scan back.
+Decoding is strict: a wrong version or kind, a field cut short or too long, an out of
+range value, a history out of order, trailing bytes: each is a
+:class:`~.errors.ReplicationProtocolError` naming the message, the field and the offset
+(from the frame's first byte, or from the stream's in :class:`FrameReader`).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from typing import ClassVar, Final
+
+import attrs
+
+from ...wire import records as wrecords
+from ...wire.errors import ProtocolError, TruncatedInputError
+from ...wire.varint import decode_uvarint, encode_uvarint, uvarint_size
+from .errors import ReplicationProtocolError, ReplicationRuleError
+from .history import MAX_POSITION, EpochStart, History
+
+__all__ = [
+    "DEFAULT_MAX_FRAME",
+    "MAX_HISTORY",
+    "MAX_RECORDS",
+    "VERSION",
+    "Ack",
+    "Append",
+    "CheckpointChunk",
+    "FrameReader",
+    "Heartbeat",
+    "Kind",
+    "Message",
+    "NewTerm",
+    "Position",
+    "Refuse",
+    "Resend",
+    "Sync",
+    "decode_frame",
+    "encode_frame",
+    "append_size",
+    "decode_body",
+    "encode_parts",
+]
+
+VERSION: Final = 1
+MAX_HISTORY: Final = 1 << 16
+"""Entries in one history: one per term that wrote to the log."""
+MAX_RECORDS: Final = 1 << 16
+"""Records in one APPEND."""
+DEFAULT_MAX_FRAME: Final = wrecords.DEFAULT_MAX_RECORD_SIZE + (64 << 20)
+"""A frame may hold the largest record AMBROSIA allows and its watermarks."""
+_MAX_VARINT = 10
+
+Buffer = bytes | memoryview
+
+
+class Kind(enum.IntEnum):
+    """The kind byte of a frame."""
+
+    NEW_TERM = 1
+    POSITION = 2
+    SYNC = 3
+    APPEND = 4
+    HEARTBEAT = 5
+    ACK = 6
+    RESEND = 7
+    REFUSE = 8
+    CHECKPOINT = 9
+
+
+@attrs.frozen
+class NewTerm:
+    """The primary of ``epoch`` announces its term: adopt the epoch, answer with a
+    :class:`Position`. Sent to every replica until it answers."""
+
+    KIND: ClassVar = Kind.NEW_TERM
+    epoch: int
+
+
+@attrs.frozen
+class Position:
+    """A replica that holds ``epoch`` tells its primary what its log holds: where it ends
+    and the effective part of its epoch history (:meth:`rank` is the Raft order)."""
+
+    KIND: ClassVar = Kind.POSITION
+    epoch: int
+    log_end: int
+    history: History
+
+    @property
+    def last_epoch(self) -> int:
+        return self.history.last_epoch(self.log_end)
+
+    def rank(self) -> tuple[int, int]:
+        return self.history.rank(self.log_end)
+
+
+@attrs.frozen
+class Sync:
+    """The established primary of ``epoch`` gives a replica its history: the replica
+    truncates what disagrees with it (:func:`~.history.agreement`) and takes it."""
+
+    KIND: ClassVar = Kind.SYNC
+    epoch: int
+    history: History
+
+
+@attrs.frozen
+class Append:
+    """Records ``first_seq``, ``first_seq + 1``, ... in their on-disk form, and the
+    primary's commit point."""
+
+    KIND: ClassVar = Kind.APPEND
+    epoch: int
+    first_seq: int
+    commit_end: int
+    records: tuple[Buffer, ...] = attrs.field(repr=lambda r: f"<{len(r)} records>")
+
+    @property
+    def end(self) -> int:
+        return self.first_seq + len(self.records)
+
+
+@attrs.frozen
+class Heartbeat:
+    """The primary is alive; its log ends at ``log_end``, commit at ``commit_end``."""
+
+    KIND: ClassVar = Kind.HEARTBEAT
+    epoch: int
+    log_end: int
+    commit_end: int
+
+
+@attrs.frozen
+class Ack:
+    """A synced replica's log: durable (fdatasync'ed) below ``durable_end``, written
+    below ``log_end``."""
+
+    KIND: ClassVar = Kind.ACK
+    epoch: int
+    durable_end: int
+    log_end: int
+
+
+@attrs.frozen
+class Resend:
+    """A synced replica asks for the records from ``from_seq`` on (its log ends there)."""
+
+    KIND: ClassVar = Kind.RESEND
+    epoch: int
+    from_seq: int
+
+
+@attrs.frozen
+class Refuse:
+    """The answer to a message of a lower epoch: the refuser holds ``epoch``."""
+
+    KIND: ClassVar = Kind.REFUSE
+    epoch: int
+
+
+@attrs.frozen
+class CheckpointChunk:
+    """Bytes ``offset ..`` of the checkpoint to recover from at ``seq`` (the state before
+    record ``seq``), ``total`` bytes in all."""
+
+    KIND: ClassVar = Kind.CHECKPOINT
+    epoch: int
+    seq: int
+    total: int
+    offset: int
+    data: Buffer = attrs.field(repr=lambda d: f"<{len(d)} bytes>")
+
+    @property
+    def last(self) -> bool:
+        return self.offset + len(self.data) == self.total
+
+
+Message = NewTerm | Position | Sync | Append | Heartbeat | Ack | Resend | Refuse | CheckpointChunk
+
+
+# --- encoding --------------------------------------------------------------------------
+
+
+def _uint(value: int, name: str) -> bytes:
+    if not 0 <= value <= MAX_POSITION:
+        raise ReplicationRuleError(f"{name} {value} is not in 0..{MAX_POSITION}")
+    return encode_uvarint(value)
+
+
+def _history(history: History) -> bytes:
+    if len(history) > MAX_HISTORY:
+        raise ReplicationRuleError(f"history of {len(history)} entries, over {MAX_HISTORY}")
+    out = [encode_uvarint(len(history))]
+    for entry in history.entries:
+        out += (encode_uvarint(entry.epoch), encode_uvarint(entry.start))
+    return b"".join(out)
+
+
+def encode_parts(msg: Message) -> list[Buffer]:
+    """``msg`` as one frame, in buffers for ``writev``: records and checkpoint data are
+    not copied."""
+    head = bytearray((VERSION, msg.KIND))
+    head += _uint(msg.epoch, "epoch")
+    tail: list[Buffer] = []
+    match msg:
+        case NewTerm() | Refuse():
+            pass
+        case Position():
+            head += _uint(msg.log_end, "log_end") + _history(msg.history)
+        case Sync():
+            head += _history(msg.history)
+        case Append():
+            if len(msg.records) > MAX_RECORDS:
+                raise ReplicationRuleError(f"{len(msg.records)} records, over {MAX_RECORDS}")
+            head += _uint(msg.first_seq, "first_seq") + _uint(msg.commit_end, "commit_end")
+            head += encode_uvarint(len(msg.records))
+            for record in msg.records:
+                tail += (encode_uvarint(len(record)), record)
+        case Heartbeat():
+            head += _uint(msg.log_end, "log_end") + _uint(msg.commit_end, "commit_end")
+        case Ack():
+            head += _uint(msg.durable_end, "durable_end") + _uint(msg.log_end, "log_end")
+        case Resend():
+            head += _uint(msg.from_seq, "from_seq")
+        case CheckpointChunk():
+            head += _uint(msg.seq, "seq") + _uint(msg.total, "total")
+            head += _uint(msg.offset, "offset")
+            tail.append(msg.data)
+    size = len(head) + sum(len(t) for t in tail)
+    return [encode_uvarint(size) + head, *tail]
+
+
+def encode_frame(msg: Message) -> bytes:
+    """``msg`` as one frame, joined."""
+    return b"".join(encode_parts(msg))
+
+
+# --- decoding --------------------------------------------------------------------------
+
+
+class _Fields:
+    """A walk over one frame's fields; errors name the message, field and offset."""
+
+    def __init__(self, body: memoryview, base: int, what: str) -> None:
+        self.body = body
+        self.pos = 0
+        self.base = base
+        self.what = what
+
+    def fail(self, reason: str, at: int | None = None, seq: int | None = None) -> None:
+        where = self.base + (self.pos if at is None else at)
+        raise ReplicationProtocolError(f"{self.what}: {reason}", offset=where, seq=seq)
+
+    def uint(self, name: str) -> int:
+        start = self.pos
+        try:
+            value, self.pos = decode_uvarint(self.body, start, None, _MAX_VARINT)
+        except ProtocolError as exc:
+            raise ReplicationProtocolError(
+                f"{self.what}: field {name}: {exc.reason}", offset=self.base + start
+            ) from None
+        if value > MAX_POSITION:
+            self.fail(f"field {name} is {value}, over {MAX_POSITION}", start)
+        return value
+
+    def count(self, name: str, limit: int) -> int:
+        start = self.pos
+        n = self.uint(name)
+        if n > limit:
+            self.fail(f"field {name} is {n}, over {limit}", start)
+        return n
+
+    def history(self, name: str) -> History:
+        n = self.count(f"{name} count", MAX_HISTORY)
+        entries: list[EpochStart] = []
+        for i in range(n):
+            start = self.pos
+            epoch = self.uint(f"{name}[{i}].epoch")
+            seq = self.uint(f"{name}[{i}].start")
+            if epoch == 0:
+                self.fail(f"{name}[{i}].epoch is 0", start)
+            if entries and (epoch <= entries[-1].epoch or seq < entries[-1].start):
+                self.fail(f"{name}[{i}] ({epoch}, {seq}) does not follow {entries[-1]}", start)
+            entries.append(EpochStart(epoch, seq))
+        return History(tuple(entries))
+
+    def records(self, first_seq: int) -> tuple[memoryview, ...]:
+        n = self.count("record count", MAX_RECORDS)
+        out: list[memoryview] = []
+        for i in range(n):
+            seq = first_seq + i
+            size_at = self.pos
+            size = self.uint(f"records[{i}].size")
+            if size > len(self.body) - self.pos:
+                self.fail(f"records[{i}] of {size} bytes runs past the frame", size_at, seq)
+            record = self.body[self.pos : self.pos + size]
+            _check_record(record, seq, i, self)
+            out.append(record)
+            self.pos += size
+        return tuple(out)
+
+    def rest(self) -> memoryview:
+        data = self.body[self.pos :]
+        self.pos = len(self.body)
+        return data
+
+    def end(self) -> None:
+        if self.pos != len(self.body):
+            self.fail(f"{len(self.body) - self.pos} trailing bytes")
+
+
+def _check_record(record: memoryview, seq: int, i: int, fields: _Fields) -> None:
+    """A shipped record must be a whole, verified on-disk record numbered ``seq``."""
+    at = fields.pos
+    try:
+        header = wrecords.parse_header(record, 0, on_disk=True)
+        if header.seq != seq:
+            fields.fail(f"records[{i}] has seq {header.seq}, expected {seq}", at + 16, seq)
+        if header.length > len(record):
+            fields.fail(
+                f"records[{i}] states {header.length} bytes, has {len(record)}", at + 4, seq
+            )
+        _, tail_end = wrecords.decode_disk_tail(record, header.length)
+        if tail_end != len(record):
+            fields.fail(
+                f"records[{i}]: {len(record) - tail_end} bytes after its watermarks",
+                at + tail_end,
+                seq,
+            )
+        wrecords.verify_check(header, record[wrecords.HEADER_SIZE : header.length])
+    except ReplicationProtocolError:
+        raise
+    except ProtocolError as exc:
+        offset = 0 if exc.offset is None else exc.offset
+        raise ReplicationProtocolError(
+            f"{fields.what}: records[{i}]: {exc.reason}", offset=fields.base + at + offset, seq=seq
+        ) from None
+
+
+_NAMES = {kind: kind.name for kind in Kind}
+
+
+def decode_body(body: memoryview, base: int = 0) -> Message:
+    """The message in a frame's ``body`` (from its version byte on); ``base`` is the
+    body's offset, for errors."""
+    if len(body) < 2:
+        raise ReplicationProtocolError(
+            f"frame of {len(body)} bytes: a version and a kind byte needed", offset=base
+        )
+    if body[0] != VERSION:
+        raise ReplicationProtocolError(
+            f"frame version {body[0]}, only {VERSION} is known", offset=base
+        )
+    try:
+        kind = Kind(body[1])
+    except ValueError:
+        raise ReplicationProtocolError(f"unknown frame kind {body[1]}", offset=base + 1) from None
+    f = _Fields(body, base, _NAMES[kind])
+    f.pos = 2
+    epoch = f.uint("epoch")
+    msg: Message
+    match kind:
+        case Kind.NEW_TERM:
+            msg = NewTerm(epoch)
+        case Kind.REFUSE:
+            msg = Refuse(epoch)
+        case Kind.POSITION:
+            end_at = f.pos
+            log_end = f.uint("log_end")
+            history = f.history("history")
+            if history.entries and history.entries[-1].start > log_end:
+                f.fail(f"history starts an epoch past log_end {log_end}", end_at)
+            msg = Position(epoch, log_end, history)
+        case Kind.SYNC:
+            at = f.pos
+            history = f.history("history")
+            if not history.entries or history.entries[-1].epoch != epoch:
+                f.fail(f"history does not end in the sender's epoch {epoch}", at)
+            msg = Sync(epoch, history)
+        case Kind.APPEND:
+            first_seq = f.uint("first_seq")
+            commit_end = f.uint("commit_end")
+            records = f.records(first_seq)
+            if first_seq + len(records) > MAX_POSITION:
+                f.fail("records run past the largest seq")
+            msg = Append(epoch, first_seq, commit_end, records)
+        case Kind.HEARTBEAT:
+            log_end, at = f.uint("log_end"), f.pos
+            commit_end = f.uint("commit_end")
+            if commit_end > log_end:
+                f.fail(f"commit_end {commit_end} past log_end {log_end}", at)
+            msg = Heartbeat(epoch, log_end, commit_end)
+        case Kind.ACK:
+            durable_end = f.uint("durable_end")
+            at = f.pos
+            log_end = f.uint("log_end")
+            if durable_end > log_end:
+                f.fail(f"durable_end {durable_end} past log_end {log_end}", at)
+            msg = Ack(epoch, durable_end, log_end)
+        case Kind.RESEND:
+            msg = Resend(epoch, f.uint("from_seq"))
+        case Kind.CHECKPOINT:
+            seq = f.uint("seq")
+            total = f.uint("total")
+            at = f.pos
+            offset = f.uint("offset")
+            data = f.rest()
+            if offset + len(data) > total:
+                f.fail(f"{len(data)} bytes at offset {offset} run past total {total}", at)
+            if not data and total:
+                f.fail("a chunk without data", at)
+            msg = CheckpointChunk(epoch, seq, total, offset, data)
+    f.end()
+    return msg
+
+
+def decode_frame(frame: Buffer, max_frame: int = DEFAULT_MAX_FRAME) -> Message:
+    """The message in ``frame``, exactly one whole frame (length prefix included)."""
+    reader = FrameReader(max_frame)
+    reader.receive_data(frame)
+    msg = reader.next_message()
+    if msg is None:
+        raise ReplicationProtocolError(
+            f"frame cut short: {len(frame)} bytes hold no whole frame", offset=len(frame)
+        )
+    if reader.buffered:
+        raise ReplicationProtocolError(
+            f"{reader.buffered} bytes after the frame", offset=len(frame) - reader.buffered
+        )
+    return msg
+
+
+class FrameReader:
+    """Frames from a byte stream, sans-IO: :meth:`receive_data` what arrived,
+    :meth:`next_message` until it returns None. A declared length over ``max_frame`` is
+    refused as soon as its varint is in, before any of the frame is buffered. After an
+    error the reader refuses everything: the connection is to be closed."""
+
+    def __init__(self, max_frame: int = DEFAULT_MAX_FRAME) -> None:
+        self.max_frame = max_frame
+        self._buf = bytearray()
+        self._consumed = 0  # stream offset of self._buf[0]
+        self._broken: ReplicationProtocolError | None = None
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buf)
+
+    def receive_data(self, data: Buffer) -> None:
+        if self._broken is not None:
+            raise self._broken
+        self._buf += data
+
+    def next_message(self) -> Message | None:
+        if self._broken is not None:
+            raise self._broken
+        try:
+            return self._next()
+        except ReplicationProtocolError as exc:
+            self._broken = exc
+            raise
+
+    def _next(self) -> Message | None:
+        buf = self._buf
+        if not buf:
+            return None
+        try:
+            length, pos = decode_uvarint(buf, 0, None, _MAX_VARINT)
+        except TruncatedInputError:
+            return None  # fewer than 10 bytes, the last with its high bit set
+        except ProtocolError as exc:
+            raise ReplicationProtocolError(
+                f"frame length: {exc.reason}", offset=self._consumed
+            ) from None
+        if length > self.max_frame:
+            raise ReplicationProtocolError(
+                f"frame of {length} bytes, over the limit of {self.max_frame}",
+                offset=self._consumed,
+            )
+        if len(buf) - pos < length:
+            return None
+        with memoryview(buf) as view:
+            frame = bytes(view[pos : pos + length])  # the one copy: records are views of it
+        base = self._consumed + pos
+        del buf[: pos + length]
+        self._consumed += pos + length
+        return decode_body(memoryview(frame), base)
+
+
+def append_size(records: Sequence[Buffer]) -> int:
+    """About the bytes records take in an APPEND: to cut batches below a frame limit."""
+    return sum(len(r) + uvarint_size(len(r)) for r in records)

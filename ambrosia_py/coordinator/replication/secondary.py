@@ -1,0 +1,392 @@
+"""The secondary's side of the replicated log, sans-IO.
+
+A :class:`Secondary` holds an epoch (saved, so a restart keeps refusing lower ones) and
+follows the primary of that epoch. Its log and history are made from what is on disk
+when it starts; it knows the primary from the registry (:meth:`Secondary.follow`) or from
+the first message of its epoch. It moves through :data:`~.states.SECONDARY`:
+
+- Anything of a lower epoch is answered with REFUSE; anything of a higher one makes it
+  adopt that epoch (:class:`~.events.SaveEpoch`, durably, before anything else is sent)
+  and start JOINING again. Two replicas acting as primary of one epoch is an error.
+- JOINING, it answers the primary with its position and waits for a SYNC. It writes
+  nothing, acknowledges nothing and learns no commit point: its log may hold a tail the
+  primary's does not, and a commit point says which records of *the primary's* log are
+  committed.
+- A SYNC brings the primary's history. The secondary computes, from the histories alone,
+  where its log stops agreeing with the primary's (:func:`~.history.agreement`, with the
+  primary's last epoch open-ended, so a late or repeated SYNC truncates nothing more),
+  truncates there (:class:`~.events.TruncateLog`, never below the commit point it knows),
+  takes the history (:class:`~.events.SaveHistory`) and is STREAMING.
+- STREAMING, it appends what arrives in order (:class:`~.events.WriteRecords`), skipping
+  what it already holds; a gap asks the primary to resend from its log's end (RESEND, not
+  repeated within ``timing.retry_after``). Each durability report is acknowledged (ACK);
+  a heartbeat is answered with one too, so a lost acknowledgement costs one heartbeat.
+  The commit points that arrive say which of its records may be replayed to the binding
+  (:class:`~.events.Replayable`: committed *and* in its log).
+- A checkpoint comes in chunks (INSTALLING) when the primary's log no longer holds where
+  this log ends; the last chunk installs it (:class:`~.events.InstallCheckpoint`) and the
+  log starts over, empty, at the checkpoint's seq.
+
+:meth:`Secondary.tick` watches the primary: nothing from it (message of any kind) for
+``timing.failover_after`` gives :class:`~.events.PrimaryLost`, again every
+``failover_after`` while the silence lasts.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from .errors import ReplicationRuleError
+from .events import (
+    EventQueue,
+    InstallCheckpoint,
+    PrimaryLost,
+    Replayable,
+    SaveEpoch,
+    SaveHistory,
+    Send,
+    StoreCheckpointChunk,
+    Timing,
+    TruncateLog,
+    WriteRecords,
+)
+from .history import History, agreement
+from .messages import (
+    Ack,
+    Append,
+    CheckpointChunk,
+    Heartbeat,
+    Message,
+    NewTerm,
+    Position,
+    Refuse,
+    Resend,
+    Sync,
+)
+from .states import SECONDARY, SecondaryEvent, SecondaryState, step
+
+__all__ = ["LogState", "Secondary"]
+
+SE = SecondaryEvent
+
+
+class LogState(Protocol):
+    """What a core knows of its replica's log, which the next core of the replica starts
+    from when the replica's role changes (:meth:`Secondary.following`,
+    :meth:`~.primary.Primary.taking_over`)."""
+
+    @property
+    def replica(self) -> int: ...
+    @property
+    def epoch(self) -> int: ...
+    @property
+    def history(self) -> History: ...
+    @property
+    def log_base(self) -> int: ...
+    @property
+    def log_end(self) -> int: ...
+    @property
+    def durable_end(self) -> int: ...
+    @property
+    def commit_end(self) -> int: ...
+
+
+class Secondary(EventQueue):
+    """A secondary replica (see the module). ``epoch`` and ``history`` are what it saved;
+    ``log_base`` the seq its latest checkpoint stands before, ``log_end`` where its log
+    ends, ``durable_end`` where its durable part ends (``log_end`` if not given: a log
+    as scanned after a restart); ``commit_end`` a seq known committed in that log (the
+    checkpoint's, after a restart; a primary stepping down passes its own);
+    ``replayed_end`` how much of it the binding has (``log_base`` if not given: it
+    reloads from the checkpoint)."""
+
+    def __init__(
+        self,
+        *,
+        replica: int,
+        epoch: int,
+        history: History,
+        log_base: int,
+        log_end: int,
+        commit_end: int,
+        now: float,
+        timing: Timing | None = None,
+        primary: int | None = None,
+        durable_end: int | None = None,
+        replayed_end: int | None = None,
+    ) -> None:
+        if history.entries and history.entries[-1].epoch > epoch:
+            raise ReplicationRuleError(
+                f"history holds epoch {history.entries[-1].epoch}, above the saved {epoch}"
+            )
+        durable = log_end if durable_end is None else durable_end
+        if not 0 <= log_base <= durable <= log_end:
+            raise ReplicationRuleError(
+                f"log base {log_base}, durable end {durable} and end {log_end} out of order"
+            )
+        super().__init__()
+        self.replica = replica
+        self.epoch = epoch
+        self.history = history
+        self.timing = timing or Timing()
+        self.primary = primary
+        self.state = SecondaryState.JOINING
+        self.log_base = log_base
+        self.log_end = log_end
+        self.durable_end = durable
+        self.commit_end = max(log_base, min(commit_end, log_end))
+        self.replayed_end = log_base if replayed_end is None else min(replayed_end, self.commit_end)
+        self._heard = now  # the last message from the primary, or the start
+        self._lost_said = now  # the last PrimaryLost, or the start
+        self._asked: tuple[type[Message], int, float] | None = None
+        self._checkpoint: _Transfer | None = None
+        self._checkpoint_heard = now
+        self._replay()
+
+    @classmethod
+    def following(
+        cls, core: LogState, *, epoch: int, now: float, timing: Timing | None = None
+    ) -> Secondary:
+        """The secondary a replica goes on as when its primary core steps down
+        (:class:`~.events.SteppedDown`: ``epoch`` is the one it names), with the log as
+        that core left it, written and durable, and its binding where it was."""
+        return cls(
+            replica=core.replica,
+            epoch=epoch,
+            history=core.history,
+            log_base=core.log_base,
+            log_end=core.log_end,
+            durable_end=core.durable_end,
+            commit_end=core.commit_end,
+            replayed_end=core.commit_end,
+            now=now,
+            timing=timing,
+        )
+
+    # --- the adapter's calls -------------------------------------------------------------
+
+    def position(self) -> Position:
+        """What this log holds, as a POSITION says it (and the registry may publish)."""
+        return Position(self.epoch, self.log_end, self.history.effective(self.log_end))
+
+    def follow(self, epoch: int, primary: int, now: float) -> None:
+        """The registry names ``primary`` as holding the term of ``epoch``."""
+        if epoch < self.epoch or primary == self.replica:
+            return  # old news; or this replica's own term, which its adapter takes up
+        if epoch > self.epoch:
+            self._adopt(epoch)
+        elif self.primary is not None and self.primary != primary:
+            raise ReplicationRuleError(
+                f"replicas {self.primary} and {primary} both named primary of epoch {epoch}"
+            )
+        self.primary = primary
+        self._heard = now
+        if self.state is SecondaryState.JOINING:
+            self._ask(Position, self.log_end, now, force=True)
+
+    def receive(self, sender: int, msg: Message, now: float) -> None:
+        """A message from replica ``sender``."""
+        if isinstance(msg, Position | Ack | Resend | Refuse):
+            return  # meant for a primary: this replica is not one
+        if msg.epoch < self.epoch:
+            self._events.append(Send(sender, Refuse(self.epoch)))
+            return
+        if msg.epoch > self.epoch:
+            self._adopt(msg.epoch)
+        if self.primary is None:
+            self.primary = sender
+        elif self.primary != sender:
+            raise ReplicationRuleError(
+                f"replicas {self.primary} and {sender} both act as primary of epoch {msg.epoch}"
+            )
+        self._heard = now
+        before = self.state
+        match msg:
+            case NewTerm():
+                self.state = step("secondary", SECONDARY, before, SE.NEW_TERM)
+                self._ask(Position, self.log_end, now, force=True)
+            case Sync():
+                self.state = step("secondary", SECONDARY, before, SE.SYNC)
+                self._sync(msg, now)
+            case Append():
+                self.state = step("secondary", SECONDARY, before, SE.APPEND)
+                if before is SecondaryState.STREAMING:
+                    self._append(msg, now)
+                elif before is SecondaryState.JOINING:
+                    self._ask(Position, self.log_end, now)
+            case Heartbeat():
+                self.state = step("secondary", SECONDARY, before, SE.HEARTBEAT)
+                if before is SecondaryState.STREAMING:
+                    self._learn_commit(msg.commit_end)
+                    self._events.append(Send(sender, self._ack()))
+                    if msg.log_end > self.log_end:
+                        self._ask(Resend, self.log_end, now)
+                elif before is SecondaryState.JOINING:
+                    self._ask(Position, self.log_end, now)
+            case CheckpointChunk():
+                self._chunk(msg, now)
+
+    def records_durable(self, end: int) -> None:
+        """The log is durable (fdatasync'ed) below ``end``."""
+        end = min(end, self.log_end)
+        if end <= self.durable_end:
+            return
+        self.durable_end = end
+        if self.state is SecondaryState.STREAMING and self.primary is not None:
+            self._events.append(Send(self.primary, self._ack()))
+
+    def log_pruned(self, base: int) -> None:
+        """The log no longer holds the records below ``base`` (a checkpoint does)."""
+        if base > self.replayed_end:
+            raise ReplicationRuleError(f"pruned below {base}, past what was replayed")
+        self.log_base = max(self.log_base, base)
+        self.durable_end = max(self.durable_end, self.log_base)  # the checkpoint holds them
+
+    def tick(self, now: float) -> None:
+        """Time passes: a silent primary is reported lost; a stalled transfer given up."""
+        if now - max(self._heard, self._lost_said) >= self.timing.failover_after:
+            self._lost_said = now
+            self._events.append(PrimaryLost(self.epoch, self.primary))
+        if (
+            self.state is SecondaryState.INSTALLING
+            and now - self._checkpoint_heard >= self.timing.retry_after
+        ):
+            self.state = step("secondary", SECONDARY, self.state, SE.STALLED)
+            self._checkpoint = None
+            self._ask(Position, self.log_end, now, force=True)
+
+    # --- inside --------------------------------------------------------------------------
+
+    def _adopt(self, epoch: int) -> None:
+        self.epoch = epoch
+        self.primary = None
+        self.state = step("secondary", SECONDARY, self.state, SE.HIGHER_EPOCH)
+        self._checkpoint = None
+        self._asked = None
+        self._events.append(SaveEpoch(epoch))
+
+    def _ack(self) -> Ack:
+        return Ack(self.epoch, self.durable_end, self.log_end)
+
+    def _ask(self, kind: type[Message], at: int, now: float, *, force: bool = False) -> None:
+        """Send a position or a resend request, unless the same one went out less than
+        ``retry_after`` ago."""
+        if self.primary is None:
+            return
+        last = self._asked
+        if (
+            not force
+            and last is not None
+            and last[:2] == (kind, at)
+            and now - last[2] < self.timing.retry_after
+        ):
+            return
+        self._asked = (kind, at, now)
+        msg: Message = self.position() if kind is Position else Resend(self.epoch, at)
+        self._events.append(Send(self.primary, msg))
+
+    def _sync(self, msg: Sync, now: float) -> None:
+        agreed = agreement(self.history, self.log_end, msg.history, None)
+        if agreed < self.log_end:
+            if agreed < min(self.commit_end, self.log_end) or agreed < self.log_base:
+                raise ReplicationRuleError(
+                    f"epoch {msg.epoch}'s history agrees with this log only below {agreed}: "
+                    f"truncating there would drop records known committed (commit "
+                    f"{self.commit_end}, checkpoint {self.log_base})"
+                )
+            self._events.append(TruncateLog(agreed))
+            self.log_end = agreed
+            self.durable_end = min(self.durable_end, agreed)
+        if msg.history != self.history:
+            self.history = msg.history
+            self._events.append(SaveHistory(msg.history))
+        self._ask(Resend, self.log_end, now, force=True)
+        assert self.primary is not None
+        self._events.append(Send(self.primary, self._ack()))
+
+    def _append(self, msg: Append, now: float) -> None:
+        self._learn_commit(msg.commit_end, replay=False)
+        if msg.first_seq > self.log_end:
+            self._ask(Resend, self.log_end, now)
+        else:
+            fresh = msg.records[self.log_end - msg.first_seq :]
+            if fresh:
+                self._events.append(WriteRecords(self.log_end, fresh))
+                self.log_end += len(fresh)
+            else:  # all held already: say where this log is
+                assert self.primary is not None
+                self._events.append(Send(self.primary, self._ack()))
+        self._replay()
+
+    def _learn_commit(self, commit_end: int, *, replay: bool = True) -> None:
+        self.commit_end = max(self.commit_end, commit_end)
+        if replay:
+            self._replay()
+
+    def _replay(self) -> None:
+        end = min(self.commit_end, self.log_end)
+        if end > self.replayed_end:
+            self.replayed_end = end
+            self._events.append(Replayable(end))
+
+    def _chunk(self, msg: CheckpointChunk, now: float) -> None:
+        state = self.state
+        key = (msg.epoch, msg.seq, msg.total)
+        held = self._checkpoint if self._checkpoint and self._checkpoint.key == key else None
+        if msg.seq <= self.log_end:
+            kind = SE.CHUNK_STALE
+        else:
+            gained = (held or _Transfer(key)).missing_after(msg.offset, len(msg.data))
+            kind = SE.CHUNK_LAST if gained == 0 else SE.CHUNK
+        self.state = step("secondary", SECONDARY, state, kind)
+        if self.state is SecondaryState.JOINING:
+            self._checkpoint = None
+            self._ask(Position, self.log_end, now)
+            return
+        if kind is SE.CHUNK_STALE:
+            return
+        self._checkpoint_heard = now
+        transfer = held or _Transfer(key)
+        self._checkpoint = transfer
+        if transfer.add(msg.offset, len(msg.data)):
+            self._events.append(
+                StoreCheckpointChunk(msg.seq, msg.total, msg.offset, msg.data, held is None)
+            )
+        if kind is SE.CHUNK_LAST:
+            self._checkpoint = None
+            self._events.append(InstallCheckpoint(msg.seq))
+            self.log_base = self.log_end = self.durable_end = msg.seq
+            self.commit_end = max(self.commit_end, msg.seq)
+            self.replayed_end = msg.seq  # the binding reloads from the checkpoint
+            self._ask(Resend, self.log_end, now, force=True)
+
+
+class _Transfer:
+    """The byte ranges of one checkpoint (``key``: epoch, seq, total) come in so far."""
+
+    def __init__(self, key: tuple[int, int, int]) -> None:
+        self.key = key
+        self.ranges: list[tuple[int, int]] = []  # disjoint, sorted, not touching
+
+    def _merged(self, start: int, end: int) -> list[tuple[int, int]]:
+        out: list[tuple[int, int]] = []
+        for a, b in self.ranges:
+            if b < start or a > end:
+                out.append((a, b))
+            else:
+                start, end = min(a, start), max(b, end)
+        out.append((start, end))
+        out.sort()
+        return out
+
+    def missing_after(self, offset: int, size: int) -> int:
+        """The bytes still missing once ``offset .. offset + size`` is in."""
+        ranges = self._merged(offset, offset + size) if size else self.ranges
+        return self.key[2] - sum(b - a for a, b in ranges)
+
+    def add(self, offset: int, size: int) -> bool:
+        """Take the range in; whether it brought any byte (or is the empty checkpoint)."""
+        before = sum(b - a for a, b in self.ranges)
+        if size:
+            self.ranges = self._merged(offset, offset + size)
+        return size == 0 or sum(b - a for a, b in self.ranges) > before

@@ -1,0 +1,508 @@
+"""A deterministic, seeded simulation of the replicated log: 3 and 5 replicas.
+
+Each replica is a core (:class:`Primary` or :class:`Secondary`) with a log in two parts,
+what is written and what is durable, a saved epoch and history, and a checkpoint base.
+The simulation is their adapter and their world: it carries out the cores' events in
+order, ships every message as bytes (encoded and decoded) through a network that delays,
+reorders, duplicates, drops and partitions, crashes replicas (a crash keeps only what
+was fdatasync'ed), restarts them, prunes logs behind checkpoints, and plays the
+registry: a new term, with the next epoch, for whoever takes the role over from the term
+a replica reported lost (the reporter itself, or the best log by published positions),
+or for the replica a deposed candidate names. Time is a number the simulation advances.
+
+After every step it checks the package's invariants (I4 to I6 of its docstring), and
+every few steps and at the end I1 and I2; each run ends healed and quiet, and must then
+converge: one established primary, every log equal to its log, all of it committed.
+A failure names its seed; ``Sim(seed, n).run()`` replays it exactly.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections import Counter
+from collections.abc import Callable
+
+import pytest
+
+from ambrosia_py.coordinator.replication import (
+    Ack,
+    CommitAdvanced,
+    Established,
+    Event,
+    Group,
+    History,
+    InstallCheckpoint,
+    Primary,
+    PrimaryLost,
+    ReadLog,
+    Refuse,
+    Replayable,
+    SaveEpoch,
+    SaveHistory,
+    Secondary,
+    Send,
+    SendCheckpoint,
+    SteppedDown,
+    StoreCheckpointChunk,
+    Timing,
+    TruncateLog,
+    WriteRecords,
+    decode_frame,
+    encode_frame,
+)
+from ambrosia_py.wire.records import encode_disk_record
+from ambrosia_py.wire.varint import decode_uvarint, encode_uvarint
+
+TIMING = Timing(max_inflight=6, max_append_bytes=200, checkpoint_chunk=512)
+Core = Primary | Secondary
+
+
+class Node:
+    """A replica: its core, and what its disk and memory hold."""
+
+    def __init__(self, rid: int) -> None:
+        self.rid = rid
+        self.up = True
+        self.core: Core | None = None
+        self.log: list[bytes] = []  # written, from seq 0 (below base: the checkpoint's)
+        self.d_log: list[bytes] = []  # durable
+        self.d_base = 0
+        self.d_epoch = 0
+        self.d_history = History()
+        self.staged = bytearray()
+        self.seen: tuple[object, int, int] | None = None  # (core, commit, replayed)
+
+
+def checkpoint_bytes(records: list[bytes]) -> bytes:
+    return b"".join(encode_uvarint(len(r)) + r for r in records)
+
+
+def checkpoint_records(data: bytes) -> list[bytes]:
+    out, pos = [], 0
+    while pos < len(data):
+        size, pos = decode_uvarint(data, pos)
+        out.append(data[pos : pos + size])
+        pos += size
+    return out
+
+
+class Sim:
+    def __init__(self, seed: int, n: int, k: int | None = None) -> None:
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.group = Group.of(set(range(n)), k)
+        self.nodes = [Node(i) for i in range(n)]
+        self.now = 0.0
+        self.net: list[tuple[float, int, int, int, bytes]] = []
+        self.later: list[tuple[float, int, Callable[[], None]]] = []
+        self.order = 0
+        self.blocked: set[tuple[int, int]] = set()
+        self.fifo: dict[tuple[int, int], float] = {}  # the last in-order arrival per link
+        self.heal_at = 0.0
+        self.committed: list[bytes] = []  # the one committed log, as it grows
+        self.writer: dict[bytes, int] = {}  # record -> the epoch that wrote it
+        self.term: tuple[int, int | None] = (0, None)  # the registry's current term
+        self.acks: dict[int, dict[int, int]] = {}  # epoch -> replica -> durable acked
+        self.frozen: dict[int, tuple[int, int]] = {}  # epoch -> (bound, commit then)
+        self.stats: Counter[str] = Counter()
+        self.p_drop = self.rng.choice((0.0, 0.02, 0.1))
+        self.p_crash = self.rng.choice((0.0, 0.004, 0.012))
+        self.p_partition = self.rng.choice((0.0, 0.01, 0.03))
+        self.chaos = True
+        for node in self.nodes:
+            node.core = self.fresh_secondary(node)
+        self.grant(self.rng.randrange(n))
+
+    # --- the adapter ---------------------------------------------------------------------
+
+    def fresh_secondary(self, node: Node) -> Secondary:
+        return Secondary(
+            replica=node.rid,
+            epoch=node.d_epoch,
+            history=node.d_history,
+            log_base=node.d_base,
+            log_end=len(node.d_log),
+            commit_end=node.d_base,
+            now=self.now,
+            timing=TIMING,
+        )
+
+    def schedule(self, delay: float, action: Callable[[], None]) -> None:
+        self.order += 1
+        heapq.heappush(self.later, (self.now + delay, self.order, action))
+
+    def drain(self, node: Node) -> None:
+        while node.core is not None and (event := node.core.next_event()) is not None:
+            self.carry_out(node, node.core, event)
+
+    def carry_out(self, node: Node, core: Core, event: Event) -> None:
+        match event:
+            case Send(to, msg):
+                if isinstance(msg, Refuse):
+                    self.stats["refusals"] += 1
+                if isinstance(msg, Ack):
+                    acked = self.acks.setdefault(msg.epoch, {})
+                    acked[node.rid] = max(acked.get(node.rid, 0), msg.durable_end)
+                self.send(node.rid, to, encode_frame(msg))
+            case SaveEpoch(epoch):
+                assert epoch >= node.d_epoch
+                node.d_epoch = epoch
+            case SaveHistory(history):
+                node.d_history = history
+            case TruncateLog(end):
+                assert node.d_base <= end < len(node.log)
+                self.stats["truncations"] += 1
+                node.log = node.log[:end]
+                node.d_log = node.d_log[:end]
+            case WriteRecords(first, records):
+                assert first == len(node.log), (first, len(node.log))
+                node.log += [bytes(r) for r in records]
+            case Replayable(end):
+                assert node.log[:end] == self.committed[:end], "replays an uncommitted record"
+            case CommitAdvanced(end):
+                self.commit(node, end)
+            case Established():
+                self.stats["established"] += 1
+                if self.chaos and self.rng.random() < self.p_crash * 25:  # mid term start
+                    self.schedule(self.rng.uniform(0, 0.02), lambda: self.crash_if(node, core))
+            case ReadLog(replica, from_seq):
+                delay = self.rng.uniform(0, 0.003)
+                self.schedule(delay, lambda: self.read(node, core, replica, from_seq))
+            case SendCheckpoint(replica):
+                self.schedule(0.001, lambda: self.send_checkpoint(node, core, replica))
+            case StoreCheckpointChunk(seq, total, offset, data, starts_over):
+                if starts_over:
+                    node.staged = bytearray(total)
+                node.staged[offset : offset + len(data)] = data
+            case InstallCheckpoint(seq):
+                records = checkpoint_records(bytes(node.staged))
+                assert len(records) == seq and records == self.committed[:seq]
+                self.stats["installs"] += 1
+                node.log, node.d_log, node.d_base = records, list(records), seq
+            case SteppedDown(epoch, _, better):
+                self.step_down(node, core, epoch, better)
+            case PrimaryLost(epoch, _):
+                self.take_over(node, epoch)
+
+    def read(self, node: Node, core: Core, replica: int, from_seq: int) -> None:
+        if node.core is not core or not isinstance(core, Primary):
+            return
+        count = self.rng.randint(1, 8)
+        held = node.log[from_seq : from_seq + count] if from_seq >= node.d_base else []
+        core.records_read(replica, from_seq, held, self.now)
+        self.drain(node)
+
+    def send_checkpoint(self, node: Node, core: Core, replica: int) -> None:
+        if node.core is not core or not isinstance(core, Primary):
+            return
+        data = checkpoint_bytes(node.log[: node.d_base])
+        core.checkpoint_read(replica, node.d_base, data, self.now)
+        self.drain(node)
+
+    def commit(self, node: Node, end: int) -> None:
+        have = len(self.committed)
+        assert node.log[: min(end, have)] == self.committed[: min(end, have)], (
+            "two records committed at one seq"
+        )
+        self.committed += node.log[have:end]
+        assert len(self.committed) >= end
+
+    def send(self, src: int, dst: int, frame: bytes) -> None:
+        """Between two replicas messages keep their order, mostly: a few are held up
+        long enough for later ones to pass them, a few arrive twice, some are lost."""
+        if (src, dst) in self.blocked or self.rng.random() < self.p_drop:
+            return
+        for _ in range(2 if self.rng.random() < 0.02 else 1):
+            at = self.now + self.rng.uniform(0.0005, 0.004)
+            if self.rng.random() < 0.03:
+                at += self.rng.uniform(0, 0.12)
+            else:
+                at = max(at, self.fifo.get((src, dst), 0.0))
+                self.fifo[(src, dst)] = at
+            self.order += 1
+            heapq.heappush(self.net, (at, self.order, src, dst, frame))
+
+    def deliver(self, src: int, dst: int, frame: bytes) -> None:
+        node = self.nodes[dst]
+        if node.core is None or (src, dst) in self.blocked:
+            return
+        msg = decode_frame(frame)
+        core = node.core
+        core.receive(src, msg, self.now)
+        self.drain(node)
+        if node.core is not core and msg.epoch > core.epoch and node.core is not None:
+            node.core.receive(src, msg, self.now)  # what deposed it, to the secondary now
+            self.drain(node)
+
+    # --- the registry --------------------------------------------------------------------
+
+    def rank(self, node: Node) -> tuple[int, int]:
+        core = node.core
+        assert core is not None
+        if isinstance(core, Primary):
+            return core.history.rank(core.log_end)
+        return core.position().rank()
+
+    def grant(self, rid: int) -> None:
+        node = self.nodes[rid]
+        old = node.core
+        assert old is not None
+        epoch = self.term[0] + 1
+        self.term = (epoch, rid)
+        self.stats["terms"] += 1
+        node.core = Primary.taking_over(
+            old, group=self.group, epoch=epoch, now=self.now, timing=TIMING
+        )
+        assert old.log_end == len(node.log)
+        self.drain(node)
+        for other in self.nodes:
+            if other.rid != rid and other.up and self.rng.random() < 0.5:
+                self.schedule(
+                    self.rng.uniform(0, 0.02), lambda o=other, e=epoch: self.follow(o, e, rid)
+                )
+
+    def follow(self, node: Node, epoch: int, primary: int) -> None:
+        if isinstance(node.core, Secondary):
+            node.core.follow(epoch, primary, self.now)
+            self.drain(node)
+
+    def take_over(self, node: Node, seen: int) -> None:
+        if seen < self.term[0]:
+            primary = self.term[1]
+            assert primary is not None
+            self.follow(node, self.term[0], primary)
+            return
+        live = [n for n in self.nodes if n.up]
+        if self.rng.random() < 0.5:
+            chosen = node
+        else:
+            chosen = max(live, key=lambda n: (self.rank(n), self.rng.random()))
+        self.grant(chosen.rid)
+
+    def step_down(self, node: Node, core: Core, epoch: int, better: int | None) -> None:
+        assert isinstance(core, Primary)
+        self.stats["step-downs"] += 1
+        node.core = Secondary.following(core, epoch=epoch, now=self.now, timing=TIMING)
+        if better is not None and self.term == (core.epoch, node.rid) and self.nodes[better].up:
+            self.stats["handed-over"] += 1
+            self.grant(better)
+
+    # --- the world -----------------------------------------------------------------------
+
+    def crash_if(self, node: Node, core: Core) -> None:
+        if node.core is core:
+            self.crash(node)
+
+    def crash(self, node: Node) -> None:
+        self.stats["crashes"] += 1
+        node.up = False
+        node.core = None
+        node.log = list(node.d_log)
+        node.staged = bytearray()
+
+    def restart(self, node: Node) -> None:
+        node.up = True
+        node.core = self.fresh_secondary(node)
+        self.drain(node)
+
+    def fsync(self, node: Node) -> None:
+        assert node.core is not None
+        node.d_log = list(node.log)
+        node.core.records_durable(len(node.log))
+        self.drain(node)
+
+    def client(self, node: Node) -> None:
+        core = node.core
+        assert isinstance(core, Primary)
+        records = []
+        for i in range(self.rng.randint(1, 3)):
+            seq = core.log_end + i
+            record = encode_disk_record(7, seq, f"{core.epoch}/{seq}/{self.order}".encode())
+            self.writer[record] = core.epoch
+            records.append(record)
+        node.log += records
+        core.append(records, self.now)
+        self.drain(node)
+
+    def prune(self, node: Node) -> None:
+        """A checkpoint taken of what is committed and replayed; the log before it goes."""
+        core = node.core
+        assert core is not None
+        done = core.commit_end if isinstance(core, Primary) else core.replayed_end
+        if done > node.d_base:
+            base = self.rng.randint(node.d_base + 1, done)
+            node.d_base = base
+            if len(node.d_log) < base:  # the checkpoint holds them durably now
+                node.d_log = node.log[:base]
+            core.log_pruned(base)
+
+    def partition(self) -> None:
+        n = len(self.nodes)
+        cut = self.rng.sample(range(n), self.rng.randint(1, n // 2))
+        one_way = self.rng.random() < 0.3
+        self.blocked = set()
+        for a in cut:
+            for b in set(range(n)) - set(cut):
+                self.blocked.add((a, b))
+                if not one_way:
+                    self.blocked.add((b, a))
+        self.heal_at = self.now + self.rng.uniform(0.05, 0.8)
+        self.stats["partitions"] += 1
+
+    def step(self, chaos: bool) -> None:
+        self.now += self.rng.uniform(0.001, 0.012)
+        if self.blocked and self.now >= self.heal_at:
+            self.blocked = set()
+        while self.net and self.net[0][0] <= self.now:
+            _, _, src, dst, frame = heapq.heappop(self.net)
+            self.deliver(src, dst, frame)
+        while self.later and self.later[0][0] <= self.now:
+            heapq.heappop(self.later)[2]()
+        for node in self.nodes:
+            if node.up:
+                assert node.core is not None
+                node.core.tick(self.now)
+                self.drain(node)
+                if self.rng.random() < (0.3 if chaos else 1.0):
+                    self.fsync(node)
+        primary = self.nodes[self.term[1]] if self.term[1] is not None else None
+        if (
+            primary is not None
+            and isinstance(primary.core, Primary)
+            and primary.core.state.name == "ESTABLISHED"
+            and self.rng.random() < (0.5 if chaos else 0.05)
+        ):
+            self.client(primary)
+        if not chaos:
+            for node in self.nodes:
+                if not node.up:
+                    self.restart(node)
+            return
+        for node in self.nodes:
+            if node.up and self.rng.random() < self.p_crash:
+                self.crash(node)
+            elif not node.up and self.rng.random() < 0.02:
+                self.restart(node)
+            elif node.up and self.rng.random() < 0.01:
+                self.prune(node)
+        if not self.blocked and self.rng.random() < self.p_partition:
+            self.partition()
+        live = [n for n in self.nodes if n.up]
+        if live and self.rng.random() < 0.003:  # the lease lapses: a live primary's taken
+            self.stats["lapses"] += 1
+            self.grant(self.rng.choice(live).rid)
+
+    # --- the invariants ------------------------------------------------------------------
+
+    def check(self) -> None:
+        g = len(self.committed)
+        durable = sorted((n.d_log[:g] == self.committed for n in self.nodes), reverse=True)
+        assert durable[self.group.k - 1], "a committed record is durable on fewer than k"
+        for node in self.nodes:
+            core = node.core
+            if core is None:
+                continue
+            upto = min(core.commit_end, len(node.log))
+            assert upto <= g and node.log[:upto] == self.committed[:upto], (
+                f"replica {node.rid}'s committed prefix is not the committed log"
+            )
+            replayed = core.replayed_end if isinstance(core, Secondary) else core.commit_end
+            if node.seen is not None and node.seen[0] is core:
+                assert core.commit_end >= node.seen[1], "a commit point went backward"
+                assert replayed >= node.seen[2], "a replay point went backward"
+            node.seen = (core, core.commit_end, replayed)
+            if isinstance(core, Primary) and core.state.name != "DEPOSED":
+                self.check_deposed(core)
+
+    def check_deposed(self, core: Primary) -> None:
+        """I6: once a term quorum holds a higher epoch, the old primary's commit point
+        moves no further than what a member of that quorum acknowledged before."""
+        epoch = core.epoch
+        if epoch not in self.frozen:
+            higher = [n.rid for n in self.nodes if n.d_epoch > epoch]
+            if len(higher) < self.group.term_quorum:
+                return
+            acked = self.acks.get(epoch, {})
+            bound = max((acked.get(r, 0) for r in higher if r != core.replica), default=0)
+            self.frozen[epoch] = (bound, core.commit_end)
+            self.stats["deposed-checked"] += 1
+        bound, then = self.frozen[epoch]
+        assert core.commit_end <= max(bound, then), "a deposed primary advanced its commit"
+
+    def check_histories(self) -> None:
+        """I1 and I2: each record's epoch, by its log's history, is its writer's; every
+        history holding an epoch holds the same entries up to it."""
+        by_epoch: dict[int, tuple[object, ...]] = {}
+        for node in self.nodes:
+            if node.core is None:
+                continue
+            history = node.core.history
+            for seq, record in enumerate(node.log):
+                assert history.epoch_at(seq) == self.writer[record], (node.rid, seq)
+            for i, entry in enumerate(history.entries):
+                prefix = history.entries[: i + 1]
+                assert by_epoch.setdefault(entry.epoch, prefix) == prefix, "histories fork"
+
+    # --- a run ---------------------------------------------------------------------------
+
+    def run(self, steps: int = 400, settle: float = 6.0) -> None:
+        for i in range(steps):
+            self.step(chaos=True)
+            self.check()
+            if i % 40 == 0:
+                self.check_histories()
+        self.blocked = set()
+        self.p_drop = 0.0
+        self.chaos = False
+        deadline = self.now + settle
+        while not self.converged():
+            assert self.now < deadline, f"seed {self.seed}: no convergence once healed"
+            self.step(chaos=False)
+            self.check()
+        self.check_histories()
+
+    def converged(self) -> bool:
+        primary = self.nodes[self.term[1]] if self.term[1] is not None else None
+        if primary is None or not isinstance(primary.core, Primary):
+            return False
+        core = primary.core
+        if core.state.name != "ESTABLISHED" or core.commit_end != len(primary.log):
+            return False
+        return all(
+            n.log == primary.log
+            and isinstance(n.core, Secondary)
+            and n.core.replayed_end == len(n.log)
+            for n in self.nodes
+            if n is not primary
+        )
+
+
+ALL_PATHS = ("truncations", "installs", "step-downs", "deposed-checked")
+
+
+@pytest.mark.parametrize(
+    ("n", "k", "runs", "paths"),
+    [
+        (3, None, 1000, ALL_PATHS),
+        (5, None, 400, ALL_PATHS),
+        (5, 2, 200, ("installs", "step-downs")),  # a term needs 4 of 5
+        (5, 4, 200, ALL_PATHS),  # a term needs 2 of 5
+        (3, 1, 200, ("installs", "step-downs")),  # every replica's position is needed
+    ],
+)
+def test_random_runs_keep_the_invariants(
+    n: int, k: int | None, runs: int, paths: tuple[str, ...]
+) -> None:
+    totals: Counter[str] = Counter()
+    for seed in range(runs):
+        sim = Sim(seed, n, k)
+        try:
+            sim.run()
+        except Exception as exc:
+            raise AssertionError(f"Sim({seed}, {n}, {k}).run(): {exc!r}") from exc
+        totals += sim.stats
+    # The runs went down every path the invariants are about.
+    for what in ("crashes", "partitions", "lapses", "refusals", *paths):
+        assert totals[what] > 0, (what, totals)
+    assert totals["terms"] > runs
