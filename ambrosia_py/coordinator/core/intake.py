@@ -322,8 +322,8 @@ class Intake:
     def _small_rpcs(self, frames: list[bytes], offset: int) -> None:
         """RPC frames under 8 KiB from ``MessageReader.take_rpc_frames``, at ``offset``.
 
-        The same as :meth:`_rpc` per frame, with a destination name already seen (its
-        length one varint byte) cut out by a lookup; whether the message is replayable is
+        The same as :meth:`_rpc` per frame, with a destination name already seen cut out
+        by a lookup (its varints read by ``wire.varint``, as everywhere); whether the message is replayable is
         routing's answer (:func:`count_replayable` on the incoming frame, which reads a
         fork or an impulse call in C; :func:`is_replayable` for anything else). Any other
         frame takes :meth:`_rpc`, which checks it in full and raises the documented errors.
@@ -333,13 +333,17 @@ class Intake:
         outboxes = self.outboxes
         pending = self.pending
         attached = self.attached if self.require_attach else None
+        decode_int = wire.decode_zigzag_int
+        encode_int = wire.encode_zigzag_int
         for raw in frames:
             n = len(raw)
-            at = 1 if raw[0] < 0x80 else 2  # after the size varint: the type byte
-            nl = raw[at + 1] if at + 1 < n else 0x80
-            name_at = at + 2
-            body_at = name_at + (nl >> 1)
-            plain = nl < 0x80 and not nl & 1 and body_at < n  # a short name, then a body
+            at = decode_int(raw, 0)[1] + 1  # after the size and the type byte: the name
+            try:
+                name_size, name_at = decode_int(raw, at)
+            except wire.ProtocolError:  # _rpc says what is wrong
+                name_size, name_at = -1, n
+            body_at = name_at + name_size
+            plain = name_size >= 0 and body_at < n  # a name, then a body
             dest = names.get(raw[name_at:body_at]) if plain else None
             if dest is None:
                 dest = self._rpc(raw, offset)
@@ -349,10 +353,8 @@ class Intake:
                     names[raw[name_at:body_at]] = dest
                 offset += n
                 continue
-            m = (n - body_at + 1) << 1  # the incoming frame's size, as a ZigZagInt
-            prefix = bytes((m, 0)) if m < 0x80 else bytes(((m & 0x7F) | 0x80, m >> 7, 0))
             body = raw[body_at:]
-            frame = prefix + body
+            frame = encode_int(n - body_at + 1) + b"\x00" + body  # the incoming frame
             forks = count_replayable(frame)  # 1: a fork call, 0: an impulse
             # None: a return value or an awaited call, or not a valid one (which raises)
             replayable = is_replayable(body) if forks is None else forks == 1
@@ -443,19 +445,13 @@ def _link_frames(
     append = frames.append
     pos = 0
     for msg in msgs:
-        b0 = data[pos]
-        if b0 < 0x80:  # a size of one varint byte (decoding accepted it: even, positive)
-            at = pos + 1
-            stop = at + (b0 >> 1)
-        else:
-            size, at = wire.decode_zigzag_int(data, pos)
-            stop = at + size
-            if size > wire.DEFAULT_MAX_MESSAGE_SIZE:
-                raise LinkError(
-                    f"a message of {size} bytes on a link: more than "
-                    f"{wire.DEFAULT_MAX_MESSAGE_SIZE}",
-                    offset=pos,
-                )
+        size, at = wire.decode_zigzag_int(data, pos)  # decoding accepted it
+        stop = at + size
+        if size > wire.DEFAULT_MAX_MESSAGE_SIZE:
+            raise LinkError(
+                f"a message of {size} bytes on a link: more than {wire.DEFAULT_MAX_MESSAGE_SIZE}",
+                offset=pos,
+            )
         if isinstance(msg, IncomingRpc):
             rpc_type = msg.rpc_type
             if rpc_type is not _FORK:
