@@ -8,7 +8,7 @@ STAMP_BENCH := $(VENV)/.installed-dev-spark-bench
 # The C accelerators (setup.py, ambrosia_py/accel.py): an install compiles them in place
 # where a C compiler is found; the tests then require them (a broken build fails `make
 # test`), and elsewhere run the pure-Python twins.
-ACCEL := setup.py $(wildcard ambrosia_py/*/_c*.c)
+ACCEL := setup.py $(wildcard ambrosia_py/*/_c*.c ambrosia_py/*/*/_c*.c)
 REQUIRE_ACCEL := $(if $(shell command -v cc 2>/dev/null),1,0)
 # They build against OpenSSL's libcrypto (HMAC-SHA256) and the system's xxHash (XXH64,
 # XXH3): where a compiler is found and those headers are not, an install step fetches

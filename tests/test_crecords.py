@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import xxhash
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -48,31 +47,6 @@ def test_accelerator_is_used_when_built(monkeypatch: pytest.MonkeyPatch) -> None
     got = reader.next_raw()
     assert got is not None and got.seq == 2
     assert [r.seq for r in reader.next_raws()] == [3, 4]
-
-
-# --- XXH64 ----------------------------------------------------------------------------
-
-
-@given(st.binary(max_size=5000))
-def test_xxh64_matches_xxhash(data: bytes) -> None:
-    assert C is not None
-    assert C.xxh64(data) == xxhash.xxh64_intdigest(data)
-
-
-@given(st.integers(0, 7), st.integers(1, 6), st.integers(-4, 4), st.randoms())
-def test_xxh64_around_stripes(skip: int, stripes: int, delta: int, rnd: Any) -> None:
-    assert C is not None
-    n = max(0, stripes * 32 + delta)
-    data = bytes(rnd.getrandbits(8) for _ in range(n + skip))
-    view = memoryview(data)[skip:]
-    assert C.xxh64(view) == xxhash.xxh64_intdigest(view)
-    assert C.xxh64(bytearray(view)) == xxhash.xxh64_intdigest(view)
-
-
-def test_xxh64_rejects_non_buffers() -> None:
-    assert C is not None
-    with pytest.raises(TypeError):
-        C.xxh64("text")  # type: ignore[arg-type]
 
 
 # --- record streams -----------------------------------------------------------------------

@@ -546,21 +546,7 @@ static PyObject *py_disk_to_wire(PyObject *self, PyObject *const *args, Py_ssize
     return out;
 }
 
-static PyObject *py_xxh64(PyObject *self, PyObject *arg)
-{
-    Py_buffer view;
-    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
-        return NULL;
-    uint64_t h;
-    Py_BEGIN_ALLOW_THREADS;
-    h = XXH64(view.buf, (size_t)view.len, 0);
-    Py_END_ALLOW_THREADS;
-    PyBuffer_Release(&view);
-    return PyLong_FromUnsignedLongLong(h);
-}
-
 static PyMethodDef methods[] = {
-    {"xxh64", py_xxh64, METH_O, "XXH64 (seed 0) of a buffer, as an int (libxxhash's)."},
     {"configure", (PyCFunction)(void (*)(void))py_configure, METH_FASTCALL,
      "configure(RecordHeader, RawRecord, DiskRecordTail, Watermark, TrimWatermark)"},
     {"take_raws", (PyCFunction)(void (*)(void))py_take_raws, METH_FASTCALL,

@@ -5,7 +5,6 @@ from collections.abc import Callable
 from .messages import Buffer, Message
 from .reader import RawRecord
 
-def xxh64(data: Buffer, /) -> int: ...
 def configure(header: type, raw: type, tail: type, watermark: type, trim: type, /) -> None: ...
 def take_raws(
     data: Buffer,
