@@ -323,10 +323,11 @@ class Intake:
         """RPC frames under 8 KiB from ``MessageReader.take_rpc_frames``, at ``offset``.
 
         The same as :meth:`_rpc` per frame, with a destination name already seen cut out
-        by a lookup (its varints read by ``wire.varint``, as everywhere); whether the message is replayable is
-        routing's answer (:func:`count_replayable` on the incoming frame, which reads a
-        fork or an impulse call in C; :func:`is_replayable` for anything else). Any other
-        frame takes :meth:`_rpc`, which checks it in full and raises the documented errors.
+        by a lookup (its varints read by ``wire.varint``, as everywhere); whether the
+        message is replayable is routing's answer (:func:`count_replayable` on the
+        incoming frame, which reads a fork or an impulse call in C; :func:`is_replayable`
+        for anything else). Any other frame takes :meth:`_rpc`, which checks it in full
+        and raises the documented errors.
         """
         names = self._names
         instance = self.instance
