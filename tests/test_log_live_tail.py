@@ -4,7 +4,9 @@ find the records' end, keep every whole write and cut a write a crash cut short.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+import signal
 import threading
 from pathlib import Path
 
@@ -181,6 +183,47 @@ def test_a_writer_reopening_a_live_log_writes_after_its_records(tmp_path: Path) 
     second.append([record(1, b"b" * 5000)])  # grows the file past its first step
     second.close()
     assert path.read_bytes() == record(0, b"a") + record(1, b"b" * 5000)
+
+
+def _reopen_and_die_after_the_trailer(path: Path) -> None:
+    """In a child: reopen a log at rest and grow it, SIGKILLing itself right after the
+    first trailer reaches the file (before the new record does)."""
+    import ambrosia_py.coordinator.storage.files as files_module
+
+    real = os.pwrite
+
+    def pwrite(fd: int, data: bytes, offset: int) -> int:
+        n = real(fd, data, offset)
+        if data == logfile.TRAILER:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return n
+
+    files_module.os.pwrite = pwrite  # type: ignore[attr-defined]
+    writer = LogWriter(path, index_every_bytes=0, preallocate=STEP)
+    writer.append([record(2, b"c")])
+
+
+def test_a_log_at_rest_reopened_keeps_its_last_record_through_a_crash(tmp_path: Path) -> None:
+    """A writer that reopens a log at rest marks where its records end before the file
+    first reads as live: killed in between, the scan still finds every record."""
+    if not hasattr(os, "posix_fallocate"):
+        pytest.skip("no posix_fallocate here: logs are appended")
+    files = InstanceFiles(tmp_path, "x", 0)
+    files.create()
+    path = files.log_path(1)
+    with LogWriter(path, index_every_bytes=0, preallocate=STEP) as first:
+        first.append([record(0, b"a"), record(1, b"b")])
+    assert log_data_size(path) == len(record(0, b"a") + record(1, b"b"))  # at rest
+    child = multiprocessing.get_context("fork").Process(
+        target=_reopen_and_die_after_the_trailer, args=(path,)
+    )
+    child.start()
+    child.join(30)
+    assert child.exitcode == -signal.SIGKILL
+    assert path.read_bytes().endswith(logfile.TRAILER)  # it died with the file live
+    scan = files.scan_log(1, committer_id=COMMITTER, next_seq=0, last=True, repair=False)
+    scan.drain()
+    assert (scan.records, scan.damage) == (2, None)
 
 
 def test_without_preallocation_the_writer_appends_the_released_form(tmp_path: Path) -> None:

@@ -49,6 +49,7 @@ __all__ = [
     "LogScan",
     "LogWriter",
     "PREALLOCATE_BYTES",
+    "REPLICA_STATE_FILE",
     "StorageError",
     "TailDamage",
     "log_bytes_in",
@@ -60,6 +61,10 @@ __all__ = [
 LOG_PREFIX = "serverlog"
 CHECKPOINT_PREFIX = "serverchkpt"
 LOCK_FILE = "serverkillFile"
+# A replica's epoch, history and checkpoint number (replica_state.py), and a checkpoint
+# coming in from another replica (replicas/node.py), kept until installed.
+REPLICA_STATE_FILE = "replica-state"
+INCOMING_PREFIX = ".incoming."
 _LOG_NAME = re.compile(rf"{LOG_PREFIX}([1-9][0-9]*)")
 _CHECKPOINT_NAME = re.compile(rf"{CHECKPOINT_PREFIX}([1-9][0-9]*)")
 
@@ -176,6 +181,12 @@ class LogWriter:
         """
         if self._trailer_at is not None and end <= self._trailer_at:
             return
+        if self._trailer_at is None and self.size:
+            # A file written before (a log at rest, reopened): its records need the end
+            # marker behind them, durable, before a trailer makes the file read as live,
+            # or the last of them would read as cut short.
+            os.pwrite(fd, logfile.END_MARKER, self.size)
+            os.fdatasync(fd)
         trailer = len(logfile.TRAILER)
         grown = -(-(end + trailer) // self._step) * self._step
         os.pwrite(fd, logfile.TRAILER, grown - trailer)
@@ -257,12 +268,21 @@ class InstanceFiles:
 
     def owned_paths(self) -> list[Path]:
         """The directory and every file in it the coordinator writes (for :func:`.modes.tighten`):
-        logs, checkpoints and their temporary files, the lock, kept torn tails, log indexes."""
+        logs, checkpoints and their temporary files, the lock, kept torn tails, log indexes,
+        a replica's state and a checkpoint coming in."""
         try:
             names = os.listdir(self.path)
         except FileNotFoundError:
             return []
-        ours = (LOG_PREFIX, CHECKPOINT_PREFIX, LOCK_FILE, f".{CHECKPOINT_PREFIX}")
+        ours = (
+            LOG_PREFIX,
+            CHECKPOINT_PREFIX,
+            LOCK_FILE,
+            f".{CHECKPOINT_PREFIX}",
+            REPLICA_STATE_FILE,
+            f".{REPLICA_STATE_FILE}",
+            INCOMING_PREFIX,
+        )
         names.sort()
         # Sidecar indexes last: a report of loose modes names the logs and checkpoints first.
         return [
