@@ -88,6 +88,23 @@ async def test_a_lost_lease_is_granted_again_and_the_addresses_published_again(
         await watch.aclose()
 
 
+async def test_a_lost_lease_never_puts_back_an_address_published_since_by_another(
+    registries: tuple[EtcdRegistry, EtcdRegistry], etcd_server: EtcdServer
+) -> None:
+    """A primary paused past its lease finds, when it resumes, that a replica which took
+    over has published its own address: it must leave that one alone."""
+    owner, other = registries
+    owner.register("svc")
+    owner.set_ingress_address("svc", "127.0.0.1", 4400)
+    lost = owner.keeper.lease
+    other.set_ingress_address("svc", "127.0.0.1", 4500)  # now under the other's lease
+    etcd_server.post("/v3/lease/revoke", {"ID": str(lost)})
+    # The owner's keep-alive finds its lease gone and grants a new one: the address it
+    # held is another's now, and stays so.
+    await asyncio.to_thread(wait_for, "a new lease", lambda: owner.keeper.regrants == 1, 10.0)
+    assert other.addresses("svc").ingress == Endpoint("127.0.0.1", 4500)
+
+
 async def test_etcd_killed_and_restarted(tmp_path: Path, cluster: str) -> None:
     server = start_etcd(tmp_path / "etcd")
     try:

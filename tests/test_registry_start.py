@@ -21,6 +21,7 @@ from ambrosia_py.coordinator.registry.backends import open_registry
 from ambrosia_py.coordinator.registry.files import RegistryRefusal, open_registry_for_start
 from ambrosia_py.coordinator.registry.interface import Endpoint, InstanceRegistry
 from ambrosia_py.coordinator.registry.publish import IngressPublisher, advertised_host
+from ambrosia_py.coordinator.storage.files import InstanceFiles
 from tests.etcd_server import EtcdServer, etcd_server
 from tests.relay_service import Relay
 
@@ -104,6 +105,36 @@ def test_the_ingress_address_lives_while_its_publisher_is_open(
     publisher.close()  # the lease is revoked: gone now, not after its TTL
     assert reader.addresses("svc").empty
     assert not IngressPublisher(tmp_path, "nobody", spec, cluster).publish("127.0.0.1", 1)
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "etcd"])
+def test_withdrawing_leaves_an_address_published_since_by_another(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """A replica that took the primary role over publishes its ingress over the old
+    primary's; the old one, stopping later, must not withdraw it."""
+    if backend == "etcd":
+        spec, cluster, reader = request.getfixturevalue("etcd")
+    else:
+        spec, cluster = str(tmp_path / "registry.sqlite3"), "ambrosia"
+        reader = open_registry(spec, tmp_path, cluster)
+        request.addfinalizer(reader.close)
+    reader.register("svc")
+    dirs = []
+    for name in ("old", "new"):  # each publisher's instance runs: it holds its lock
+        files = InstanceFiles(tmp_path / name, "svc", 0)
+        files.create()
+        files.acquire_lock()
+        request.addfinalizer(files.release_lock)
+        dirs.append(files.data_dir)
+    old = IngressPublisher(dirs[0], "svc", spec, cluster)
+    new = IngressPublisher(dirs[1], "svc", spec, cluster)
+    assert old.publish("127.0.0.1", 4500)
+    assert new.publish("127.0.0.1", 4600)
+    old.close()
+    assert reader.addresses("svc").ingress == Endpoint("127.0.0.1", 4600)
+    new.close()  # its own: withdrawn
+    assert reader.addresses("svc").ingress is None
 
 
 def test_a_client_by_name_of_an_instance_not_serving(

@@ -215,6 +215,18 @@ def test_sync_never_truncates_what_it_knows_committed() -> None:
         s.receive(0, Sync(4, H([(1, 0), (4, 6)])), 0.1)
 
 
+def test_a_log_agrees_with_every_history_below_its_checkpoint() -> None:
+    """A new replica installed a checkpoint (the state before seq 40) and holds no history
+    yet; a SYNC then finds no epoch in common. What lies below the checkpoint is committed,
+    so the log agrees there: nothing is truncated, nothing refused."""
+    s = secondary(epoch=3, history=H([]), end=40, log_base=40, commit_end=40)
+    s.receive(0, Sync(3, H([(1, 0), (3, 30)])), 0.1)
+    events = s.events()
+    assert not any(isinstance(e, TruncateLog) for e in events)
+    assert SaveHistory(H([(1, 0), (3, 30)])) in events
+    assert (s.log_base, s.log_end) == (40, 40)
+
+
 def test_appends_in_order_skip_what_is_held_and_ask_again_after_a_gap() -> None:
     s = streaming()
     s.receive(0, Append(3, 5, 0, recs(5, 8)), 0.1)

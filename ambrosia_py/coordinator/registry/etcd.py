@@ -364,9 +364,13 @@ class EtcdRegistry:
         self.keys.check_name(name)
         self._run(self.keeper.withdraw(self.keys.address(name, "link")))
 
-    def clear_ingress_address(self, name: str) -> None:
+    def clear_ingress_address(self, name: str, address: tuple[str, int] | None = None) -> None:
         self.keys.check_name(name)
-        self._run(self.keeper.withdraw(self.keys.address(name, "ingress")))
+        key = self.keys.address(name, "ingress")
+        if address is None:
+            self._run(self.keeper.withdraw(key))
+        else:  # ours only while it is still under this process's lease
+            self._run(self.keeper.withdraw_own(key))
 
     def _publish(self, name: str, kind: str, host: str, port: int) -> None:
         check_port(port, "link port" if kind == "link" else "ingress port")

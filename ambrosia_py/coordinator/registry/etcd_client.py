@@ -173,6 +173,11 @@ def put_op(key: str, value: bytes, lease: int = 0) -> dict[str, Any]:
     return {"request_put": put}
 
 
+def delete_op(key: str) -> dict[str, Any]:
+    """A delete of one key, as a transaction's operation."""
+    return {"request_delete_range": {"key": _b64(key)}}
+
+
 def range_op(key: str) -> dict[str, Any]:
     """A read of one key, as a transaction's operation."""
     return {"request_range": {"key": _b64(key)}}
@@ -181,10 +186,15 @@ def range_op(key: str) -> dict[str, Any]:
 def compare(
     key: str, target: str, result: str, number: int, *, prefix: bool = False
 ) -> dict[str, Any]:
-    """A transaction's condition: ``target`` (``VERSION``, ``CREATE``, ``MOD``) of ``key``
-    (of every key under it, with ``prefix``) ``result`` (``EQUAL``, ``GREATER``, ``LESS``)
-    ``number``. A missing key's numbers are 0."""
-    field = {"VERSION": "version", "CREATE": "create_revision", "MOD": "mod_revision"}[target]
+    """A transaction's condition: ``target`` (``VERSION``, ``CREATE``, ``MOD``, ``LEASE``)
+    of ``key`` (of every key under it, with ``prefix``) ``result`` (``EQUAL``,
+    ``GREATER``, ``LESS``) ``number``. A missing key's numbers are 0."""
+    field = {
+        "VERSION": "version",
+        "CREATE": "create_revision",
+        "MOD": "mod_revision",
+        "LEASE": "lease",
+    }[target]
     condition: dict[str, Any] = {
         "key": _b64(key),
         "target": target,

@@ -13,7 +13,13 @@ recovered during the outage serves all the same). Once it answers again:
 - if etcd no longer has the lease (it ran out meanwhile), or none was ever granted, a new
   one is granted and every address held is published again under it;
 - if it has (etcd extends every lease when it restarts), each address held is read back
-  and put again if it is missing or differs (a store restored from an older snapshot).
+  and put again if it is missing or under another lease (a store restored from an older
+  snapshot).
+
+Either way an address someone else published meanwhile is left alone, and no longer
+held: a replica that took the primary role over from this process, or an incarnation of
+the instance elsewhere, publishes its own, which a process back from a pause must never
+overwrite.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import asyncio
 import contextlib
 import logging
 
-from .etcd_client import EtcdClient, EtcdError, EtcdUnavailable, compare, put_op
+from .etcd_client import EtcdClient, EtcdError, EtcdUnavailable, compare, delete_op, put_op
 
 __all__ = ["LeaseKeeper"]
 
@@ -80,6 +86,16 @@ class LeaseKeeper:
             self._held.pop(key, None)
             await self._client.delete(key)
 
+    async def withdraw_own(self, key: str) -> None:
+        """Delete ``key`` if it is still under this process's lease: an address another
+        process published over it since is left alone."""
+        async with self._lock:
+            self._held.pop(key, None)
+            if self._lease:
+                await self._client.txn(
+                    [compare(key, "LEASE", "EQUAL", self._lease)], [delete_op(key)]
+                )
+
     async def stop(self, *, revoke: bool) -> None:
         """Stop keeping the lease alive; with ``revoke``, end it now (its keys go at once)."""
         if self._task is not None:
@@ -130,12 +146,31 @@ class LeaseKeeper:
                 )
                 self.regrants += 1
             self._lease, self._granted = await self._client.grant(self._ttl)
-            for key, value in self._held.items():
-                await self._client.put(key, value, self._lease)
+            for key, value in list(self._held.items()):
+                await self._put_back(key, value, None)
         elif self._outage is not None:
-            for key, value in self._held.items():
+            for key, value in list(self._held.items()):
                 _, found = await self._client.range(key)
-                if not found or found[0].value != value or found[0].lease != self._lease:
-                    await self._client.put(key, value, self._lease)
+                if not found:
+                    await self._put_back(key, value, None)
+                elif found[0].value == value and found[0].lease != self._lease:
+                    await self._put_back(key, value, found[0].mod_revision)
+                elif found[0].value != value:
+                    self._gave_up(key)
         self._outage = None
         self.renewals += 1
+
+    async def _put_back(self, key: str, value: bytes, modified: int | None) -> None:
+        """Put an address held back under the lease, unless someone else published the
+        key meanwhile (``modified``: the revision it was read at; None: it was gone).
+        Another's address is never overwritten: a replica that took over from this
+        process, or a new incarnation elsewhere, published its own."""
+        done, _ = await self._client.txn(
+            [compare(key, "MOD", "EQUAL", modified or 0)], [put_op(key, value, self._lease)]
+        )
+        if not done:
+            self._gave_up(key)
+
+    def _gave_up(self, key: str) -> None:
+        self._held.pop(key, None)
+        log.info("%s was published by another process meanwhile; left to it", key)

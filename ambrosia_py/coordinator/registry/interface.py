@@ -164,8 +164,10 @@ class InstanceRegistry(Protocol):
         """Publish where the instance's ingress listens now (as :meth:`set_link_address`)."""
         ...
 
-    def clear_ingress_address(self, name: str) -> None:
-        """Withdraw the ingress address."""
+    def clear_ingress_address(self, name: str, address: tuple[str, int] | None = None) -> None:
+        """Withdraw the ingress address; with ``address``, only while that is the one
+        published (one another process published since, a replica that took the primary
+        role over, is left alone)."""
         ...
 
     def port_users(self, port: int) -> list[tuple[str, str, str]]:

@@ -69,6 +69,7 @@ class IngressPublisher:
         self.spec = spec
         self.cluster = cluster
         self._registry: InstanceRegistry | None = None
+        self._published: tuple[str, int] | None = None
 
     def publish(self, host: str, port: int) -> bool:
         """Publish ``host``:``port`` (the host as :func:`advertised_host` chose it);
@@ -77,18 +78,22 @@ class IngressPublisher:
             if self._registry is None:
                 self._registry = open_registry(self.spec, self.data_dir, self.cluster)
             self._registry.set_ingress_address(self.instance, host, port)
+            self._published = (host, port)
         except (RegistryError, OSError) as exc:
             log.info("the ingress address of %r is not in the registry: %s", self.instance, exc)
             return False
         return True
 
     def close(self) -> None:
-        """Withdraw the address and let go of the registry (etcd: its lease ends now)."""
+        """Withdraw the address, if it is still the one this published (a replica that
+        took the primary role over publishes its own), and let go of the registry (etcd:
+        its lease ends now)."""
         registry, self._registry = self._registry, None
         if registry is None:
             return
         try:
-            registry.clear_ingress_address(self.instance)
+            if self._published is not None:
+                registry.clear_ingress_address(self.instance, self._published)
         except (RegistryError, OSError) as exc:
             log.info("the ingress address of %r stays in the registry: %s", self.instance, exc)
         finally:

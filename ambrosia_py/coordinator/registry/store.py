@@ -370,10 +370,16 @@ class Registry:
                 (name, host, port),
             )
 
-    def clear_ingress_address(self, name: str) -> None:
-        """The instance's ingress stopped listening."""
+    def clear_ingress_address(self, name: str, address: tuple[str, int] | None = None) -> None:
+        """The instance's ingress stopped listening (``address``: if it is that one)."""
         with self._write() as db:
-            db.execute("DELETE FROM ingresses WHERE name = ?", (name,))
+            if address is None:
+                db.execute("DELETE FROM ingresses WHERE name = ?", (name,))
+            else:
+                db.execute(
+                    "DELETE FROM ingresses WHERE name = ? AND host = ? AND port = ?",
+                    (name, *address),
+                )
 
     def port_users(self, port: int) -> list[tuple[str, str, str]]:
         """Who registered ``port``, as (instance, what, host): its receive or send port,

@@ -286,7 +286,10 @@ class Secondary(EventQueue):
         self._events.append(Send(self.primary, msg))
 
     def _sync(self, msg: Sync, now: float) -> None:
-        agreed = agreement(self.history, self.log_end, msg.history, None)
+        # Below its checkpoint a log holds nothing to compare: those records are
+        # committed (a checkpoint is only ever of committed state), so it agrees there,
+        # also when its history is empty (a checkpoint installed before any SYNC).
+        agreed = max(agreement(self.history, self.log_end, msg.history, None), self.log_base)
         if agreed < self.log_end:
             if agreed < min(self.commit_end, self.log_end) or agreed < self.log_base:
                 raise ReplicationRuleError(
