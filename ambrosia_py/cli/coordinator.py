@@ -222,6 +222,42 @@ _SECURITY: list[tuple[str, str, dict[str, Any]]] = [
         ),
     ),
     (
+        "replica",
+        "--replica",
+        dict(
+            type=click.IntRange(min=0),
+            help="Run as replica N of the instance (each replica with its own data dir, "
+            "normally on its own machine, all in one registry: docs/replication.md).",
+        ),
+    ),
+    (
+        "replicas",
+        "--replicas",
+        dict(
+            type=click.IntRange(min=1),
+            help="With --replica: how many replicas the instance has, numbered from 0 "
+            "[default: 3].",
+        ),
+    ),
+    (
+        "replication_ack",
+        "--replication-ack",
+        dict(
+            type=click.IntRange(min=1),
+            help="With --replica: a record is committed once durable on this many "
+            "replicas, this one counted [default: a majority].",
+        ),
+    ),
+    (
+        "replication_port",
+        "--replication-port",
+        dict(
+            type=click.IntRange(min=0, max=65535),
+            help="With --replica: where the other replicas reach this one (its host is "
+            "--link-host's) [default: any free port].",
+        ),
+    ),
+    (
         "max_outbox_mb",
         "--max-outbox-mb",
         dict(
@@ -366,5 +402,9 @@ def coordinator(
         link_settings=link_settings(**security),
         registry=registry,
         cluster=cluster,
+        replica=security.get("replica"),
+        replicas=security.get("replicas") or 3,
+        replication_ack=security.get("replication_ack"),
+        replication_port=security.get("replication_port") or 0,
     )
     run_to_exit(run_coordinator(config))

@@ -24,10 +24,12 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+from collections.abc import Callable
+from typing import Protocol
 
 import attrs
 
-from ... import crashpoints
+from ... import crashpoints, wire
 from ...wire import TakeCheckpoint
 from ..links.peers import PeerLinks
 from ..registry.interface import InstanceRegistry
@@ -41,7 +43,7 @@ from .forwarding import Forwarded, Forwarder, LogPlace
 from .intake import Intake
 from .recording import CheckpointRecorder
 
-__all__ = ["Committer"]
+__all__ = ["Committer", "Replicating"]
 
 log = logging.getLogger("ambrosia_py.coordinator")
 
@@ -57,6 +59,32 @@ class _LogStart:
     next_seq: int
     logged_outputs: int
     inbox: dict[str, int]
+
+
+class Replicating(Protocol):
+    """What a replicated primary's log adds (``coordinator/replicas``): each record is
+    shipped as it is written, and what its durability releases (forwarding to the
+    binding, confirmations to link senders, a control message behind them) waits until
+    enough replicas hold it."""
+
+    def appended(
+        self, seq: int, disk_parts: list[wire.Payload], log_number: int, offset: int
+    ) -> None:
+        """Record ``seq`` (its disk form) is being written at ``offset`` of log
+        ``log_number``."""
+        ...
+
+    def durable(self, seq: int, action: Callable[[], None] | None) -> None:
+        """Record ``seq`` is durable here; ``action`` runs once it is committed."""
+        ...
+
+    def forward(self, action: Callable[[], None]) -> None:
+        """Forward the record just made durable, once committed."""
+        ...
+
+    def control(self, action: Callable[[], None]) -> None:
+        """Send a control message, behind every record held so far."""
+        ...
 
 
 class Committer:
@@ -96,6 +124,10 @@ class Committer:
         self._room = asyncio.Event()
         self._max_pending = 4 * config.max_record_bytes
         self.recorder = CheckpointRecorder(registry, config.instance, self.wake)
+        self.replication: Replicating | None = None  # a replicated primary's
+        # Told each checkpoint number once its file is written (a replica keeps it in its
+        # own data dir: the registry's is the instance's, shared by its replicas).
+        self.on_checkpoint: Callable[[int], None] | None = None
 
     def start(self, binding: BindingLink, forwarder: Forwarder) -> None:
         """From here on, records are forwarded (by ``forwarder``) to ``binding``."""
@@ -135,11 +167,16 @@ class Committer:
         assert writer is not None and pipeline is not None and self._binding is not None
         if alone is None:
             alone = not self.intake.pending and not self._binding.has_unread()
+        confirm = functools.partial(self._made_durable, record) if record.marks else None
+        replication = self.replication
+        if replication is not None:
+            replication.appended(record.seq, record.disk_parts, self.log_number, writer.size)
+            confirm = functools.partial(replication.durable, record.seq, confirm)
         pipeline.append(
             writer,
             record.disk_parts,
             (record.wire_parts, LogPlace(writer.path, writer.size, record.size)),
-            functools.partial(self._made_durable, record) if record.marks else None,
+            confirm,
             size=record.size,
             alone=alone,
         )
@@ -155,6 +192,9 @@ class Committer:
     def _forward(self, item: Forwarded) -> None:
         if self._held is not None:
             self._held.append(item)
+        elif self.replication is not None:
+            assert self._forwarder is not None
+            self.replication.forward(functools.partial(self._forwarder.put, *item))
         else:
             assert self._forwarder is not None
             self._forwarder.put(*item)
@@ -273,6 +313,8 @@ class Committer:
         )
         await asyncio.to_thread(self.files.write_checkpoint, n, state.encode_parts())
         crashpoints.reach("ic.checkpoint.before_commit")
+        if self.on_checkpoint is not None:
+            self.on_checkpoint(n)
         details = f" ({len(arrived.blob)} bytes, next seq {start.next_seq})"
         await self.recorder.record(self.files.version, n, details)
 
@@ -298,7 +340,13 @@ class Committer:
         self._roll_requested = False
         log.info("rolled to log %d; asking for checkpoint %d", self.log_number, self.log_number)
         # After the old log's records: put in order behind them.
-        self._forwarder.control(self.intake.committer_id, TakeCheckpoint())
+        take = functools.partial(
+            self._forwarder.control, self.intake.committer_id, TakeCheckpoint()
+        )
+        if self.replication is not None:
+            self.replication.control(take)
+        else:
+            take()
 
     # -- normal processing -------------------------------------------------------------------
 

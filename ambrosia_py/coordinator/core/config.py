@@ -63,6 +63,12 @@ class CoordinatorConfig:
     # file path, or etcd:// endpoints) and the cluster, its etcd key prefix.
     registry: str | None = None
     cluster: str = DEFAULT_CLUSTER
+    # Replicas (coordinator/replicas): this one's number (None: standalone), how many the
+    # instance has, the replication ack (None: a majority), and where the others reach it.
+    replica: int | None = None
+    replicas: int = 3
+    replication_ack: int | None = None
+    replication_port: int = 0
 
 
 def resolve_start(

@@ -10,13 +10,14 @@ import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ...allocator import prime_allocator
 from ..links.config import load_secret, tls_contexts
 from ..registry.files import clear_interrupted_first_start, prepare_start
-from ..registry.interface import DEFAULT_CLUSTER
+from ..registry.interface import DEFAULT_CLUSTER, InstanceRegistry
 from ..registry.port_users import PortTakenError, cannot_listen
-from ..registry.publish import is_loopback
+from ..registry.publish import advertised_host, is_loopback
 from ..registry.store import Registry
 from ..storage.files import CorruptLogError, InstanceFiles
 from .config import (
@@ -27,6 +28,9 @@ from .config import (
     resolve_start,
 )
 from .server import Coordinator
+
+if TYPE_CHECKING:
+    from ..replicas.node import ReplicaNode
 
 __all__ = ["coordinator_argv", "run_coordinator"]
 
@@ -85,7 +89,13 @@ async def run_coordinator(
     prime_allocator()  # every read asks for 256 KiB: from the heap, not a fresh mapping
     # Refuses when the registry has lost track of the instance's files (never a first
     # start over existing history), before anything is listened on or written.
-    registry = prepare_start(config.data_dir, config.instance, config.registry, config.cluster)
+    registry = prepare_start(
+        config.data_dir,
+        config.instance,
+        config.registry,
+        config.cluster,
+        replica=config.replica is not None,
+    )
     try:
         # Read now, so a bad secret or TLS file stops start-up, not links after recovery.
         load_secret(config.link_settings, config.data_dir)
@@ -102,11 +112,16 @@ async def run_coordinator(
             )
         # An earlier incarnation's ingress address is dead (its run process publishes the
         # new one once serving): left, it would name this instance for another's port.
-        registry.clear_ingress_address(config.instance)
+        if config.replica is None:  # a replica's primary may be live elsewhere
+            registry.clear_ingress_address(config.instance)
         coordinator = Coordinator(config, registry, files)
+        node = None
+        if config.replica is not None:
+            node = await _start_replica(config, registry, files)
+            coordinator.replicas = node
         try:
             info = registry.get(config.instance)
-            if info is not None and info.last_checkpoint is None:
+            if info is not None and info.last_checkpoint is None and node is None:
                 clear_interrupted_first_start(
                     files, info.committer_id, config.registry, config.cluster
                 )
@@ -122,6 +137,45 @@ async def run_coordinator(
             log.info("%s; stopping", exc)
             return 1
         finally:
+            if node is not None:
+                await node.close()
+                node.election.close()
             coordinator.files.release_lock()
     finally:
         registry.close()
+
+
+async def _start_replica(
+    config: CoordinatorConfig, registry: InstanceRegistry, files: InstanceFiles
+) -> ReplicaNode:
+    """This replica's side of the replicated log, listening and registered."""
+    from ..registry.primary import open_election
+    from ..replicas.node import ReplicaNode
+    from ..replication import Group
+    from ..storage.replica_state import ReplicaState, load_replica_state
+
+    assert config.replica is not None
+    if config.replica >= config.replicas:
+        raise CoordinatorError(
+            f"replica {config.replica} is not one of the {config.replicas} replicas "
+            f"(0..{config.replicas - 1}; --replicas sets how many)"
+        )
+    try:
+        group = Group.of(set(range(config.replicas)), config.replication_ack)
+    except ValueError as exc:
+        raise CoordinatorError(str(exc)) from None
+    state = load_replica_state(files, replica=config.replica)
+    if state is None:
+        state = ReplicaState(config.replica, 0, ())
+    election = open_election(registry)
+    node = ReplicaNode(
+        instance=config.instance,
+        group=group,
+        files=files,
+        state=state,
+        election=election,
+        settings=config.link_settings,
+    )
+    published = advertised_host(config.link_host, config.advertise_host)
+    await node.start(config.link_host, config.replication_port, published)
+    return node

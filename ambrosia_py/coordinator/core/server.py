@@ -33,6 +33,7 @@ import os
 import secrets
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ... import wire
 from ...eventloop import running_loop_name
@@ -58,6 +59,9 @@ from .events import CheckpointArrived, CheckpointRequested, InitialArrived
 from .forwarding import Forwarder, OutboxGate
 from .intake import Intake
 
+if TYPE_CHECKING:
+    from ..replicas.node import ReplicaNode
+
 __all__ = ["Coordinator"]
 
 log = logging.getLogger("ambrosia_py.coordinator")
@@ -76,6 +80,7 @@ class Coordinator:
         self._failure: BaseException | None = None
         self._reader_task: asyncio.Task[None] | None = None
         self.links: PeerLinks | None = None
+        self.replicas: ReplicaNode | None = None  # with --replica: this replica's side
 
     @property
     def files(self) -> InstanceFiles:
@@ -264,6 +269,32 @@ class Coordinator:
         if intake.dropped:
             log.info("dropped %d regenerated outputs already in the log", intake.dropped)
 
+    async def _start_replica(self, node: ReplicaNode, never_started: bool) -> None:
+        """With replicas: follow as a secondary until this replica takes a term (replica 0
+        founds an instance never started), wait until the log before the term's start is
+        committed, recover from it, and go on as primary (``coordinator/replicas``)."""
+        self.committer.on_checkpoint = node.checkpoint_written
+        if node.replica == 0 and never_started and node.disk.state.checkpoint is None:
+            term = await node.found()
+            # Numbered from 1: the founding checkpoint stands past every empty log, so a
+            # new replica is always sent a checkpoint before any record.
+            self.intake.next_seq = 1
+            await self.first_start()
+            node.serving = True  # its binding has the first start's record
+            node.founded(term, 1)
+            self.committer.replication = node
+            await node.until_committed()
+            return
+        while True:
+            term = await node.until_primary()
+            checkpoint = node.disk.state.checkpoint
+            assert checkpoint is not None  # a replica without one never takes a term
+            node.lead(term)
+            if await node.until_committed():
+                break
+        self.committer.replication = node
+        await self.recover(checkpoint)
+
     # -- normal processing ---------------------------------------------------------------
 
     def stop(self) -> bool:
@@ -332,7 +363,8 @@ class Coordinator:
         _, receive_port, send_port = resolve_start(self.config, self.registry)
         # Whatever address an earlier incarnation published is dead; publish anew once
         # recovered (senders look it up again and wait meanwhile).
-        self.registry.clear_link_address(self.config.instance)
+        if self.replicas is None:  # a replica's primary may be live elsewhere
+            self.registry.clear_link_address(self.config.instance)
         self.binding, listeners = await connect_binding(
             self.config.host,
             receive_port,
@@ -349,12 +381,17 @@ class Coordinator:
         try:
             info = self.registry.get(self.config.instance)
             assert info is not None
-            if info.last_checkpoint is None:
+            if self.replicas is not None:
+                await self._start_replica(self.replicas, info.last_checkpoint is None)
+            elif info.last_checkpoint is None:
                 await self.first_start()
             else:
                 await self.recover(info.last_checkpoint)
             await self._open_links()
-            await self.committer.run()
+            if self.replicas is not None:
+                await self.replicas.guard(self.committer.run())
+            else:
+                await self.committer.run()
         finally:
             await self.committer.close()  # first: its sync stage forwards
             await forwarder.close()

@@ -125,7 +125,12 @@ def _file_paths(data_dir: Path, spec: str | None) -> list[Path]:
 
 
 def open_registry_for_start(
-    data_dir: Path, instance: str, spec: str | None = None, cluster: str = DEFAULT_CLUSTER
+    data_dir: Path,
+    instance: str,
+    spec: str | None = None,
+    cluster: str = DEFAULT_CLUSTER,
+    *,
+    replica: bool = False,
 ) -> InstanceRegistry:
     """The registry ``spec`` names (:func:`.backends.open_registry`; ``None``: the data
     dir's own), for starting ``instance`` with ``data_dir``; or a :class:`RegistryRefusal`.
@@ -136,7 +141,8 @@ def open_registry_for_start(
     registry that does not know ``instance`` while that instance's files are present;
     and a registry that holds a committed checkpoint of ``instance`` while this data dir
     has none of its current version's files (its history is elsewhere: a start here
-    would not recover it, and must never begin it afresh).
+    would not recover it, and must never begin it afresh). A replica (``replica``) is
+    exempt from the last: a new one starts empty, and is sent a checkpoint by the others.
     """
     data_dir = Path(data_dir)
     paths = _file_paths(data_dir, spec)
@@ -174,7 +180,8 @@ def open_registry_for_start(
                 f"instance; {hint}"
             )
         if (
-            known is not None
+            not replica
+            and known is not None
             and known.last_checkpoint is not None
             and known.current_version not in present.get(instance, {})
         ):
@@ -192,7 +199,12 @@ def open_registry_for_start(
 
 
 def prepare_start(
-    data_dir: Path, instance: str, spec: str | None = None, cluster: str = DEFAULT_CLUSTER
+    data_dir: Path,
+    instance: str,
+    spec: str | None = None,
+    cluster: str = DEFAULT_CLUSTER,
+    *,
+    replica: bool = False,
 ) -> InstanceRegistry:
     """Refuse what another user owns, tighten the modes of what ``instance``'s coordinator
     owns, then open the registry ``spec`` names for its start (:func:`open_registry_for_start`).
@@ -221,7 +233,7 @@ def prepare_start(
         )
     if failed:
         log.warning("could not tighten the modes of: %s", "; ".join(failed))
-    return open_registry_for_start(data_dir, instance, spec, cluster)
+    return open_registry_for_start(data_dir, instance, spec, cluster, replica=replica)
 
 
 def clear_interrupted_first_start(

@@ -1,0 +1,555 @@
+"""One replica's side of the replicated log: the cores of ``replication/`` carried out
+against this replica's files, the transport and the registry's primary role.
+
+A :class:`ReplicaNode` runs a :class:`~..replication.Secondary` until this replica takes
+a term, then a :class:`~..replication.Primary`. It does what their events ask, in order
+(``replication/events.py``): each durable step (the epoch and history in
+``replica-state``, a truncation, an installed checkpoint) is done before the next event;
+shipped records are written at once and their durability reported when a sync ends; a
+primary's commit point releases what :class:`.gate.CommitGate` holds.
+
+Who may lead. A replica with no checkpoint has no state its binding could start from:
+it never campaigns, and waits to be sent one. Replica 0 founds an instance nobody has
+started (its first start, numbered from seq 1 so that the founding checkpoint stands
+past every empty log and is shipped to each new replica); every other term is taken
+from the registry when the term it saw falls silent (:class:`~..replication.PrimaryLost`)
+or when nobody holds the role.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from ...wire import Payload
+from ..core.config import CoordinatorError
+from ..links.config import LinkSettings
+from ..registry.interface import Endpoint, RegistryError
+from ..registry.primary import PrimaryElection, Term
+from ..replication import (
+    CommitAdvanced,
+    Established,
+    Event,
+    Group,
+    History,
+    InstallCheckpoint,
+    Message,
+    Primary,
+    PrimaryLost,
+    ReadLog,
+    Replayable,
+    ReplicationError,
+    SaveEpoch,
+    SaveHistory,
+    Secondary,
+    Send,
+    SendCheckpoint,
+    SteppedDown,
+    StoreCheckpointChunk,
+    Timing,
+    TruncateLog,
+    WriteRecords,
+)
+from ..storage.errors import StorageError
+from ..storage.files import InstanceFiles
+from ..storage.replica_state import ReplicaState
+from .disk import ReplicaDisk
+from .gate import CommitGate
+from .transport import ReplicaTransport
+
+__all__ = ["POSITION_EVERY", "ReplicaNode", "SteppedDownError"]
+
+log = logging.getLogger("ambrosia_py.coordinator")
+
+POSITION_EVERY = 1.0  # seconds between updates of the log position the registry shows
+
+
+class SteppedDownError(CoordinatorError):
+    """This replica was primary and is no more: it stops, to rejoin as a secondary when
+    started again (a primary never turns back into a secondary in place: its binding has
+    acted on records that were never committed)."""
+
+
+class ReplicaNode:
+    """See the module. ``state`` is what ``replica-state`` held at start (or a fresh one)."""
+
+    def __init__(
+        self,
+        *,
+        instance: str,
+        group: Group,
+        files: InstanceFiles,
+        state: ReplicaState,
+        election: PrimaryElection,
+        settings: LinkSettings,
+        timing: Timing | None = None,
+    ) -> None:
+        self.instance = instance
+        self.replica = state.replica
+        self.group = group
+        self.disk = ReplicaDisk(files, state)
+        self.election = election
+        self.timing = timing or Timing()
+        self.transport = ReplicaTransport(
+            instance,
+            self.replica,
+            settings,
+            self._received,
+            self._address_of,
+            data_dir=files.data_dir,
+        )
+        self.core: Primary | Secondary = self._secondary()
+        self.term: Term | None = None
+        self.gate: CommitGate | None = None
+        self.established = asyncio.Event()
+        self.term_start = 0
+        self._seen: Term | None = None  # the term the registry last named
+        self._won: asyncio.Future[Term] = asyncio.get_running_loop().create_future()
+        self._failed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._syncing = False
+        self._campaigning = False
+        self._tasks: list[asyncio.Task[None]] = []
+        self._changed: asyncio.Event | None = None  # set when the term moves on
+        self.serving = False  # the binding has been given this replica's log
+        self._durable_moved = asyncio.Event()  # set when the primary's log grows durable
+        self._backlog: deque[Event] = deque()  # events waiting for a sync to end
+        # Records the commit path is writing: (seq, log number, offset, size).
+        self._unwritten: deque[tuple[int, int, int, int]] = deque()
+        self._background: set[asyncio.Future[None]] = set()
+        self.address = Endpoint("", 0)  # where it listens, once started
+        self._published = -1  # the log position last registered
+
+    # --- start and stop -------------------------------------------------------------------
+
+    def _secondary(self) -> Secondary:
+        """The secondary this replica is, from its files as they are now."""
+        log, state = self.disk.log, self.disk.state
+        base, end = (0, 0) if log is None else (log.base, log.end)
+        return Secondary(
+            replica=self.replica,
+            epoch=state.epoch,
+            history=History.of(state.history),
+            log_base=base,
+            log_end=end,
+            commit_end=base,
+            now=time.monotonic(),
+            timing=self.timing,
+        )
+
+    async def start(self, host: str, port: int, advertised: str) -> None:
+        """Listen for the other replicas, register in the registry, and follow its terms."""
+        bound = await self.transport.listen(host, port)
+        self.address = Endpoint(advertised, bound)
+        await self._publish()
+        log.info("replica %d listens for its group on %s:%d", self.replica, host, bound)
+        self._tasks = [
+            asyncio.create_task(self._watch()),
+            asyncio.create_task(self._ticks()),
+            asyncio.create_task(self._positions()),
+        ]
+
+    async def _publish(self) -> None:
+        """Register (again) where this replica listens and how far its log reaches."""
+        end = self._end()
+        await asyncio.to_thread(
+            self.election.register_replica, self.instance, self.replica, self.address, end
+        )
+        self._published = end
+
+    async def _positions(self) -> None:
+        """Keep the log position the registry shows (``instances``: how far behind each
+        replica is) within a second of the log's."""
+        while True:
+            await asyncio.sleep(POSITION_EVERY)
+            if self._end() != self._published:
+                try:
+                    await self._publish()
+                except RegistryError as exc:  # shown late, not wrong: said, and tried again
+                    log.info("replica %d could not publish its position: %s", self.replica, exc)
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.transport.close()
+        self.disk.close()
+
+    def _end(self) -> int:
+        return self.core.log_end
+
+    # --- the registry ---------------------------------------------------------------------
+
+    async def _watch(self) -> None:
+        watch = self.election.watch_primary(self.instance)
+        try:
+            async for term in watch:
+                self._seen = term
+                if term is None:
+                    await self._try_lead(None)
+                elif isinstance(self.core, Secondary) and term.replica != self.replica:
+                    self.core.follow(term.epoch, term.replica, time.monotonic())
+                    self._pump()
+        finally:
+            await watch.aclose()
+
+    async def _try_lead(self, lost: PrimaryLost | None) -> None:
+        """Take the role: from the silent term seen, or when nobody holds it."""
+        if (
+            self._campaigning
+            or self.term is not None
+            or self.disk.state.checkpoint is None
+            or self._won.done()
+        ):
+            return
+        self._campaigning = True
+        try:
+            end = self._end()
+            current = await asyncio.to_thread(self.election.current, self.instance)
+            if current is None:
+                term = await asyncio.to_thread(
+                    self.election.campaign, self.instance, self.replica, end
+                )
+            elif lost is not None and current.epoch <= lost.epoch:
+                # Only from the term found silent: a newer one is alive as far as this
+                # replica knows (it may have begun while this lookup was on its way).
+                term = await asyncio.to_thread(
+                    self.election.take_over, self.instance, self.replica, current, end
+                )
+            else:
+                term = None
+        except RegistryError as exc:
+            log.warning("replica %d could not take the primary role: %s", self.replica, exc)
+            term = None
+        finally:
+            self._campaigning = False
+        if term is not None and not self._won.done():
+            if lost is None:
+                why = "nobody held it"
+            elif lost.primary is None:
+                why = f"nothing came from the primary of epoch {lost.epoch}"
+            else:
+                why = f"replica {lost.primary} fell silent"
+            log.info("replica %d is primary from epoch %d (%s)", self.replica, term.epoch, why)
+            self._won.set_result(term)
+
+    async def found(self) -> Term:
+        """Take the first term of an instance never started (replica 0 only), once enough
+        replicas are live to establish it (a term must hear from ``term_quorum``)."""
+        said = False
+        while True:
+            live = await asyncio.to_thread(self.election.replicas, self.instance)
+            if len(live) >= self.group.term_quorum:
+                break
+            if not said:
+                log.info(
+                    "replica %d waits for %d of the %d replicas to start before founding %r",
+                    self.replica,
+                    self.group.term_quorum,
+                    self.group.n,
+                    self.instance,
+                )
+                said = True
+            await asyncio.sleep(0.1)
+        term = await asyncio.to_thread(self.election.campaign, self.instance, self.replica, 0)
+        if term is None:
+            raise RegistryError(f"another replica of {self.instance!r} holds the primary role")
+        log.info(
+            "replica %d founds %r, primary from epoch %d", self.replica, self.instance, term.epoch
+        )
+        return term
+
+    async def until_primary(self) -> Term:
+        """Follow as a secondary until this replica takes a term; raise what failed."""
+        waiting: list[asyncio.Future[Any]] = [self._won, self._failed]
+        await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+        if self._failed.done():
+            self._failed.result()
+        return self._won.result()
+
+    # --- becoming primary -----------------------------------------------------------------
+
+    def lead(self, term: Term) -> None:
+        """Start the term: a :class:`Primary` over this replica's log, from its committed
+        checkpoint on."""
+        core = self.core
+        if not isinstance(core, Secondary):
+            raise SteppedDownError("a new term for a replica already primary")
+        self.core = Primary.taking_over(
+            core, group=self.group, epoch=term.epoch, now=time.monotonic(), timing=self.timing
+        )
+        self.term = term
+        self.gate = CommitGate(self._durable_here)
+        # What the secondary knew committed stays so (the term's commit point starts
+        # there and only moves on once a record of the term commits).
+        self.gate.commit(self.core.commit_end)
+        self._pump()
+
+    def founded(self, term: Term, checkpoint: int) -> None:
+        """Replica 0 founded the instance: its first start wrote checkpoint
+        ``checkpoint`` and the records after it; lead from there."""
+        self.disk.save(checkpoint=checkpoint)
+        self.disk.open_log(checkpoint)
+        self.core = self._secondary()
+        self.lead(term)
+
+    async def until_committed(self) -> bool:
+        """Wait until the term is established and everything before its start committed:
+        the log is the one to continue, and may be given to the binding (True). False:
+        the term was given up before that (outranked, or no quorum in time); this replica
+        follows again (:meth:`until_primary`)."""
+        while True:
+            gate = self.gate
+            if self.term is None or gate is None:
+                return False
+            if self.established.is_set() and gate.commit_end >= self.term_start:
+                self.serving = True
+                return True
+            changed = self._changed = asyncio.Event()
+            await self._wait(changed.wait())
+
+    async def _wait(self, aw: Coroutine[object, object, object]) -> None:
+        """Await ``aw``, unless the replicated log fails first (then raise that)."""
+        task: asyncio.Future[Any] = asyncio.ensure_future(aw)
+        await asyncio.wait([task, self._failed], return_when=asyncio.FIRST_COMPLETED)
+        if self._failed.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            self._failed.result()
+        task.result()
+
+    # --- the committer's hooks (coordinator/core/committer.py Replicating) ---------------
+
+    def appended(self, seq: int, disk_parts: list[Payload], log_number: int, offset: int) -> None:
+        core = self.core
+        if not isinstance(core, Primary):
+            raise SteppedDownError("records appended by a replica that is not primary")
+        record = b"".join(disk_parts)
+        # Made known to the log once durable (durable()): only then is it surely in the
+        # file, whole, for a read that feeds a replica behind.
+        self._unwritten.append((seq, log_number, offset, len(record)))
+        core.append([record], time.monotonic())
+        self._pump()
+
+    def durable(self, seq: int, action: Callable[[], None] | None) -> None:
+        assert self.gate is not None and self.disk.log is not None
+        while self._unwritten and self._unwritten[0][0] <= seq:
+            self.disk.log.note(*self._unwritten.popleft())
+        self.gate.durable(seq, action)
+
+    def forward(self, action: Callable[[], None]) -> None:
+        assert self.gate is not None
+        self.gate.forward(action)
+
+    def control(self, action: Callable[[], None]) -> None:
+        assert self.gate is not None
+        self.gate.control(action)
+
+    def checkpoint_written(self, n: int) -> None:
+        """The committer wrote checkpoint ``n``: recovery starts there from now on."""
+        self.disk.save(checkpoint=n)
+
+    def _durable_here(self, end: int) -> None:
+        core = self.core
+        if isinstance(core, Primary):
+            if self.disk.log is not None:
+                self.disk.log.synced(end)
+            self._durable_moved.set()
+            core.records_durable(end)
+            self._pump()
+
+    # --- messages and time ----------------------------------------------------------------
+
+    async def _address_of(self, replica: int) -> Endpoint | None:
+        try:
+            found = await asyncio.to_thread(self.election.replicas, self.instance)
+        except RegistryError:
+            return None
+        for r in found:
+            if r.replica == replica:
+                return r.address
+        return None
+
+    def _received(self, sender: int, msg: Message) -> None:
+        if sender not in self.group.replicas:
+            log.warning("a message from replica %d, not of the group: dropped", sender)
+            return
+        try:
+            self.core.receive(sender, msg, time.monotonic())
+        except Exception as exc:
+            self._fail(exc)
+            return
+        self._pump()
+
+    async def _ticks(self) -> None:
+        every = self.timing.heartbeat_every / 2
+        while True:
+            await asyncio.sleep(every)
+            try:
+                self.core.tick(time.monotonic())
+            except Exception as exc:
+                self._fail(exc)
+                return
+            self._pump()
+
+    def _fail(self, exc: BaseException) -> None:
+        if self._failed.done():
+            return
+        if isinstance(exc, ReplicationError | StorageError):
+            # Said in one line: a peer broke the protocol, or the disk failed.
+            line = CoordinatorError(f"replica {self.replica}: {exc}")
+            line.__cause__ = exc
+            exc = line
+        self._failed.set_exception(exc)
+
+    async def guard(self, work: Coroutine[object, object, None]) -> None:
+        """Run ``work`` (normal processing) until it ends, or until the replicated log
+        fails or this replica steps down: then it is cancelled and that is raised."""
+        await self._wait(work)
+
+    # --- carrying out the events ----------------------------------------------------------
+
+    def _pump(self) -> None:
+        """Carry out what the core asks, in order (each durable step before the next).
+
+        A truncation or an install must not run while a sync of the log is in flight
+        (they close the files it syncs): such an event, and every one after it, waits in
+        a backlog that the sync's end drains.
+        """
+        core = self.core
+        try:
+            event = core.next_event()
+            while event is not None:
+                if self._backlog or (
+                    self._syncing and isinstance(event, TruncateLog | InstallCheckpoint)
+                ):
+                    self._backlog.append(event)
+                else:
+                    self._do(event)
+                if self.core is not core:  # stepped down or took over: the rest is stale
+                    return
+                event = core.next_event()
+        except Exception as exc:
+            self._fail(exc)
+
+    def _drain_backlog(self) -> None:
+        try:
+            while self._backlog and not self._syncing:
+                self._do(self._backlog.popleft())
+        except Exception as exc:
+            self._fail(exc)
+
+    def _do(self, event: Event) -> None:
+        match event:
+            case Send(to, message):
+                self.transport.send(to, message)
+            case SaveEpoch(epoch):
+                self.disk.save(epoch=epoch)
+            case SaveHistory(history):
+                self.disk.save(history=tuple((e.epoch, e.start) for e in history.entries))
+            case TruncateLog(end):
+                assert self.disk.log is not None
+                self.disk.log.truncate(end)
+            case WriteRecords(first_seq, records):
+                if self.disk.log is None:
+                    raise StorageError("records shipped to a replica with no checkpoint")
+                self.disk.log.append(first_seq, records)
+                self._sync_soon()
+            case Replayable():
+                pass  # recovery replays the log when this replica takes over
+            case PrimaryLost():
+                self._later(self._try_lead(event))
+            case StoreCheckpointChunk(_, _, offset, data, starts_over):
+                self.disk.store_chunk(offset, data, starts_over)
+            case InstallCheckpoint(seq):
+                n = self.disk.install(seq)
+                log.info("installed a shipped checkpoint as checkpoint %d (seq %d)", n, seq)
+            case Established(epoch, term_start):
+                self.term_start = term_start
+                self.established.set()
+                self._change()
+                log.info("epoch %d established at seq %d", epoch, term_start)
+            case CommitAdvanced(end):
+                assert self.gate is not None
+                self.gate.commit(end)
+                self._change()
+            case ReadLog(replica, from_seq):
+                self._later(self._read(replica, from_seq))
+            case SendCheckpoint(replica):
+                assert isinstance(self.core, Primary)
+                seq, data = self.disk.latest_checkpoint()
+                self.core.checkpoint_read(replica, seq, data, time.monotonic())
+            case SteppedDown(epoch, reason, _):
+                if self.serving:
+                    raise SteppedDownError(
+                        f"replica {self.replica} is primary no more (epoch {epoch}): "
+                        f"{reason}; it stops, and rejoins as a secondary when started again"
+                    )
+                self._follow_again(epoch, reason)
+
+    def _change(self) -> None:
+        if self._changed is not None:
+            self._changed.set()
+
+    def _follow_again(self, epoch: int, reason: str) -> None:
+        """Give the term up before the binding saw anything of it: a secondary again."""
+        core, term = self.core, self.term
+        assert isinstance(core, Primary) and term is not None
+        log.info("replica %d gives epoch %d up: %s", self.replica, core.epoch, reason)
+        self.core = Secondary.following(core, epoch=epoch, now=time.monotonic(), timing=self.timing)
+        self.term = self.gate = None
+        self.established.clear()
+        self._won = asyncio.get_running_loop().create_future()
+        self._later(asyncio.to_thread(self.election.resign, term))
+        self._change()
+
+    def _later(self, work: Coroutine[object, object, None]) -> None:
+        task = asyncio.ensure_future(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _sync_soon(self) -> None:
+        if not self._syncing:
+            self._syncing = True
+            self._later(self._sync())
+
+    async def _sync(self) -> None:
+        """fdatasync the log in a worker thread, again while records came in meanwhile
+        (appends go on during a sync: :meth:`LogWriter.sync` runs without the write
+        lock, and :meth:`ReplicaLog.sync` claims only the end it read as it began)."""
+        try:
+            while True:
+                rlog = self.disk.log
+                assert rlog is not None
+                target = rlog.end
+                end = await asyncio.to_thread(rlog.sync)
+                core = self.core
+                if isinstance(core, Secondary):
+                    core.records_durable(end)
+                if self.disk.log is not rlog or rlog.end <= target:
+                    break
+        except Exception as exc:
+            self._fail(exc)
+        finally:
+            self._syncing = False
+        self._drain_backlog()
+        self._pump()
+
+    async def _read(self, replica: int, from_seq: int) -> None:
+        rlog = self.disk.log
+        core = self.core
+        assert rlog is not None
+        try:
+            # The log holds a record of the commit path once it is durable (durable()).
+            while rlog.durable_end <= from_seq and self.core is core:
+                self._durable_moved.clear()
+                await self._durable_moved.wait()
+            records = await asyncio.to_thread(rlog.read, from_seq, self.timing.max_append_bytes)
+            if self.core is core and isinstance(core, Primary):
+                core.records_read(replica, from_seq, records, time.monotonic())
+                self._pump()
+        except Exception as exc:
+            self._fail(exc)

@@ -1,0 +1,282 @@
+"""Three replicas of the counter on one machine, each "machine" its own data dir and
+processes, sharing one registry (a SQLite file, or a real etcd started for the module):
+the primary's processes are SIGKILLed and its data dir deleted, round after round, under
+a load of ingress calls; a secondary takes over, the lost replica rejoins empty, and at
+the end every call is counted exactly once. With etcd, a primary paused past its lease
+(SIGSTOP) is taken over from, and once resumed (SIGCONT) acknowledges nothing more: it
+finds it was deposed and stops.
+
+Each call goes through ``Client.connect(instance=...)``, which finds the ingress in the
+registry before every connection, and retries a call whose connection failed with the
+same idempotency key until it is answered: so every call a caller made is acknowledged
+by the end, and the counter must equal the number of calls, with every answer (the count
+after that call) distinct.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ambrosia_py.client import Client
+from ambrosia_py.coordinator.registry.backends import open_registry
+from ambrosia_py.coordinator.registry.primary import Term, open_election
+from ambrosia_py.testing import ServiceProcess, free_port, wait_for
+from tests.etcd_server import EtcdServer, etcd_server
+
+__all__ = ["etcd_server"]  # a fixture, used through its name
+
+COUNTER = Path(__file__).resolve().parent.parent / "examples" / "counter.py"
+DEADLINE = 60.0
+
+pytestmark = pytest.mark.timeout(300)
+
+
+class Machine:
+    """One replica's "machine": its data dir and its ``run`` process."""
+
+    def __init__(self, root: Path, replica: int, registry: Registry, secret: Path) -> None:
+        self.replica = replica
+        self.data_dir = root / f"machine{replica}"
+        self.log = root / f"machine{replica}.log"
+        self.registry = registry
+        self.secret = secret
+        self.process: ServiceProcess | None = None
+
+    def start(self) -> None:
+        args = [
+            "--registry",
+            self.registry.spec,
+            "--cluster",
+            self.registry.cluster,
+            "--replica",
+            str(self.replica),
+            "--secret-file",
+            str(self.secret),
+            "--ingress",
+            f"127.0.0.1:{free_port()}",
+            "--receive-port",
+            str(free_port()),
+            "--send-port",
+            str(free_port()),
+        ]
+        self.process = ServiceProcess(str(COUNTER), "counter", self.data_dir, args, log=self.log)
+        self.process.start()
+
+    def lose(self) -> None:
+        """SIGKILL every process of this machine, and lose its disk."""
+        assert self.process is not None
+        self.process.kill("both")
+        shutil.rmtree(self.data_dir)
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.stop()
+
+
+class Registry:
+    """Where the replicas meet: a SQLite file, or etcd under a cluster of the test's own."""
+
+    def __init__(self, spec: str, cluster: str, root: Path) -> None:
+        self.spec = spec
+        self.cluster = cluster
+        self.root = root
+
+
+def current_term(registry: Registry) -> Term | None:
+    reg = open_registry(registry.spec, registry.root, registry.cluster)
+    try:
+        election = open_election(reg)
+        try:
+            return election.current("counter")
+        finally:
+            election.close()
+    finally:
+        reg.close()
+
+
+def newer_term(registry: Registry, than: Term) -> bool:
+    """Whether a term after ``than`` holds the primary role now."""
+    term = current_term(registry)
+    return term is not None and term.epoch > than.epoch
+
+
+def installed(machine: Machine) -> bool:
+    """Whether a replica holds a checkpoint (it could take over)."""
+    assert machine.process is not None
+    machine.process.check_alive()
+    return "installed a shipped checkpoint" in machine.process.output()
+
+
+@pytest.fixture(params=["sqlite", "etcd"])
+def registry(request: pytest.FixtureRequest, tmp_path: Path) -> Registry:
+    if request.param == "sqlite":
+        return Registry(str(tmp_path / "registry.sqlite3"), "ambrosia", tmp_path)
+    server: EtcdServer = request.getfixturevalue("etcd_server")
+    return Registry(f"{server.spec}?lease_ttl=1", f"c{os.getpid()}x{free_port()}", tmp_path)
+
+
+Cluster = tuple[list[Machine], Registry, Path]
+
+
+@pytest.fixture
+def cluster(registry: Registry, tmp_path: Path) -> Iterator[Cluster]:
+    secret = tmp_path / "secret"
+    secret.write_bytes(os.urandom(32))
+    secret.chmod(0o600)
+    machines = [Machine(tmp_path, r, registry, secret) for r in range(3)]
+    try:
+        for m in machines:
+            m.start()
+        wait_for("a primary", lambda: current_term(registry) is not None, DEADLINE)
+        primary = current_term(registry)
+        assert primary is not None
+        for m in machines:
+            if m.replica != primary.replica:
+                wait_for(
+                    f"replica {m.replica} to hold a checkpoint", lambda m=m: installed(m), DEADLINE
+                )
+        yield machines, registry, secret
+    finally:
+        for m in machines:
+            m.stop()
+
+
+class Callers:
+    """Threads calling ``Counter.add(1)`` until told to stop, each with its own client;
+    every answer kept."""
+
+    def __init__(self, registry: Registry, secret: Path, n: int) -> None:
+        self.registry = registry
+        self.secret = secret
+        self.answers: list[int] = []
+        self.calls = 0
+        self.errors: list[BaseException] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run) for _ in range(n)]
+
+    def _client(self) -> Client:
+        return Client.connect(
+            instance="counter",
+            registry=self.registry.spec,
+            cluster=self.registry.cluster,
+            secret_file=self.secret,
+            timeout=DEADLINE,
+        )
+
+    def _run(self) -> None:
+        from counter import Counter  # examples/ is on sys.path (see below)
+
+        try:
+            with self._client() as client:
+                while not self._stop.is_set():
+                    answer = client.call(Counter.add, 1)
+                    with self._lock:
+                        self.answers.append(answer)
+        except BaseException as exc:
+            self.errors.append(exc)
+
+    def start(self) -> None:
+        for t in self._threads:
+            t.start()
+
+    def wait_answers(self, more: int) -> None:
+        target = len(self.answers) + more
+
+        def enough() -> bool:
+            if self.errors:
+                raise self.errors[0]
+            return len(self.answers) >= target
+
+        wait_for(f"{more} more answers", enough, DEADLINE)
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(DEADLINE)
+        if self.errors:
+            raise self.errors[0]
+
+
+def counted_once(callers: Callers) -> None:
+    """Every call was answered once and counted once: the answers are 1..N exactly."""
+    from counter import Counter
+
+    with callers._client() as client:
+        final = client.call(Counter.get)
+    answers = sorted(callers.answers)
+    assert len(set(answers)) == len(answers), "two calls were given the same count"
+    assert final == len(answers)
+    assert answers == list(range(1, final + 1))
+
+
+def test_losing_the_primary_machine_loses_no_acknowledged_call(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    machines, registry, secret = cluster
+    monkeypatch.syspath_prepend(str(COUNTER.parent))
+    callers = Callers(registry, secret, 4)
+    callers.start()
+    epochs = []
+    try:
+        callers.wait_answers(50)
+        for _ in range(3):
+            term = current_term(registry)
+            assert term is not None
+            epochs.append(term.epoch)
+            lost = machines[term.replica]
+            lost.lose()
+            # A secondary takes over, and calls are answered again.
+            wait_for("a new primary", lambda t=term: newer_term(registry, t), DEADLINE)
+            callers.wait_answers(50)
+            # The lost machine comes back with an empty disk and catches up.
+            lost.start()
+            wait_for(f"replica {lost.replica} to rejoin", lambda m=lost: installed(m), DEADLINE)
+            callers.wait_answers(20)
+    finally:
+        callers.stop()
+    counted_once(callers)
+    assert len(set(epochs)) == 3  # three different terms were lost
+
+
+@pytest.mark.parametrize("registry", ["etcd"], indirect=True)
+def test_a_primary_paused_past_its_lease_acknowledges_nothing_more(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    machines, registry, secret = cluster
+    monkeypatch.syspath_prepend(str(COUNTER.parent))
+    callers = Callers(registry, secret, 4)
+    callers.start()
+    try:
+        callers.wait_answers(50)
+        term = current_term(registry)
+        assert term is not None
+        paused = machines[term.replica].process
+        assert paused is not None and paused.proc is not None
+        pids = [paused.proc.pid, paused.coordinator_pid()]
+        for pid in pids:
+            assert pid is not None
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            wait_for("a new primary", lambda: newer_term(registry, term), DEADLINE)
+        finally:
+            # Resumed (the callers connected to it wait meanwhile: a paused process
+            # keeps its connections open), it finds it was deposed and stops without
+            # acknowledging anything more; its callers send their calls again, with
+            # their keys, to the new primary.
+            for pid in pids:
+                assert pid is not None
+                os.kill(pid, signal.SIGCONT)
+        wait_for("the deposed primary to stop", lambda: not paused.alive(), DEADLINE)
+        assert "is primary no more" in paused.output()
+        callers.wait_answers(50)
+    finally:
+        callers.stop()
+    counted_once(callers)
