@@ -63,7 +63,7 @@ from .errors import (
     UnknownMethodError,
 )
 from .files import sync_written
-from .hooks import AnswerSink, IngressFactory, IngressHook, KeyedCall
+from .hooks import AnswerSink, IngressFactory, IngressHook, KeyedCall, Steps
 from .immortal import CallFuture, Immortal, MethodSpec, Proxy
 from .outstanding import Outstanding, ReplyTo, Task, reply_outcome
 
@@ -320,10 +320,18 @@ class Dispatcher:
         except ValueError as exc:
             log.error("dropped an ingress impulse: %s", exc)
             return
+        if isinstance(step, Steps):  # a batch of calls, logged as one impulse
+            for one in step.steps:
+                self._ingress_step(one)
+        elif step is not None:
+            self._ingress_step(step)
+
+    def _ingress_step(self, step: object) -> None:
+        """Run a call the hook admitted, or hand its answer to the clients."""
         if isinstance(step, KeyedCall):  # a new key: its outcome is kept under it (_finish)
             spec = type(self.immortal).rpc_methods().get(step.method_id)
             self._invoke(spec, step.method_id, step.args, step)
-        elif step is not None:
+        else:
             self._answer(step)
 
     def _answer(self, answer: object) -> None:

@@ -11,7 +11,10 @@ hands each one to the hook registered for that id, which says what to do:
 * answer the clients waiting on a key (a known key's outcome, a refusal): the dispatcher
   hands the answer to :attr:`~.dispatcher.Dispatcher.ingress_answer` as an effect, so
   only once the record is durable, only while primary and never in replay;
-* nothing (a setting, a call already running).
+* nothing (a setting, a call already running);
+* several of these, in order (:class:`Steps`): the calls of one batch, which the ingress
+  logs as one impulse so that one record (and one ``fdatasync``) carries all the calls
+  that reached it in one turn of its event loop.
 
 The hook's state is replayed state: built by logged input only, checkpointed beside the
 immortal's attributes (``checkpoint.py``, the snapshot's ``ingress`` field) and restored
@@ -31,7 +34,7 @@ import attrs
 
 from ..wire import Payload, ReturnType
 
-__all__ = ["AnswerSink", "IngressFactory", "IngressHook", "KeyedCall"]
+__all__ = ["AnswerSink", "IngressFactory", "IngressHook", "KeyedCall", "Steps"]
 
 AnswerT_co = TypeVar("AnswerT_co", covariant=True)
 
@@ -46,6 +49,15 @@ class KeyedCall:
     args: Payload
 
 
+@attrs.frozen
+class Steps:
+    """What one logged impulse of a batch makes: each item a call to run or an answer,
+    taken in order as if each came from an impulse of its own (None is not an item: a
+    call already running just has no step)."""
+
+    steps: tuple[Any, ...]
+
+
 class IngressHook(Protocol[AnswerT_co]):
     """What the dispatcher needs of the ingress (the module docstring says how it is used).
 
@@ -58,10 +70,11 @@ class IngressHook(Protocol[AnswerT_co]):
         """The reserved (negative) method id its calls are logged under, as impulses."""
         ...
 
-    def admit(self, data: Payload) -> KeyedCall | AnswerT_co | None:
+    def admit(self, data: Payload) -> KeyedCall | Steps | AnswerT_co | None:
         """A logged impulse to :attr:`method_id`: a call to run, an answer for the clients
-        waiting on a key, or None. Raises :class:`ValueError` for a malformed impulse
-        (the dispatcher logs it and goes on: there is nothing to run)."""
+        waiting on a key, several of these (:class:`Steps`), or None. Raises
+        :class:`ValueError` for a malformed impulse (the dispatcher logs it and goes on:
+        there is nothing to run)."""
         ...
 
     def complete(self, call: KeyedCall, kind: ReturnType, value: bytes) -> AnswerT_co:

@@ -28,8 +28,14 @@ from ..coordinator.storage.files import (
     log_numbers_in,
 )
 from ..helpformat import Group
-from ..ingress.envelope import INGRESS_METHOD_ID, RetentionEnvelope, decode_envelope
+from ..ingress.envelope import (
+    INGRESS_METHOD_ID,
+    EnvelopeKind,
+    RetentionEnvelope,
+    decode_impulse,
+)
 from ..ingress.errors import IngressProtocolError
+from ..ingress.keys import describe_key
 from .exits import verbose_option
 from .options import coordinators_data_dir, or_dash, registry_options
 
@@ -75,30 +81,37 @@ def _call(method_id: int, data: wire.Payload, decoder: CallDecoder | None) -> tu
     return f"method {method_id}{unknown}", f", args {_preview(data)}"
 
 
-def _key(key: bytes) -> str:
-    try:
-        text = key.decode("utf-8")
-    except UnicodeDecodeError:
-        return key.hex()
-    return repr(text) if text.isprintable() else key.hex()
+def _time(time_ms: int) -> str:
+    """A logged arrival time, in UTC to the millisecond."""
+    at = datetime.datetime.fromtimestamp(time_ms / 1000, datetime.UTC)
+    return at.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def _ingress(msg: wire.IncomingRpc, decoder: CallDecoder | None) -> str:
-    """An ingress impulse (``ingress/envelope.py``): a call from outside, or retention."""
+def _ingress(msg: wire.IncomingRpc, decoder: CallDecoder | None) -> list[str]:
+    """An ingress impulse (``ingress/envelope.py``): a call from outside, a batch of such
+    calls (a head line, then a line per call, in the order the table takes them), or
+    retention. One that does not decode is shown with the reason and the offset within
+    its arguments where it went wrong, never skipped."""
     try:
-        envelope = decode_envelope(msg.args)
+        impulse = decode_impulse(msg.args)
     except IngressProtocolError as exc:
-        return f"ingress impulse that does not decode ({exc}), args {_preview(msg.args)}"
-    if isinstance(envelope, RetentionEnvelope):
-        count = envelope.keep_count or "any number of"
-        age = f"none older than {envelope.keep_ms / 1000:g} s" if envelope.keep_ms else "any age"
-        return f"ingress retention: keep the outcomes of the last {count} calls, {age}"
-    at = datetime.datetime.fromtimestamp(envelope.time_ms / 1000, datetime.UTC)
-    method, args = _call(envelope.method_id, envelope.args, decoder)
-    return (
-        f"ingress call key {_key(envelope.key)} at "
-        f"{at.isoformat(timespec='milliseconds').replace('+00:00', 'Z')}, {method}{args}"
-    )
+        return [f"ingress impulse that does not decode ({exc}), args {_preview(msg.args)}"]
+    if isinstance(impulse, RetentionEnvelope):
+        count = impulse.keep_count or "any number of"
+        age = f"none older than {impulse.keep_ms / 1000:g} s" if impulse.keep_ms else "any age"
+        return [f"ingress retention: keep the outcomes of the last {count} calls, {age}"]
+    calls = impulse.calls
+    if msg.args[0] == EnvelopeKind.CALL:  # a lone call, not a batch of one
+        (one,) = calls
+        method, args = _call(one.method_id, one.args, decoder)
+        return [f"ingress call key {describe_key(one.key)} at {_time(one.time_ms)}, {method}{args}"]
+    if not calls:
+        return ["ingress batch of 0 calls"]
+    lines = [f"ingress batch of {len(calls)} calls at {_time(calls[0].time_ms)}"]
+    for index, one in enumerate(calls):
+        method, args = _call(one.method_id, one.args, decoder)
+        lines.append(f"  call {index} of {len(calls)}: key {describe_key(one.key)}, {method}{args}")
+    return lines
 
 
 def describe(msg: wire.Message, decoder: CallDecoder | None = None) -> list[str]:
@@ -109,7 +122,7 @@ def describe(msg: wire.Message, decoder: CallDecoder | None = None) -> list[str]
     """
     if isinstance(msg, wire.IncomingRpc):
         if msg.method_id == INGRESS_METHOD_ID and msg.rpc_type is wire.RpcType.IMPULSE:
-            return [_ingress(msg, decoder)]
+            return _ingress(msg, decoder)
         method, args = _call(msg.method_id, msg.args, decoder)
         line = f"RPC {msg.rpc_type.name.lower()} {method}"
         if msg.rpc_type is wire.RpcType.ASYNC_AWAIT:

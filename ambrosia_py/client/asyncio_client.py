@@ -19,28 +19,22 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..ingress.connection import TAG_SIZE, ClientConnection, ConnectionState
+from ..binding.immortal import MethodSpec
+from ..ingress.connection import ClientConnection, ConnectionState
 from ..ingress.errors import (
     AuthenticationError,
-    CallRefusedError,
     CallTimeoutError,
     ClientClosedError,
     IngressError,
     IngressProtocolError,
     ServiceUnreachableError,
 )
-from ..ingress.frames import (
-    DEFAULT_MAX_REPLY_FRAME,
-    Outcome,
-    Refusal,
-    Reply,
-    ServiceInfo,
-    call_frame_length,
-)
+from ..ingress.frames import DEFAULT_MAX_REPLY_FRAME, Outcome, Refusal, Reply, ServiceInfo
 from ..ingress.keys import describe_key
 from .by_name import IngressLookup, NotPublished, lookup_for
 from .calls import (
     call_key,
+    check_size,
     client_address,
     client_secret,
     encode_call,
@@ -202,6 +196,11 @@ class _Link:
                     future.set_exception(why)
             self._pending.clear()
 
+    @property
+    def idle(self) -> bool:
+        """No call waits on it."""
+        return not self._pending
+
     def close(self) -> None:
         self.open = False
         self._task.cancel()
@@ -302,11 +301,26 @@ class AsyncClient:
         A method parameter named ``key`` must be passed positionally."""
         spec, label = method_spec(method)
         data = encode_call(spec, label, args, kwargs)
-        raw_key = call_key(key)
+        return await self.send_encoded(spec, label, data, call_key(key))
+
+    async def send_encoded(
+        self,
+        spec: MethodSpec,
+        label: str,
+        data: bytes,
+        raw_key: bytes,
+        *,
+        timeout: float | None = None,
+        attempts: int = 0,
+    ) -> Any:
+        """:meth:`call` once its arguments are encoded and its key made: sent, and sent
+        again on every failed connection, until answered or ``timeout`` (default: the
+        client's) runs out. ``attempts``: how often it was sent already (by
+        :class:`~.sync_client.Client`'s own connection), so that a timeout says it may
+        have run, and a first try counts as a resend."""
         loop = asyncio.get_running_loop()
         started = loop.time()
-        deadline = started + self.timeout
-        attempts = 0
+        deadline = started + (self.timeout if timeout is None else timeout)
         failures = 0
         last: BaseException | None = None
         while True:
@@ -318,13 +332,7 @@ class AsyncClient:
             try:
                 async with asyncio.timeout(remaining):
                     link = await self._connected()
-                    size = call_frame_length(len(raw_key), len(data), TAG_SIZE)
-                    if size > link.info.max_call_frame:
-                        raise CallRefusedError(
-                            f"{label}: a call of {size} bytes (its arguments {len(data)}); "
-                            f"the service takes calls of at most {link.info.max_call_frame}",
-                            reason="TOO_LARGE",
-                        )
+                    check_size(label, raw_key, data, link.info)
                     attempts += 1
                     if attempts > 1:
                         self.resent += 1
@@ -342,16 +350,8 @@ class AsyncClient:
                 if not self._reached and attempts == 0:
                     if loop.time() - started >= self.first_contact_timeout:
                         raise self._never_reached(label, exc, failures) from None
-                elif not self._retrying:
-                    self._retrying = True
-                    log.warning(
-                        "%s: the connection to %s failed (%s); sending calls again with their "
-                        "keys for up to %g s",
-                        label,
-                        self.address,
-                        exc,
-                        self.timeout,
-                    )
+                else:
+                    self.connection_lost(label, exc)
                 delay = min(self.max_backoff, _FIRST_BACKOFF * 2 ** min(failures - 1, 16))
                 delay = min(delay * random.uniform(0.5, 1.0), max(0.0, remaining))
                 if not self._reached:  # the last try of first contact comes on time
@@ -359,6 +359,45 @@ class AsyncClient:
                 await asyncio.sleep(delay)
                 continue
             return result_of(spec, label, raw_key, answer, self.address)
+
+    @property
+    def connected(self) -> bool:
+        """Whether the client has a connection to the service open now."""
+        return self._link is not None and self._link.open
+
+    def close_idle(self) -> None:
+        """Close the connection if no call waits on it (a :class:`~.sync_client.Client`
+        whose calling threads have a connection of their own: the service's connection
+        slots are not held twice). The next call connects again."""
+        link = self._link
+        if link is not None and link.idle:
+            link.close()
+            self._link = None
+
+    @property
+    def reached(self) -> bool:
+        """Whether a handshake with the service has completed, ever."""
+        return self._reached
+
+    def connection_lost(self, label: str, exc: BaseException) -> None:
+        """A connection with calls on it failed: said once per outage (the next
+        connection made says the service is back)."""
+        if not self._retrying:
+            self._retrying = True
+            log.warning(
+                "%s: the connection to %s failed (%s); sending calls again with their "
+                "keys for up to %g s",
+                label,
+                self.address,
+                exc,
+                self.timeout,
+            )
+
+    def timed_out(
+        self, label: str, key: bytes, attempts: int, last: BaseException | None
+    ) -> CallTimeoutError:
+        """The error of a call that got no answer in time (see :meth:`_timed_out`)."""
+        return self._timed_out(label, key, attempts, last)
 
     async def _connected(self) -> _Link:
         link = self._link

@@ -8,6 +8,7 @@ import inspect
 import os
 import secrets
 import ssl
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,8 +24,17 @@ from ..coordinator.links.config import (
     load_secret,
 )
 from ..coordinator.storage.data_dir import DATA_DIR_ENV, DEFAULT_DATA_DIR
+from ..ingress.connection import TAG_SIZE
 from ..ingress.errors import CallRefusedError, IngressError, KeyReusedError
-from ..ingress.frames import MAX_KEY_SIZE, Outcome, OutcomeKind, Refusal, RefusalReason
+from ..ingress.frames import (
+    MAX_KEY_SIZE,
+    Outcome,
+    OutcomeKind,
+    Refusal,
+    RefusalReason,
+    ServiceInfo,
+    call_frame_length,
+)
 from ..ingress.keys import describe_key
 from ..ingress.server import parse_address
 
@@ -32,6 +42,7 @@ __all__ = [
     "DEFAULT_DATA_DIR",
     "DEFAULT_KEY_SIZE",
     "call_key",
+    "check_size",
     "client_address",
     "client_secret",
     "encode_call",
@@ -127,10 +138,44 @@ def _unencodable(spec: MethodSpec, args: tuple[Any, ...], kwargs: dict[str, Any]
     return "(one of them)"
 
 
+class _Keys:
+    """The keys a client makes up: 16 random bytes each, cut from one read of the
+    system's random source per :data:`_KEYS_PER_READ` keys. A read per key was a system
+    call per call, and with many threads calling each one gives up the interpreter lock
+    and waits to take it back. A forked child starts with none of its parent's bytes,
+    which would give both processes the same keys."""
+
+    _lock: threading.Lock
+    _bytes: bytes
+    _at: int
+
+    def __init__(self) -> None:
+        self.forget()
+
+    def take(self) -> bytes:
+        with self._lock:
+            at = self._at
+            if at >= len(self._bytes):
+                self._bytes, at = secrets.token_bytes(DEFAULT_KEY_SIZE * _KEYS_PER_READ), 0
+            self._at = at + DEFAULT_KEY_SIZE
+            return self._bytes[at : at + DEFAULT_KEY_SIZE]
+
+    def forget(self) -> None:
+        """Start afresh (in a forked child: the parent's bytes and lock are not its own)."""
+        self._lock = threading.Lock()
+        self._bytes = b""
+        self._at = 0
+
+
+_KEYS_PER_READ = 256
+_keys = _Keys()
+os.register_at_fork(after_in_child=_keys.forget)
+
+
 def call_key(key: str | bytes | None) -> bytes:
     """The key as bytes: a string's UTF-8, bytes as they are, or 16 fresh random bytes."""
     if key is None:
-        return secrets.token_bytes(DEFAULT_KEY_SIZE)
+        return _keys.take()
     if isinstance(key, str):
         raw = key.encode()
     elif isinstance(key, bytes | bytearray | memoryview):
@@ -140,6 +185,18 @@ def call_key(key: str | bytes | None) -> bytes:
     if not 1 <= len(raw) <= MAX_KEY_SIZE:
         raise ValueError(f"an idempotency key of {len(raw)} bytes: it needs 1 to {MAX_KEY_SIZE}")
     return raw
+
+
+def check_size(label: str, key: bytes, data: bytes, info: ServiceInfo) -> None:
+    """Refuse a call larger than the service takes (it said so in its WELCOME), before
+    it is sent: :class:`CallRefusedError`."""
+    size = call_frame_length(len(key), len(data), TAG_SIZE)
+    if size > info.max_call_frame:
+        raise CallRefusedError(
+            f"{label}: a call of {size} bytes (its arguments {len(data)}); "
+            f"the service takes calls of at most {info.max_call_frame}",
+            reason="TOO_LARGE",
+        )
 
 
 def client_address(address: str | tuple[str, int]) -> tuple[str, int]:

@@ -27,9 +27,9 @@ from typing import Any
 
 import attrs
 
-from ..binding.hooks import KeyedCall
+from ..binding.hooks import KeyedCall, Steps
 from ..wire import Payload, ReturnType
-from .envelope import INGRESS_METHOD_ID, RetentionEnvelope, decode_envelope
+from .envelope import INGRESS_METHOD_ID, CallEnvelope, RetentionEnvelope, decode_impulse
 from .frames import Outcome, OutcomeKind, Refusal, RefusalReason
 
 __all__ = [
@@ -65,6 +65,7 @@ class Answer:
 # (attrs instances took seconds), and every checkpoint pickles it.
 _Done = tuple[int, int, int, bytes]
 _STATE_LAYOUT = 1
+_DESCRIBED_KEYS = 3  # keys of a batch named in its description
 
 
 def describe_key(key: bytes) -> str:
@@ -111,16 +112,24 @@ class KeyTable:
         self.keep_ms = retention.keep_ms
         self._drop_old()
 
-    def admit(self, envelope: Payload) -> KeyedCall | Answer | None:
+    def admit(self, envelope: Payload) -> KeyedCall | Steps | Answer | None:
         """A logged ingress impulse (``envelope.py``), applied to the table: a call to
         run (its key was unknown and is now running), the :class:`Answer` for a known
-        key, or None (a retention setting, or a call already running: its outcome will
-        answer). Raises :class:`IngressProtocolError` (a ValueError) for a malformed
-        impulse."""
-        call = decode_envelope(envelope)
-        if isinstance(call, RetentionEnvelope):
-            self.configure(call)
+        key, None (a retention setting, or a call already running: its outcome will
+        answer), or for a BATCH one of these per call, in order (:class:`Steps`; a call
+        with a key met earlier in the batch finds it running or finished, as it would
+        in an impulse of its own). Raises :class:`IngressProtocolError` (a ValueError)
+        for a malformed impulse: nothing of it is applied."""
+        impulse = decode_impulse(envelope)
+        if isinstance(impulse, RetentionEnvelope):
+            self.configure(impulse)
             return None
+        if len(impulse.calls) == 1:  # a CALL (or a batch of one)
+            return self._admit_call(impulse.calls[0])
+        steps = (self._admit_call(one) for one in impulse.calls)
+        return Steps(tuple(step for step in steps if step is not None))
+
+    def _admit_call(self, call: CallEnvelope) -> KeyedCall | Answer | None:
         found = self.begin(call.key, call.method_id, call.time_ms)
         if found is None:
             return KeyedCall(call.key, call.method_id, call.args)
@@ -136,11 +145,20 @@ class KeyTable:
         return Answer(call.key, call.method_id, outcome)
 
     def describe(self, envelope: Payload) -> tuple[int | None, str]:
-        """A logged ingress impulse in words: the method it calls, and its key."""
-        call = decode_envelope(envelope)
-        if isinstance(call, RetentionEnvelope):
+        """A logged ingress impulse in words: the method it calls, and its key (for a
+        batch: the method if all its calls have one, and the keys, the first few)."""
+        impulse = decode_impulse(envelope)
+        if isinstance(impulse, RetentionEnvelope):
             return None, "ingress retention setting"
-        return call.method_id, f"ingress call, key {describe_key(call.key)}"
+        calls = impulse.calls
+        if len(calls) == 1:
+            return calls[0].method_id, f"ingress call, key {describe_key(calls[0].key)}"
+        methods = {one.method_id for one in calls}
+        keys = ", ".join(describe_key(one.key) for one in calls[:_DESCRIBED_KEYS])
+        more = len(calls) - _DESCRIBED_KEYS
+        rest = f" and {more} more" if more > 0 else ""
+        method = methods.pop() if len(methods) == 1 else None
+        return method, f"ingress batch of {len(calls)} calls, keys {keys}{rest}"
 
     def lookup(self, key: bytes, method_id: int) -> Outcome | Refusal | Running | None:
         """What a call of ``method_id`` with ``key`` gets now, without running it: the

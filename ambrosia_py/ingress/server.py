@@ -15,7 +15,9 @@ A call goes one of three ways, decided on the event loop between two records:
 - else it becomes an impulse (``envelope.py``: key, method, arguments, arrival time),
   logged by the coordinator before the dispatcher runs it; its outcome goes into the
   key table and comes back here as an effect (:meth:`IngressServer.answer`), which runs
-  only once the record is durable and never during replay.
+  only once the record is durable and never during replay. The calls of one turn of the
+  event loop, from all connections, make one impulse (a BATCH): one record and one
+  ``fdatasync`` serve them all, and the answers to one connection leave in one write.
 
 Waiting clients belong to this incarnation: after a crash they reconnect and send the
 same key again. A connection may have ``max_in_flight`` calls waiting; past that it is
@@ -55,7 +57,12 @@ from ..serving import (
     wait_for_room,
 )
 from .connection import ConnectionState, ServerConnection
-from .envelope import RetentionEnvelope, encode_call_envelope, encode_retention_envelope
+from .envelope import (
+    RetentionEnvelope,
+    encode_batch_envelope,
+    encode_call_envelope,
+    encode_retention_envelope,
+)
 from .errors import IngressProtocolError
 from .frames import DEFAULT_MAX_CALL_FRAME, Call, Outcome, Refusal, RefusalReason, ServiceInfo
 from .keys import DEFAULT_KEEP_COUNT, DEFAULT_KEEP_SECONDS, Answer, KeyTable, describe_key
@@ -88,6 +95,9 @@ _READ_SIZE = 256 * 1024
 # An answer frame's bytes besides its value or message: length, kind, request id,
 # outcome or reason, tag (26); counted towards the output bound before it is written.
 _ANSWER_OVERHEAD = 32
+# Calls (their arguments and keys) queued for one BATCH impulse before it goes at once,
+# without waiting for the end of the loop's turn: a record's size stays moderate.
+_BATCH_BYTES = 1024 * 1024
 
 
 def parse_address(text: str, default_host: str = DEFAULT_HOST) -> tuple[str, int]:
@@ -206,6 +216,10 @@ class IngressServer:
         # (key, method id) -> the connections and request ids waiting for its outcome
         self._waiting: dict[tuple[bytes, int], list[tuple[_Client, int]]] = {}
         self._connections: set[Incoming] = set()  # accepted, until their task ends
+        # Calls to log, queued in this turn of the loop: (key, method id, arguments).
+        self._batch: list[tuple[bytes, int, bytes]] = []
+        self._batch_bytes = 0
+        self._batch_scheduled = False
 
     @property
     def address(self) -> tuple[str, int]:
@@ -436,10 +450,44 @@ class IngressServer:
             self._waiting.setdefault(slot, []).append((client, call.request_id))
             client.waiting.add((call.key, call.method_id, call.request_id))
             if found is None and not sent:
-                now_ms = int(time.time() * 1000)
-                d.ingress_impulse(encode_call_envelope(now_ms, call.key, call.method_id, call.args))
-                log.debug("ingress call %s logged", describe_key(call.key))
+                self._log_call(call)
         return []
+
+    def _log_call(self, call: Call) -> None:
+        """Queue ``call`` for the log. The calls queued in one turn of the event loop,
+        from every connection, go to the coordinator as one BATCH impulse at its end
+        (``envelope.py``): one record, one ``fdatasync`` and one dispatch for all of
+        them. A batch that grows past :data:`_BATCH_BYTES` goes at once."""
+        self._batch.append((call.key, call.method_id, call.args))
+        self._batch_bytes += len(call.args) + len(call.key)
+        if self._batch_bytes >= _BATCH_BYTES:
+            self._send_batch()
+        elif not self._batch_scheduled:
+            self._batch_scheduled = True
+            asyncio.get_running_loop().call_soon(self._send_batch)
+
+    def _send_batch(self) -> None:
+        """Log the queued calls as one impulse (a lone call as a CALL, as before)."""
+        self._batch_scheduled = False
+        batch, self._batch, self._batch_bytes = self._batch, [], 0
+        if not batch or self._dispatcher is None:
+            return
+        now_ms = int(time.time() * 1000)
+        if len(batch) == 1:
+            envelope = encode_call_envelope(now_ms, *batch[0])
+        else:
+            envelope = encode_batch_envelope(now_ms, batch)
+        try:
+            self._dispatcher.ingress_impulse(envelope)
+        except BindingError as exc:  # the binding is stopping: callers retry elsewhere
+            log.info("closing the ingress connections: %s", exc)
+            for client in list(self._clients):
+                client.closed = True
+                client.writer.close()
+            return
+        if log.isEnabledFor(logging.DEBUG):
+            for key, _, _ in batch:
+                log.debug("ingress call %s logged", describe_key(key))
 
     def _forget(self, client: _Client | None) -> None:
         if client is None:

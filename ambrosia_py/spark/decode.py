@@ -4,6 +4,9 @@
 ``run`` takes it) adds to rows of the ``ambrosia`` data source, batch or streaming (as
 does the data source's option ``decode``, with ``decode_method``):
 
+* ``ingress_key`` and ``ingress_call``: for a client's call through the ingress, its
+  idempotency key (the bytes) and its place in its impulse (0 for a lone call; 0, 1, ...
+  for the calls of a batch); null for every other row.
 * ``method``: the name of the called method, for calls (``RPC`` rows that are not
   returns) whose method id the service has; an ingress impulse is taken apart
   (``ambrosia_py/ingress/envelope.py``) and names the method it carries.
@@ -14,6 +17,16 @@ does the data source's option ``decode``, with ``decode_method``):
   that are not its codec's, arguments that no longer fit its signature); null otherwise.
 * With ``method=NAME``: one column per parameter of that method, ``arg_<parameter>``,
   each the JSON text of the argument, for the rows calling it.
+
+An ingress impulse of kind BATCH (the calls that reached the ingress in one turn of its
+event loop) is one message of the log but several calls: it becomes **one row per
+call**, in the order the key table takes them, each repeating the message's columns
+(``log_file``, ``offset``, ``seq``, ``msg_index``: the batch's place in the log). Its
+``payload`` and ``payload_size`` are on its first call's row only (null on the others),
+so a batch's bytes are not carried once per call, and sums over the rows still count
+every message's bytes once. An impulse that does not decode (a call cut short, bytes
+after the last) is one row, method ``(ingress)``, with ``decode_error`` naming what and
+where.
 
 Decoding is :meth:`ambrosia_py.binding.log_decode.ServiceDecoder.arguments`, the code
 behind ``ambrosia-py log show --service``. A ``pickle`` method's arguments are unpickled,
@@ -38,9 +51,17 @@ import attrs
 
 from ..binding.immortal import Immortal
 from ..binding.log_decode import ServiceDecoder
-from ..ingress.envelope import INGRESS_METHOD_ID, CallEnvelope, decode_envelope
+from ..ingress.envelope import INGRESS_METHOD_ID, RetentionEnvelope, decode_impulse
+from ..ingress.errors import IngressProtocolError
+from .schema import arrow_schema
 
-__all__ = ["DECODED_COLUMNS", "CallDecoder", "decoded"]
+__all__ = ["DECODED_COLUMNS", "INGRESS_COLUMNS", "CallDecoder", "decoded"]
+
+# (name, Spark SQL type, nullable): which ingress call a row is, before DECODED_COLUMNS.
+INGRESS_COLUMNS: tuple[tuple[str, str, bool], ...] = (
+    ("ingress_key", "BINARY", True),
+    ("ingress_call", "INT", True),
+)
 
 # (name, Spark SQL type, nullable), appended after the data source's columns.
 DECODED_COLUMNS: tuple[tuple[str, str, bool], ...] = (
@@ -94,22 +115,45 @@ class CallDecoder:
                 )
             self.params = tuple(spec.signature.parameters)
 
+    def rows(
+        self, msg_type: str | None, rpc_type: str | None, method_id: int | None, payload: Any
+    ) -> list[tuple[Any, ...]]:
+        """``(ingress_key, ingress_call, method, args_json, decode_error, *arg_columns)``
+        for each call one data source row holds: one per call of a BATCH ingress impulse,
+        in order, and exactly one for every other row (a batch of no calls included)."""
+        plain = (None,) * (5 + len(self.params))
+        if msg_type != "RPC" or rpc_type in (None, "return") or method_id is None:
+            return [plain]
+        data = bytes(payload or b"")
+        if method_id != INGRESS_METHOD_ID or rpc_type != "impulse":
+            return [(None, None, *self._arguments(method_id, data))]
+        try:
+            impulse = decode_impulse(data)
+        except IngressProtocolError as exc:
+            return [(None, None, "(ingress)", None, _error(exc), *plain[5:])]
+        if isinstance(impulse, RetentionEnvelope) or not impulse.calls:
+            return [plain]  # a retention setting, or a batch of nothing: no call
+        return [
+            (call.key, index, *self._arguments(call.method_id, call.args))
+            for index, call in enumerate(impulse.calls)
+        ]
+
     def row(
         self, msg_type: str | None, rpc_type: str | None, method_id: int | None, payload: Any
     ) -> tuple[str | None, ...]:
-        """``(method, args_json, decode_error, *arg_columns)`` of one row."""
+        """``(method, args_json, decode_error, *arg_columns)`` of a row holding at most one
+        call; a BATCH ingress impulse of several calls raises ``ValueError``, naming
+        :meth:`rows`, which gives one per call."""
+        found = self.rows(msg_type, rpc_type, method_id, payload)
+        if len(found) != 1:
+            raise ValueError(
+                f"a BATCH ingress impulse holding {len(found)} calls: rows() gives one per call"
+            )
+        return tuple(found[0][2:])
+
+    def _arguments(self, method_id: int, data: bytes) -> tuple[str | None, ...]:
+        """``(method, args_json, decode_error, *arg_columns)`` of one call."""
         none = (None,) * (3 + len(self.params))
-        if msg_type != "RPC" or rpc_type in (None, "return") or method_id is None:
-            return none
-        data = bytes(payload or b"")
-        if method_id == INGRESS_METHOD_ID and rpc_type == "impulse":
-            try:
-                envelope = decode_envelope(data)
-            except Exception as exc:
-                return ("(ingress)", None, _error(exc), *none[3:])
-            if not isinstance(envelope, CallEnvelope):
-                return none  # a retention setting, not a call
-            method_id, data = envelope.method_id, envelope.args
         try:
             found = self.decoder.arguments(method_id, data)
         except Exception as exc:
@@ -129,23 +173,40 @@ class CallDecoder:
         return (name, text, None, *params)
 
     def columns(self) -> list[tuple[str, str, bool]]:
-        return [*DECODED_COLUMNS, *((f"arg_{p}", "STRING", True) for p in self.params)]
+        return [
+            *INGRESS_COLUMNS,
+            *DECODED_COLUMNS,
+            *((f"arg_{p}", "STRING", True) for p in self.params),
+        ]
 
     def batch(self, batch: Any) -> Any:
-        """``batch`` (an Arrow record batch of data source rows) with the columns added."""
+        """``batch`` (an Arrow record batch of data source rows) with the columns added:
+        a row per call, so a BATCH ingress impulse's row becomes one per call (its
+        payload kept on the first only; see the module docstring)."""
         import pyarrow as pa  # type: ignore[import-untyped]
+        import pyarrow.compute as pc  # type: ignore[import-untyped]
 
         values = zip(
             *(batch.column(name).to_pylist() for name in ("msg_type", "rpc_type", "method_id")),
             batch.column("payload").to_pylist(),
             strict=True,
         )
-        rows = [self.row(*v) for v in values]
+        per_row = [self.rows(*v) for v in values]
+        rows = [r for found in per_row for r in found]
+        if len(rows) != batch.num_rows:
+            taken = [i for i, found in enumerate(per_row) for _ in found]
+            batch = batch.take(pa.array(taken, pa.int64()))
+            later = pa.array([bool(r[1]) for r in rows], pa.bool_())  # ingress_call > 0
+            for name in ("payload", "payload_size"):
+                at = batch.schema.get_field_index(name)
+                column = batch.column(at)
+                kept = pc.if_else(later, pa.scalar(None, column.type), column)
+                batch = batch.set_column(at, batch.schema.field(at), kept)
         schema = batch.schema
         arrays = [batch.column(i) for i in range(batch.num_columns)]
-        for i, (name, _, _) in enumerate(self.columns()):
-            schema = schema.append(pa.field(name, pa.string()))
-            arrays.append(pa.array([r[i] for r in rows], pa.string()))
+        for i, field in enumerate(arrow_schema(tuple(self.columns()))):
+            schema = schema.append(field)
+            arrays.append(pa.array([r[i] for r in rows], field.type))
         return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
@@ -162,12 +223,13 @@ def _map(service: type[Immortal] | str, method: str | None, batches: Iterator[An
 def decoded(df: Any, service: type[Immortal] | str, *, method: str | None = None) -> Any:
     """``df`` (rows of the ``ambrosia`` data source) with the decoded columns added (see
     the module docstring). Unpickles logged arguments: only for logs you trust."""
-    from pyspark.sql.types import StringType, StructField, StructType
+    from pyspark.sql.types import BinaryType, IntegerType, StringType, StructField, StructType
 
     decoder = CallDecoder(service, method)  # checks the service and method here, at once
     missing = {"msg_type", "rpc_type", "method_id", "payload"} - set(df.columns)
     if missing:
         raise ValueError(f"decoded() needs the data source's columns; missing {sorted(missing)}")
-    fields = [StructField(name, StringType(), True) for name, _, _ in decoder.columns()]
+    types = {"BINARY": BinaryType(), "INT": IntegerType(), "STRING": StringType()}
+    fields = [StructField(name, types[kind], True) for name, kind, _ in decoder.columns()]
     schema = StructType([*df.schema.fields, *fields])
     return df.mapInArrow(functools.partial(_map, service, method), schema)

@@ -16,8 +16,9 @@ counted, once, for all of them:
   version with no commit time at all (logs without an index) is counted per record
   ``seq`` instead, and its rows say so (``axis``).
 * a call's **method** is the one it runs: a client's call through the ingress counts
-  under the method its envelope carries, not the ingress's reserved id (``msgs`` has
-  the ``ingress`` and ``called_id`` columns of :mod:`.report_ingress`).
+  under the method its envelope carries, not the ingress's reserved id, and an ingress
+  BATCH impulse (one message) counts as each of its calls (``msgs`` has the ``ingress``,
+  ``called_id`` and ``called_ids`` columns of :mod:`.report_ingress`).
 """
 
 from __future__ import annotations
@@ -94,15 +95,18 @@ def totals(per_instance: Any, log_files: int) -> dict[str, int]:
 def instances(msgs: Any) -> Any:
     """Per instance version: records, messages, calls by type, returns, time span."""
     F = _F()
+    calls = F.size("called_ids")  # an ingress batch is one message and its calls
     counts = [
-        F.sum(F.when(F.col("rpc_type") == t, 1).otherwise(0)).alias(t.replace("return", "returns"))
+        F.sum(F.when(F.col("rpc_type") == t, calls if t != "return" else 1).otherwise(0)).alias(
+            t.replace("return", "returns")
+        )
         for t in (*CALL_TYPES, "return")
     ]
     df = msgs.groupBy("instance", "version").agg(
         F.countDistinct("log_file").alias("log_files"),
         F.countDistinct("log_file", "offset").alias("records"),
         F.count(F.lit(1)).alias("messages"),
-        F.sum(F.when(F.col("rpc_type").isin(*CALL_TYPES), 1).otherwise(0)).alias("calls"),
+        F.sum(F.when(F.col("rpc_type").isin(*CALL_TYPES), calls).otherwise(0)).alias("calls"),
         *counts,
         F.sum(F.when(F.col("msg_type") != "RPC", 1).otherwise(0)).alias("other"),
         F.sum(F.when(~F.col("check_ok"), 1).otherwise(0)).alias("damaged"),
@@ -151,7 +155,7 @@ def calls_over_time(msgs: Any, names: dict[int, str], per_instance: Any) -> Any:
     keys = ("instance", "version", "method_id", "ingress", "rpc_type")
     df = (
         joined.withColumn("bucket", F.round(bucket, 3))
-        .withColumn("method_id", F.col("called_id"))
+        .withColumn("method_id", F.explode("called_ids"))  # a row per call of a batch
         .groupBy(*keys, "axis", "width", "bucket")
         .agg(F.count(F.lit(1)).alias("calls"))
         .orderBy(*keys, "bucket")
