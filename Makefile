@@ -65,15 +65,31 @@ unit: $(STAMP_DEV)
 	@$(ETCD_DEPS)
 	AMBROSIA_REQUIRE_ACCEL=$(REQUIRE_ACCEL) $(BIN)/pytest -q
 
-# Ours beside the peers (gRPC, DBOS: the `bench` extra) and this machine's limits, in one
-# run (docs/performance.md); `make bench BENCH_ARGS=--quick` for a fast check.
-$(STAMP_BENCH): $(BIN)/python pyproject.toml $(ACCEL)
+# Ours beside the peers (gRPC, DBOS, Restate's SDK, Temporal: the `bench` extra; Restate's
+# server from npm, into .bench-peers/, which this Makefile owns) and this machine's limits,
+# in one run (docs/performance.md); `make bench BENCH_ARGS=--quick` for a fast check.
+# Where npm or strace (which counts each party's syncs) is missing, Debian's is installed,
+# and this says so in one line; a peer that still cannot be installed is skipped by name.
+PEERS_DIR := .bench-peers
+RESTATE_SERVER := @restatedev/restate-server@1.7.12
+BENCH_DEBS = for deb in npm strace; do \
+	if ! command -v $$deb >/dev/null && command -v apt-get >/dev/null; then \
+	echo "installing $$deb: bench compare runs Restate's server from npm and counts syncs with strace"; \
+	{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	$$deb; } >/dev/null 2>&1 || echo "apt-get failed: bench compare goes on without $$deb"; fi; done
+RESTATE_INSTALL = { command -v npm >/dev/null && npm install --prefix $(PEERS_DIR) --no-audit \
+	--no-fund --silent --save-exact $(RESTATE_SERVER) >/dev/null; } || \
+	echo "npm install $(RESTATE_SERVER) failed: bench compare will skip Restate"
+
+$(STAMP_BENCH): $(BIN)/python pyproject.toml Makefile $(ACCEL)
 	@$(ACCEL_DEPS)
+	@$(BENCH_DEBS)
 	$(BIN)/pip install --quiet -e '.[dev,spark,bench]'
+	@mkdir -p $(PEERS_DIR) && $(RESTATE_INSTALL)
 	touch $@
 
 bench: $(STAMP_BENCH)
 	$(BIN)/ambrosia-py bench compare $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis $(PEERS_DIR)

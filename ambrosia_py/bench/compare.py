@@ -2,22 +2,32 @@
 
 This machine's disk and CPU swing by 2-4x from minute to minute, so a figure measured
 at another time proves nothing about a ratio; only ratios taken in one run hold. One
-invocation measures, ``--runs`` times, interleaved (limits, gRPC, DBOS, ours; then again)
-so a slow minute hits every party alike, and reports each figure's median:
+invocation measures, ``--runs`` times, interleaved (limits, gRPC, DBOS, Restate,
+Temporal, ours; then again) so a slow minute hits every party alike, and reports each
+figure's median:
 
 - **limits** (``compare_limits``): fdatasync'ed writes/s and sequential MB/s in the
   data dir's filesystem; raw asyncio loopback msgs/s between two processes; the floor
   under an awaited round trip, its path with no work (``compare_floor``);
 - **grpc** (``compare_grpc``): grpcio client-streaming between two processes, raw bytes;
-- **dbos** (``compare_dbos``): DBOS on SQLite, durable steps/s and workflows/s;
+- **dbos** (``compare_dbos``): DBOS on SQLite, durable steps/s and workflows/s, and
+  the syncs of one workflow, counted;
+- **restate**, **temporal** (``compare_restate``, ``compare_temporal``): their servers
+  and SDKs, each with its defaults: a durable counter called by ordinary programs, one
+  after the other and 16 at once, and one service awaiting another's handler
+  (``compare_callers``), each with its syncs per call counted;
 - **ours** (``compare_ours``): durable forks and awaited calls between two immortals on
-  two coordinators, replay after SIGKILL, failover, memory.
+  two coordinators, replay after SIGKILL, failover, memory; and the same counter as the
+  peers', called through the ingress (``compare_ours_ingress``).
 
-The peers are optional (the ``bench`` extra); one that is not installed is named, with
-what to install, and the rest is still measured; a run left with nothing to measure, or
-asked for ``--charts`` without matplotlib, stops first (:mod:`ambrosia_py.extras`).
-``--json`` ends the output with the medians as one JSON object (``compare_report`` has
-its shape).
+The peers are optional (the ``bench`` extra, and Restate's server from npm: ``make
+bench`` installs them all); one that is not installed, or does not start, is named on
+one line and skipped, and the rest is still measured; a run left with nothing to
+measure, or asked for ``--charts`` without matplotlib, stops first
+(:mod:`ambrosia_py.extras`). Every peer's processes run in their own temporary dirs and
+process groups and are gone when its measure ends, whether it ends well, fails or is
+interrupted (``compare_peer_process``). ``--json`` ends the output with the medians as
+one JSON object, and the goals' ratios in it (``compare_report`` has its shape).
 """
 
 from __future__ import annotations
@@ -36,7 +46,8 @@ from rich.console import Console
 
 from ..extras import install_command, missing, require
 from ..testing import ImmortalRunner
-from . import compare_dbos, compare_grpc
+from . import compare_dbos, compare_grpc, compare_restate, compare_temporal
+from .compare_callers import CallPlan
 from .compare_floor import MODES, measure_await_floor
 from .compare_limits import loopback_server, measure_disk_limits, measure_loopback
 from .compare_ours import (
@@ -45,21 +56,30 @@ from .compare_ours import (
     measure_remote_forks,
     measure_replay,
 )
+from .compare_ours_ingress import measure_ours_client
+from .compare_peer_process import PeerUnavailableError
 from .compare_report import (
     SECTIONS,
     SIZES,
     Figures,
     Results,
+    goal_ratios,
     markdown,
     median_results,
     print_tables,
     write_charts,
 )
 
-__all__ = ["FULL", "Plan", "QUICK", "compare_bench"]
+__all__ = ["FULL", "Plan", "QUICK", "compare_bench", "run_restate", "run_temporal"]
 
 REPLAY_DEADLINE = 180.0
-ORDER = ("limits", "grpc", "dbos", "ours")  # each run; the medians keep SECTIONS' order
+# Each run; the medians keep SECTIONS' order.
+ORDER = ("limits", "grpc", "dbos", "restate", "temporal", "ours")
+# The peers that are programs of their own: why each cannot run here, or None.
+SERVERS: dict[str, Callable[[], str | None]] = {
+    "restate": compare_restate.unavailable,
+    "temporal": compare_temporal.unavailable,
+}
 
 
 @attrs.frozen
@@ -75,6 +95,7 @@ class Plan:
     floor: int  # round trips through the awaited path's skeleton, each way
     replay: int
     load_calls: int
+    calls: CallPlan  # a counter called by programs, and one service awaiting another
 
 
 FULL = Plan(
@@ -87,6 +108,7 @@ FULL = Plan(
     floor=1_000,
     replay=50_000,
     load_calls=10_000,
+    calls=CallPlan(),
 )
 QUICK = Plan(
     disk_seconds=0.2,
@@ -98,6 +120,9 @@ QUICK = Plan(
     floor=20,
     replay=500,
     load_calls=100,
+    calls=CallPlan(
+        sequential=20, sequential_cap_s=1.5, concurrent_cap_s=1.0, awaits=10, sync_batch=5
+    ),
 )
 
 
@@ -130,6 +155,20 @@ def run_dbos(plan: Plan, directory: Path) -> Figures:
     return dict(compare_dbos.measure_dbos(directory / "dbos", list(SIZES), plan.dbos))
 
 
+def run_dbos_syncs(plan: Plan, directory: Path) -> Figures:
+    """DBOS's syncs per one-step workflow, counted (none where they cannot be)."""
+    syncs = compare_dbos.measure_dbos_syncs(directory / "dbos-syncs", plan.calls.sync_batch)
+    return {} if syncs is None else {"workflow_syncs_per_call": syncs}
+
+
+def run_restate(plan: Plan, directory: Path) -> Figures:
+    return dict(compare_restate.measure_restate(directory / "restate", plan.calls))
+
+
+def run_temporal(plan: Plan, directory: Path) -> Figures:
+    return dict(compare_temporal.measure_temporal(directory / "temporal", plan.calls))
+
+
 def run_ours(plan: Plan, directory: Path, run: int) -> Figures:
     # Starts wait for the instance to be primary, which after a crash means replayed: a
     # long log on a loaded machine takes longer than the runner's default 30 s deadline.
@@ -153,6 +192,7 @@ def run_ours(plan: Plan, directory: Path, run: int) -> Figures:
     finally:
         runner.close()
     figures.update(measure_failover_and_memory(directory / "service", plan.load_calls))
+    figures.update(measure_ours_client(directory / "client", plan.calls))
     return figures
 
 
@@ -165,7 +205,7 @@ def run_ours(plan: Plan, directory: Path, run: int) -> Figures:
     "--only",
     type=click.Choice(SECTIONS),
     multiple=True,
-    help="Measure only these (repeatable); the others stay empty in the output.",
+    help="Measure only these (repeatable); --json holds only these.",
 )
 @click.option(
     "--dir",
@@ -191,7 +231,7 @@ def compare_bench(
     charts: Path | None,
     md: Path | None,
 ) -> None:
-    """Ours against gRPC, DBOS and this machine's limits, measured in one run."""
+    """Ours against gRPC, DBOS, Restate, Temporal and this machine's limits, in one run."""
     plan = QUICK if quick else FULL
     runs = runs if runs is not None else (1 if quick else 3)
     if runs < 1:
@@ -201,19 +241,30 @@ def compare_bench(
     wanted = set(only or SECTIONS)
     if charts is not None:
         require("matplotlib")  # now, not after the measures
+    asked = [section for section in SECTIONS if section in wanted]
     absent = [peer for peer in ("grpc", "dbos") if peer in wanted and missing(peer)]
-    if absent and wanted <= set(absent):
+    why_not = {peer: why for peer, check in SERVERS.items() if peer in wanted and (why := check())}
+    if absent and wanted <= {*absent, *why_not}:
         require(*absent)  # nothing else asked for: nothing to measure
+    if why_not and wanted <= set(why_not):
+        raise click.ClickException("; ".join(f"{p}: {why}" for p, why in why_not.items()))
     for peer in absent:
         hint = install_command("bench")
         note.print(f"{peer}: not installed, not measured; to measure it: {hint}")
         wanted.discard(peer)
+    skipped: dict[str, str] = {}
+    for server, why in why_not.items():
+        skipped[server] = f"not installed, not measured: {why}"
+        note.print(f"{server}: {skipped[server]}", markup=False, highlight=False)
+        wanted.discard(server)
     if base is not None:
         base.mkdir(parents=True, exist_ok=True)
     measures: dict[str, Callable[[Path, int], Figures]] = {
         "limits": lambda d, i: run_limits(plan, d),
         "grpc": lambda d, i: run_grpc(plan, d),
-        "dbos": lambda d, i: run_dbos(plan, d),
+        "dbos": lambda d, i: {**run_dbos(plan, d), **run_dbos_syncs(plan, d)},
+        "restate": lambda d, i: run_restate(plan, d),
+        "temporal": lambda d, i: run_temporal(plan, d),
         "ours": lambda d, i: run_ours(plan, d, i),
     }
     all_runs: list[Results] = []
@@ -229,6 +280,11 @@ def compare_bench(
                 start = time.perf_counter()
                 try:
                     results[section] = measures[section](directory, i)
+                except PeerUnavailableError as exc:  # named, and not tried again
+                    skipped[section] = f"did not start, not measured: {exc}"
+                    note.print(f"{section}: {skipped[section]}", markup=False, highlight=False)
+                    wanted.discard(section)
+                    continue
                 except Exception:
                     failed += 1
                     note.print(f"{section}, run {i + 1}: failed\n{traceback.format_exc()}")
@@ -236,15 +292,18 @@ def compare_bench(
                 note.print(f"{section}, run {i + 1}/{runs}: {time.perf_counter() - start:.1f} s")
             all_runs.append(results)
     medians = median_results(all_runs)
-    print_tables(console, medians, runs)
+    print_tables(console, medians, runs, skipped)
     if charts is not None:
         for path in write_charts(medians, charts):
             note.print(f"wrote {path}")
     if md is not None:
-        md.write_text(markdown(medians, runs))
+        md.write_text(markdown(medians, runs, skipped))
         note.print(f"wrote {md}")
     if as_json:
+        out = {section: medians[section] for section in asked}
+        if "ours" in out and (ratios := goal_ratios(medians)):
+            out["ours"] = {**out["ours"], "goals": ratios}
         sys.stdout.flush()
-        print(json.dumps(medians, sort_keys=True))
+        print(json.dumps(out, sort_keys=True))
     if failed:
         raise SystemExit(f"{failed} measure(s) failed (above)")
