@@ -41,12 +41,22 @@ pytestmark = pytest.mark.timeout(300)
 class Machine:
     """One replica's "machine": its data dir and its ``run`` process."""
 
-    def __init__(self, root: Path, replica: int, registry: Registry, secret: Path) -> None:
+    def __init__(
+        self,
+        root: Path,
+        replica: int,
+        registry: Registry,
+        secret: Path,
+        service: Path = COUNTER,
+        instance: str = "counter",
+    ) -> None:
         self.replica = replica
-        self.data_dir = root / f"machine{replica}"
-        self.log = root / f"machine{replica}.log"
+        self.data_dir = root / f"{instance}{replica}"
+        self.log = root / f"{instance}{replica}.log"
         self.registry = registry
         self.secret = secret
+        self.service = service
+        self.instance = instance
         self.process: ServiceProcess | None = None
 
     def start(self) -> None:
@@ -66,7 +76,9 @@ class Machine:
             "--send-port",
             str(free_port()),
         ]
-        self.process = ServiceProcess(str(COUNTER), "counter", self.data_dir, args, log=self.log)
+        self.process = ServiceProcess(
+            str(self.service), self.instance, self.data_dir, args, log=self.log
+        )
         self.process.start()
 
     def lose(self) -> None:
@@ -89,12 +101,12 @@ class Registry:
         self.root = root
 
 
-def current_term(registry: Registry) -> Term | None:
+def current_term(registry: Registry, instance: str = "counter") -> Term | None:
     reg = open_registry(registry.spec, registry.root, registry.cluster)
     try:
         election = open_election(reg)
         try:
-            return election.current("counter")
+            return election.current(instance)
         finally:
             election.close()
     finally:
@@ -103,7 +115,7 @@ def current_term(registry: Registry) -> Term | None:
 
 def newer_term(registry: Registry, than: Term) -> bool:
     """Whether a term after ``than`` holds the primary role now."""
-    term = current_term(registry)
+    term = current_term(registry, than.instance)
     return term is not None and term.epoch > than.epoch
 
 

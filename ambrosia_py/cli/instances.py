@@ -1,9 +1,17 @@
 """``ambrosia-py instances``: the instances a registry knows, where each runs, and whether
-its coordinator is alive.
+its coordinator is alive; for an instance run as replicas, each live replica too.
 
 The registry is the data directory's own, or the one ``--registry`` names (a shared
 SQLite file, or etcd: every instance of the cluster, on every machine). Reads it without
 a running coordinator and creates nothing.
+
+Replicas (docs/replication.md) are shown in a second table, one line per live replica,
+from the registry's primary role (``coordinator/registry/primary.py``): which replica
+holds the current term and its epoch, where each replica takes the shipped log, and how
+far its log reaches. Each replica publishes that position about once a second
+(``coordinator/replicas/node.py``), so how far a secondary is behind the primary is the
+difference of two positions published at different moments: approximate, and never
+shown below zero (a secondary cannot truly be ahead of the primary it copies).
 """
 
 from __future__ import annotations
@@ -11,6 +19,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import attrs
 import click
 from rich.console import Console
 from rich.table import Table
@@ -18,10 +27,13 @@ from rich.table import Table
 from ..coordinator.registry.backends import open_registry, registry_file
 from ..coordinator.registry.interface import (
     Addresses,
+    Endpoint,
     InstanceInfo,
     InstanceRegistry,
     RegistryError,
 )
+from ..coordinator.registry.primary import Replica, Term, open_election
+from ..coordinator.registry.sqlite import SqliteRegistry
 from ..coordinator.registry.store import Registry
 from ..coordinator.storage.data_dir import DataDirError, existing_data_dir, running_pid
 from ..coordinator.storage.files import InstanceFiles
@@ -33,6 +45,81 @@ _COLUMNS = (
     *("name", "version", "receive", "send", "checkpoint", "log", "committer"),
     *("alive", "host", "link", "ingress"),
 )
+_REPLICA_COLUMNS = (
+    *("instance", "replica", "role", "epoch", "from seq"),
+    *("host", "replication", "position", "behind"),
+)
+
+
+@attrs.frozen
+class _ReplicaLine:
+    """One live replica as ``instances`` shows it.
+
+    ``epoch`` and ``since`` (the log position the primary's term began at: the registry
+    keeps no time of day for a term) are the primary's only; ``behind`` is how many
+    records the primary's published position is past this one's, ``None`` for the
+    primary itself and whenever no live replica holds the current term.
+    """
+
+    instance: str
+    replica: int
+    primary: bool
+    epoch: int | None
+    since: int | None
+    host_name: str
+    address: Endpoint
+    log_position: int
+    behind: int | None
+
+
+def _replica_lines(instance: str, replicas: list[Replica], term: Term | None) -> list[_ReplicaLine]:
+    """The lines of ``instance``'s live ``replicas``, by number; ``term`` the current one."""
+    primary = next((r for r in replicas if term is not None and r.replica == term.replica), None)
+    return [
+        _ReplicaLine(
+            instance=instance,
+            replica=r.replica,
+            primary=r is primary,
+            epoch=term.epoch if r is primary and term is not None else None,
+            since=term.log_position if r is primary and term is not None else None,
+            host_name=r.host_name,
+            address=r.address,
+            log_position=r.log_position,
+            behind=(
+                None
+                if primary is None or r is primary
+                else max(0, primary.log_position - r.log_position)
+            ),
+        )
+        for r in sorted(replicas, key=lambda r: r.replica)
+    ]
+
+
+def _read_replicas(registry: InstanceRegistry, names: list[str]) -> list[_ReplicaLine]:
+    """The live replicas of every instance in ``names`` that has any.
+
+    A SQLite registry no replica ever used has no place for them yet, and opening its
+    primary role would make one (a directory beside the file, two tables): ``instances``
+    creates nothing, so it asks only once a replica has made them.
+    """
+    if isinstance(registry, SqliteRegistry) and not _roles_made(registry.path):
+        return []
+    election = open_election(registry)
+    try:
+        lines = []
+        for name in names:
+            replicas = election.replicas(name)
+            if replicas:
+                lines += _replica_lines(name, replicas, election.current(name))
+        return lines
+    finally:
+        election.close()
+
+
+def _roles_made(path: Path) -> bool:
+    """Whether a replica ever used the SQLite registry at ``path``: made the directory
+    ``sqlite_primary.py`` keeps its role locks in, ``<registry file>.roles``."""
+    return path.with_name(path.name + ".roles").is_dir()
 
 
 def _alive(registry: InstanceRegistry, data_dir: Path, info: InstanceInfo, live: Addresses) -> str:
@@ -52,8 +139,8 @@ def _alive(registry: InstanceRegistry, data_dir: Path, info: InstanceInfo, live:
 @coordinators_data_dir
 @registry_options
 def instances(data_dir: Path, registry: str | None, cluster: str) -> None:
-    """List the registered instances, where each runs and whether it is alive (creating
-    nothing)."""
+    """List the registered instances, where each runs and whether it is alive, and the
+    live replicas of those run as replicas (creating nothing)."""
     try:
         path = registry_file(registry, data_dir)
         if registry is None:
@@ -69,6 +156,7 @@ def instances(data_dir: Path, registry: str | None, cluster: str) -> None:
             infos = reg.instances()
             live = {i.name: reg.addresses(i.name) for i in infos}
             alive = {i.name: _alive(reg, data_dir, i, live[i.name]) for i in infos}
+            replicas = _read_replicas(reg, [i.name for i in infos])
     except RegistryError as exc:
         if path is None:
             raise click.ClickException(str(exc)) from None
@@ -96,4 +184,37 @@ def instances(data_dir: Path, registry: str | None, cluster: str) -> None:
             "-" if ingress is None else f"{ingress.host}:{ingress.port}",
         )
     # Piped (not a terminal), the table is not folded to an assumed 80 columns.
-    Console(soft_wrap=False, width=None if sys.stdout.isatty() else 240).print(table)
+    console = Console(soft_wrap=False, width=None if sys.stdout.isatty() else 240)
+    console.print(table)
+    if replicas:
+        console.print(_replica_table(where, replicas))
+
+
+def _replica_table(where: str, lines: list[_ReplicaLine]) -> Table:
+    """The replicas' table: one section per instance."""
+    # Imported here: the replica's module brings in the whole replication core, which
+    # an `instances` of standalone instances has no use for.
+    from ..coordinator.replicas.node import POSITION_EVERY
+
+    table = Table(
+        title=f"replicas in {where}",
+        caption=f"positions are published every {POSITION_EVERY:g} s or so: "
+        "behind (records) is approximate",
+    )
+    for header in _REPLICA_COLUMNS:
+        table.add_column(header, overflow="fold")
+    for n, line in enumerate(lines):
+        last = n + 1 == len(lines) or lines[n + 1].instance != line.instance
+        table.add_row(
+            line.instance,
+            str(line.replica),
+            "primary" if line.primary else "secondary",
+            or_dash(line.epoch),
+            or_dash(line.since),
+            line.host_name,
+            f"{line.address.host}:{line.address.port}",
+            str(line.log_position),
+            or_dash(line.behind),
+            end_section=last,
+        )
+    return table
