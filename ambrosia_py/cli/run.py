@@ -158,7 +158,14 @@ def _say_where(launch: _Launch, history: History | None) -> None:
     unnoticed."""
     where = launch.data_dir.resolve()
     click.echo(f"data dir {where} ({launch.data_dir_origin})", err=True)
-    if history is None:
+    if "--replica" in launch.links:  # its own log, from the others (docs/replication.md)
+        replica = launch.links[launch.links.index("--replica") + 1]
+        click.echo(
+            f"replica {replica} of instance {launch.instance} in {where}: it follows the "
+            "primary, or takes the role when the primary is lost",
+            err=True,
+        )
+    elif history is None:
         click.echo(
             f"first start of instance {launch.instance} in {where} (no earlier log found)",
             err=True,

@@ -66,6 +66,10 @@ __all__ = ["POSITION_EVERY", "ReplicaNode", "SteppedDownError"]
 log = logging.getLogger("ambrosia_py.coordinator")
 
 POSITION_EVERY = 1.0  # seconds between updates of the log position the registry shows
+# After a term given up (no quorum in time, outranked), the next try waits this long,
+# doubling each time up to RETRY_MAX; a term established starts over.
+RETRY_FIRST = 0.3
+RETRY_MAX = 5.0
 
 
 class SteppedDownError(CoordinatorError):
@@ -112,6 +116,8 @@ class ReplicaNode:
         self._failed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._syncing = False
         self._campaigning = False
+        self._retry_at = 0.0  # no term taken before this (monotonic) time
+        self._backoff = RETRY_FIRST  # how long after a term given up
         self._tasks: list[asyncio.Task[None]] = []
         self._changed: asyncio.Event | None = None  # set when the term moves on
         self.serving = False  # the binding has been given this replica's log
@@ -203,6 +209,7 @@ class ReplicaNode:
             or self.term is not None
             or self.disk.state.checkpoint is None
             or self._won.done()
+            or time.monotonic() < self._retry_at
         ):
             return
         self._campaigning = True
@@ -307,6 +314,7 @@ class ReplicaNode:
                 return False
             if self.established.is_set() and gate.commit_end >= self.term_start:
                 self.serving = True
+                self._backoff = RETRY_FIRST
                 return True
             changed = self._changed = asyncio.Event()
             await self._wait(changed.wait())
@@ -504,6 +512,10 @@ class ReplicaNode:
         self.established.clear()
         self._won = asyncio.get_running_loop().create_future()
         self._later(asyncio.to_thread(self.election.resign, term))
+        # Not at once again: with too few replicas up, each try is a store write and a
+        # term that cannot be established.
+        self._retry_at = time.monotonic() + self._backoff
+        self._backoff = min(2 * self._backoff, RETRY_MAX)
         self._change()
 
     def _later(self, work: Coroutine[object, object, None]) -> None:
