@@ -292,3 +292,32 @@ def test_a_primary_paused_past_its_lease_acknowledges_nothing_more(
     finally:
         callers.stop()
     counted_once(callers)
+
+
+def gone(pid: int) -> bool:
+    """Whether process ``pid`` has exited (a zombie counts)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.parametrize("registry", ["sqlite"], indirect=True)
+def test_a_secondary_stops_when_its_service_goes(cluster: Cluster) -> None:
+    """A secondary's coordinator reads nothing from its binding yet; it must still notice
+    the binding go, and stop, rather than live on and take the role with no service."""
+    machines, registry, _ = cluster
+    term = current_term(registry)
+    assert term is not None
+    secondary = next(m for m in machines if m.replica != term.replica)
+    process = secondary.process
+    assert process is not None and process.proc is not None
+    coordinator = process.coordinator_pid()
+    assert coordinator is not None
+    os.kill(process.proc.pid, signal.SIGKILL)
+    wait_for("the secondary's coordinator to stop", lambda: gone(coordinator), DEADLINE)
+    assert f"the binding left while replica {secondary.replica} was a secondary" in (
+        process.output()
+    )
+    assert current_term(registry) == term  # the primary goes on, untouched

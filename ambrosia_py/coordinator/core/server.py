@@ -60,9 +60,14 @@ from .forwarding import Forwarder, OutboxGate
 from .intake import Intake
 
 if TYPE_CHECKING:
+    from ..registry.primary import Term
     from ..replicas.node import ReplicaNode
 
-__all__ = ["Coordinator"]
+__all__ = ["BINDING_CHECK_S", "Coordinator"]
+
+# How often a secondary's coordinator, which reads nothing from its binding yet, looks
+# whether the binding has gone.
+BINDING_CHECK_S = 0.2
 
 log = logging.getLogger("ambrosia_py.coordinator")
 
@@ -286,7 +291,7 @@ class Coordinator:
             await node.until_committed()
             return
         while True:
-            term = await node.until_primary()
+            term = await self._until_primary(node)
             checkpoint = node.disk.state.checkpoint
             assert checkpoint is not None  # a replica without one never takes a term
             node.lead(term)
@@ -294,6 +299,24 @@ class Coordinator:
                 break
         self.committer.replication = node
         await self.recover(checkpoint)
+
+    async def _until_primary(self, node: ReplicaNode) -> Term:
+        """:meth:`ReplicaNode.until_primary`, unless the binding goes first: then this
+        coordinator stops, as it does when its binding leaves at any other time."""
+        binding = self.binding
+        assert binding is not None
+        waiting = asyncio.ensure_future(node.until_primary())
+        try:
+            while True:
+                done, _ = await asyncio.wait([waiting], timeout=BINDING_CHECK_S)
+                if done:
+                    return waiting.result()
+                if binding.closed_by_peer():
+                    raise BindingLeftError(
+                        f"the binding left while replica {node.replica} was a secondary"
+                    )
+        finally:
+            waiting.cancel()
 
     # -- normal processing ---------------------------------------------------------------
 
