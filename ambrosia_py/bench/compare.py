@@ -58,6 +58,7 @@ from .compare_ours import (
 )
 from .compare_ours_ingress import measure_ours_client
 from .compare_peer_process import PeerUnavailableError
+from .compare_replicas import measure_replication
 from .compare_report import (
     SECTIONS,
     SIZES,
@@ -74,7 +75,7 @@ __all__ = ["FULL", "Plan", "QUICK", "compare_bench", "run_restate", "run_tempora
 
 REPLAY_DEADLINE = 180.0
 # Each run; the medians keep SECTIONS' order.
-ORDER = ("limits", "grpc", "dbos", "restate", "temporal", "ours")
+ORDER = ("limits", "grpc", "dbos", "restate", "temporal", "ours", "replicas")
 # The peers that are programs of their own: why each cannot run here, or None.
 SERVERS: dict[str, Callable[[], str | None]] = {
     "restate": compare_restate.unavailable,
@@ -169,6 +170,12 @@ def run_temporal(plan: Plan, directory: Path) -> Figures:
     return dict(compare_temporal.measure_temporal(directory / "temporal", plan.calls))
 
 
+def run_replicas(plan: Plan, directory: Path) -> Figures:
+    """Replication's cost and failover (:mod:`.compare_replicas`)."""
+    figures = measure_replication(directory, quick=plan is QUICK)
+    return dict(figures.as_dict())
+
+
 def run_ours(plan: Plan, directory: Path, run: int) -> Figures:
     # Starts wait for the instance to be primary, which after a crash means replayed: a
     # long log on a loaded machine takes longer than the runner's default 30 s deadline.
@@ -231,7 +238,8 @@ def compare_bench(
     charts: Path | None,
     md: Path | None,
 ) -> None:
-    """Ours against gRPC, DBOS, Restate, Temporal and this machine's limits, in one run."""
+    """Ours against gRPC, DBOS, Restate, Temporal and this machine's limits, in one run;
+    with replicas, what replication costs and how fast failover is."""
     plan = QUICK if quick else FULL
     runs = runs if runs is not None else (1 if quick else 3)
     if runs < 1:
@@ -266,6 +274,7 @@ def compare_bench(
         "restate": lambda d, i: run_restate(plan, d),
         "temporal": lambda d, i: run_temporal(plan, d),
         "ours": lambda d, i: run_ours(plan, d, i),
+        "replicas": lambda d, i: run_replicas(plan, d),
     }
     all_runs: list[Results] = []
     failed = 0

@@ -24,12 +24,12 @@ from .compare_callers import CallPlan, make_calls, measure_callers
 from .compare_peer_process import count_syncs, descendants
 from .ingress import IngressBench
 
-__all__ = ["measure_ours_client"]
+__all__ = ["OursCaller", "Tally", "measure_ours_client"]
 
 SERVICE = "ambrosia_py.bench.ingress:IngressBench"
 
 
-class _Tally:
+class Tally:
     """The calls all callers made, and so what the counter must hold."""
 
     def __init__(self) -> None:
@@ -37,11 +37,11 @@ class _Tally:
         self.lock = threading.Lock()
 
 
-class _OursCaller:
+class OursCaller:
     """One :class:`Client` of its own; ``exact``: the only caller, so each answer is
     the one before plus one."""
 
-    def __init__(self, address: str, data_dir: Path, tally: _Tally, exact: bool) -> None:
+    def __init__(self, address: str, data_dir: Path, tally: Tally, exact: bool) -> None:
         self.client = Client(address, data_dir=data_dir)
         self.tally = tally
         self.exact = exact
@@ -67,16 +67,16 @@ def measure_ours_client(directory: Path, plan: CallPlan) -> dict[str, float]:
     ``client_syncs_per_call`` where the syncs could be counted."""
     address = f"127.0.0.1:{free_port()}"
     svc = ServiceProcess(SERVICE, "counter", directory, ["--ingress", address])
-    tally = _Tally()
+    tally = Tally()
     svc.start()
     try:
         svc.wait_for_log("ingress listening on")
         figures = measure_callers(
-            lambda i: _OursCaller(address, directory, tally, exact=i == 0), plan
+            lambda i: OursCaller(address, directory, tally, exact=i == 0), plan
         )
         if svc.proc is None:
             raise RuntimeError("the service is not running")
-        one = _OursCaller(address, directory, tally, exact=True)
+        one = OursCaller(address, directory, tally, exact=True)
         try:
             one.last = tally.made
             _, syncs = count_syncs(

@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .. import eventloop
+from .compare_replicas_report import replica_goals, replica_tables
 
 __all__ = [
     "Figures",
@@ -39,7 +40,7 @@ __all__ = [
 ]
 
 SIZES = (16, 1024, 64 * 1024)
-SECTIONS = ("ours", "grpc", "dbos", "restate", "temporal", "limits")
+SECTIONS = ("ours", "grpc", "dbos", "restate", "temporal", "limits", "replicas")
 # ``fsync`` plus ``fdatasync`` per call, shown where the run could not count them: what
 # strace counted on this machine before (docs/performance.md), and for ours' awaited
 # call the design's two (each coordinator makes its input durable before its binding
@@ -196,6 +197,7 @@ def goals(results: Results) -> list[Goal]:
             None if p50 is None or p50_bar is None else p50_bar / p50,
         ),
         *_peer_goals(results, goal),
+        *(goal(*row) for row in replica_goals(results.get("replicas", {}))),
     ]
 
 
@@ -398,6 +400,7 @@ def tables(results: Results, runs: int) -> list[tuple[str, list[str], list[list[
             ],
         )
     )
+    out += replica_tables(results.get("replicas", {}), runs)
     out.append(
         (
             "Performance goals",
