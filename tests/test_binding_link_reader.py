@@ -117,3 +117,43 @@ def test_what_was_read_ahead_comes_first_and_the_callback_waits_for_it() -> None
         link.close()
 
     asyncio.run(main())
+
+
+def test_both_binding_connections_send_without_delay() -> None:
+    """Nagle's algorithm off on the connections the coordinator accepts: the binding never
+    writes where it reads records, so a small record would otherwise wait for the
+    acknowledgement of the one before (some 40 ms)."""
+    from ambrosia_py.coordinator.core.binding_link import connect_binding
+    from ambrosia_py.testing import free_port
+
+    async def main() -> None:
+        receive_port, send_port = free_port(), free_port()
+        dialed: list[socket.socket] = []
+
+        async def binding() -> None:
+            loop = asyncio.get_running_loop()
+            for port in (receive_port, send_port):
+                sock = socket.socket()
+                sock.setblocking(False)
+                for _ in range(200):  # until the coordinator listens on it
+                    try:
+                        await loop.sock_connect(sock, ("127.0.0.1", port))
+                        break
+                    except ConnectionRefusedError:
+                        await asyncio.sleep(0.01)
+                dialed.append(sock)
+
+        dialing = asyncio.ensure_future(binding())
+        link, listeners = await connect_binding("127.0.0.1", receive_port, send_port, print)
+        await dialing
+        try:
+            for sock in (link._receive_socket, link._send):
+                assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+        finally:
+            link.close()
+            for listener in listeners:
+                listener.close()
+            for sock in dialed:
+                sock.close()
+
+    asyncio.run(main())

@@ -91,6 +91,11 @@ class Listener:
         loop = asyncio.get_running_loop()
         while True:
             conn, peer = await loop.sock_accept(sock)
+            if conn.family != socket.AF_UNIX:
+                # The binding never writes where it reads records, so nothing carries
+                # its acknowledgements back soon: with Nagle's algorithm, a small record
+                # sent while the one before is unacknowledged waited about 40 ms.
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self._first.done():
                 self._refusals(
                     source_of(peer),
