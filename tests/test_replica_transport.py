@@ -615,3 +615,18 @@ def _child(port: int, secret: str, out: str) -> None:
 
 if __name__ == "__main__":
     _child(int(sys.argv[1]), sys.argv[2], sys.argv[3])
+
+
+async def test_flush_writes_what_is_queued_before_the_loop_turns(group: Group) -> None:
+    """A primary ships a record, then syncs it on the event loop, which then blocks: the
+    frame must be written before that, not in the loop's next turn."""
+    a = await group.add(0)
+    await group.add(1)
+    a.send(1, Heartbeat(1, 0, 0))
+    await _until("connected", lambda: a.connected(1) and a.queued_bytes(1) == 0)
+    a.send(1, Heartbeat(1, 5, 5))
+    assert a.queued_bytes(1) > 0  # queued: it would leave in the next turn
+    a.flush()
+    assert a.queued_bytes(1) == 0  # written now, no turn of the loop in between
+    await _until("both heartbeats", lambda: len(group.of(1, 0)) == 2)
+    assert group.of(1, 0) == [Heartbeat(1, 0, 0), Heartbeat(1, 5, 5)]

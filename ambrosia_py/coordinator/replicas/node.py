@@ -69,6 +69,9 @@ POSITION_EVERY = 1.0  # seconds between updates of the log position the registry
 # After a term given up (no quorum in time, outranked), the next try waits this long,
 # doubling each time up to RETRY_MAX; a term established starts over.
 RETRY_FIRST = 0.3
+# Shipped records of at most this many bytes, with no sync under way, are synced on the
+# event loop (the latency path); larger ones, or more while one syncs, in a worker thread.
+INLINE_SYNC_BYTES = 64 * 1024
 RETRY_MAX = 5.0
 
 
@@ -442,6 +445,9 @@ class ReplicaNode:
                 event = core.next_event()
         except Exception as exc:
             self._fail(exc)
+        # What the events sent leaves now, not in the loop's next turn: a record shipped
+        # before the commit path syncs it on the event loop, an acknowledgement at once.
+        self.transport.flush()
 
     def _drain_backlog(self) -> None:
         try:
@@ -465,7 +471,13 @@ class ReplicaNode:
                 if self.disk.log is None:
                     raise StorageError("records shipped to a replica with no checkpoint")
                 self.disk.log.append(first_seq, records)
-                self._sync_soon()
+                if not self._syncing and sum(map(len, records)) <= INLINE_SYNC_BYTES:
+                    # Alone and small: synced here, on the event loop, as the primary's
+                    # commit path does a lone record (a worker thread's hop costs more).
+                    assert isinstance(self.core, Secondary)
+                    self.core.records_durable(self.disk.log.sync())
+                else:
+                    self._sync_soon()
             case Replayable():
                 pass  # recovery replays the log when this replica takes over
             case PrimaryLost():
@@ -541,6 +553,7 @@ class ReplicaNode:
                 core = self.core
                 if isinstance(core, Secondary):
                     core.records_durable(end)
+                    self._pump()  # the acknowledgement: out now, not after the next sync
                 if self.disk.log is not rlog or rlog.end <= target:
                     break
         except Exception as exc:

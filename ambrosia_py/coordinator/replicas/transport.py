@@ -192,6 +192,15 @@ class ReplicaTransport:
         dest.queued += len(frame)
         dest.wake.set()
 
+    def flush(self) -> None:
+        """Write what is queued now, to every replica connected and keeping up, instead
+        of in the event loop's next turn: for a frame that must leave before the loop
+        blocks (the primary ships a record, then syncs it on the event loop)."""
+        for dest in self._out.values():
+            conn = dest.conn
+            if dest.frames and conn is not None and conn.error is None and not conn.stream.behind:
+                self._write_batch(dest, conn)
+
     def connected(self, to: int) -> bool:
         """Whether a connection to replica ``to`` is open and authenticated now."""
         dest = self._out.get(to)
