@@ -321,3 +321,31 @@ def test_a_secondary_stops_when_its_service_goes(cluster: Cluster) -> None:
         process.output()
     )
     assert current_term(registry) == term  # the primary goes on, untouched
+
+
+@pytest.mark.parametrize("registry", ["etcd"], indirect=True)
+def test_replicas_serve_through_an_etcd_restart_and_fail_over_after(
+    cluster: Cluster, etcd_server: EtcdServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """etcd chooses the primary; it does not carry the log. Killed, the primary goes on
+    serving the callers connected to it; restarted (its data kept), the replicas find it
+    again, and the next loss of the primary's machine fails over as before."""
+    machines, registry, secret = cluster
+    monkeypatch.syspath_prepend(str(COUNTER.parent))
+    callers = Callers(registry, secret, 4)
+    callers.start()
+    try:
+        callers.wait_answers(30)
+        etcd_server.kill()
+        callers.wait_answers(30)  # no registry: the log is shipped replica to replica
+        etcd_server.start()  # same data dir and ports
+        callers.wait_answers(30)
+        term = current_term(registry)
+        assert term is not None
+        lost = machines[term.replica]
+        lost.lose()
+        wait_for("a new primary", lambda: newer_term(registry, term), DEADLINE)
+        callers.wait_answers(30)
+    finally:
+        callers.stop()
+    counted_once(callers)
