@@ -217,6 +217,20 @@ class Callers:
             raise self.errors[0]
 
 
+@pytest.fixture
+def callers(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callers]:
+    """Four callers of the cluster's counter, calling from the start of the test; stopped
+    at its end (a test stops them itself before it counts)."""
+    _, registry, secret = cluster
+    monkeypatch.syspath_prepend(str(COUNTER.parent))
+    running = Callers(registry, secret, 4)
+    running.start()
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
 def counted_once(callers: Callers) -> None:
     """Every call was answered once and counted once: the answers are 1..N exactly."""
     from counter import Counter
@@ -230,12 +244,9 @@ def counted_once(callers: Callers) -> None:
 
 
 def test_losing_the_primary_machine_loses_no_acknowledged_call(
-    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+    cluster: Cluster, callers: Callers
 ) -> None:
-    machines, registry, secret = cluster
-    monkeypatch.syspath_prepend(str(COUNTER.parent))
-    callers = Callers(registry, secret, 4)
-    callers.start()
+    machines, registry, _ = cluster
     epochs = []
     try:
         callers.wait_answers(50)
@@ -260,12 +271,9 @@ def test_losing_the_primary_machine_loses_no_acknowledged_call(
 
 @pytest.mark.parametrize("registry", ["etcd"], indirect=True)
 def test_a_primary_paused_past_its_lease_acknowledges_nothing_more(
-    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+    cluster: Cluster, callers: Callers
 ) -> None:
-    machines, registry, secret = cluster
-    monkeypatch.syspath_prepend(str(COUNTER.parent))
-    callers = Callers(registry, secret, 4)
-    callers.start()
+    machines, registry, _ = cluster
     try:
         callers.wait_answers(50)
         term = current_term(registry)
@@ -325,15 +333,12 @@ def test_a_secondary_stops_when_its_service_goes(cluster: Cluster) -> None:
 
 @pytest.mark.parametrize("registry", ["etcd"], indirect=True)
 def test_replicas_serve_through_an_etcd_restart_and_fail_over_after(
-    cluster: Cluster, etcd_server: EtcdServer, monkeypatch: pytest.MonkeyPatch
+    cluster: Cluster, etcd_server: EtcdServer, callers: Callers
 ) -> None:
     """etcd chooses the primary; it does not carry the log. Killed, the primary goes on
     serving the callers connected to it; restarted (its data kept), the replicas find it
     again, and the next loss of the primary's machine fails over as before."""
-    machines, registry, secret = cluster
-    monkeypatch.syspath_prepend(str(COUNTER.parent))
-    callers = Callers(registry, secret, 4)
-    callers.start()
+    machines, registry, _ = cluster
     try:
         callers.wait_answers(30)
         etcd_server.kill()
