@@ -230,6 +230,22 @@ def test_log_prune(files: InstanceFiles) -> None:
     assert not files.lock_path.read_text()  # the lock was released
 
 
+def test_log_prune_keeps_a_replicas_own_committed_checkpoint(files: InstanceFiles) -> None:
+    """A replica's data dir: the registry's committed checkpoint (3) is the instance's,
+    numbered in another replica's files; this replica committed its checkpoint 1 (its
+    state file says so; 2 and 3 were written, never committed). Pruning to one checkpoint
+    must keep 1 and every log after it."""
+    from ambrosia_py.coordinator.storage.replica_state import ReplicaState, save_replica_state
+
+    with Registry(files.data_dir) as reg:
+        reg.register("svc")
+        reg.commit_checkpoint("svc", 0, 3, 3)
+    save_replica_state(files, ReplicaState(1, 2, ((2, 0),), 1))
+    result = run("log", "prune", "--data-dir", files.data_dir, "--instance", "svc", "--keep", "1")
+    assert result.exit_code == 0, result.output
+    assert result.output == "nothing to remove\nkept checkpoints 1, 2, 3; logs 1, 2, 3\n"
+
+
 def test_log_prune_needs_a_version_or_registration(files: InstanceFiles) -> None:
     result = run("log", "prune", "--data-dir", files.data_dir, "--instance", "svc", "--keep", "1")
     assert result.exit_code == 1 and "give --version" in result.output

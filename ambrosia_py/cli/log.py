@@ -27,6 +27,7 @@ from ..coordinator.storage.files import (
     log_number,
     log_numbers_in,
 )
+from ..coordinator.storage.replica_state import load_replica_state
 from ..helpformat import Group
 from ..ingress.envelope import (
     INGRESS_METHOD_ID,
@@ -345,6 +346,11 @@ def prune(
     except InstanceLockedError as exc:
         raise click.ClickException(f"refusing to prune: {exc}") from None
     try:
+        # A replica's committed checkpoint is its own, in its data dir: the registry's
+        # is the instance's, numbered in another replica's files (docs/replication.md).
+        state = load_replica_state(files)
+        if state is not None:
+            committed = state.checkpoint
         removed = files.prune(keep, committed=committed)
     except StorageError as exc:
         raise click.ClickException(str(exc)) from None
