@@ -59,7 +59,7 @@ class Machine:
         self.instance = instance
         self.process: ServiceProcess | None = None
 
-    def start(self) -> None:
+    def start(self, env: dict[str, str] | None = None) -> None:
         args = [
             "--registry",
             self.registry.spec,
@@ -77,7 +77,7 @@ class Machine:
             str(free_port()),
         ]
         self.process = ServiceProcess(
-            str(self.service), self.instance, self.data_dir, args, log=self.log
+            str(self.service), self.instance, self.data_dir, args, log=self.log, env=env
         )
         self.process.start()
 
@@ -354,3 +354,41 @@ def test_replicas_serve_through_an_etcd_restart_and_fail_over_after(
     finally:
         callers.stop()
     counted_once(callers)
+
+
+@pytest.mark.parametrize("registry", ["sqlite"], indirect=True)
+def test_replica_0_founds_again_after_a_crash_while_founding(
+    registry: Registry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Killed after its first record is durable and before the founding checkpoint is
+    written, replica 0 leaves a log nothing was told about; started again, it clears it
+    and founds the instance afresh, and the others join."""
+    secret = tmp_path / "secret"
+    secret.write_bytes(os.urandom(32))
+    secret.chmod(0o600)
+    machines = [Machine(tmp_path, r, registry, secret) for r in range(3)]
+    founder = machines[0]
+    try:
+        founder.start(env={**os.environ, "AMBROSIA_CRASH_AT": "ic.checkpoint.mid_write"})
+        for m in machines[1:]:
+            m.start()
+        assert founder.process is not None
+        wait_for("the founder to crash", lambda: not founder.process.alive(), DEADLINE)
+        assert "ic.checkpoint.mid_write" in founder.process.output()
+        left = founder.data_dir / "counter_0"
+        assert (left / "serverlog1").exists() and not (left / "serverchkpt1").exists()
+        founder.start()
+        wait_for("a primary", lambda: current_term(registry) is not None, DEADLINE)
+        for m in machines[1:]:
+            wait_for(f"replica {m.replica} to join", lambda m=m: installed(m), DEADLINE)
+        monkeypatch.syspath_prepend(str(COUNTER.parent))
+        callers = Callers(registry, secret, 2)
+        callers.start()
+        try:
+            callers.wait_answers(20)
+        finally:
+            callers.stop()
+        counted_once(callers)
+    finally:
+        for m in machines:
+            m.stop()

@@ -121,7 +121,10 @@ async def run_coordinator(
             coordinator.replicas = node
         try:
             info = registry.get(config.instance)
-            if info is not None and info.last_checkpoint is None and node is None:
+            # A first start, or replica 0 founding the instance again: what an attempt
+            # that never committed its checkpoint left goes first.
+            founding = node is not None and node.replica == 0 and node.disk.state.checkpoint is None
+            if info is not None and info.last_checkpoint is None and (node is None or founding):
                 clear_interrupted_first_start(
                     files, info.committer_id, config.registry, config.cluster
                 )
