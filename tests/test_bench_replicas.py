@@ -98,9 +98,9 @@ def test_a_group_interrupted_while_it_runs_leaves_no_process(tmp_path: Path) -> 
 
 
 def test_the_report_holds_replication_to_its_bars() -> None:
-    """``bench compare``'s replicas section: its goals against the bars stated in the
-    issue of replication (failover under 1 s, p50 at most 2x, at least half the
-    throughput), from figures as ``--json`` holds them."""
+    """``bench compare``'s replicas section: its goals against their bars (failover
+    under 1 s, p50 at most 2x, at least half the throughput), from figures as
+    ``--json`` holds them."""
     from ambrosia_py.bench.compare_report import goals, tables
 
     figures = {
