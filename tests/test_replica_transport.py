@@ -1,6 +1,6 @@
 """``coordinator/replicas/transport.py``: the replicated log's messages between replicas,
-over real sockets on 127.0.0.1 (plain and TLS), through a fault-injecting proxy, and to a
-receiver process killed with SIGKILL and started again.
+over real sockets on 127.0.0.1 (plain and TLS) and through a fault-injecting proxy (a
+receiver process killed and started again: ``test_replica_transport_restart.py``).
 
 Raw peers here build their bytes from the layout in ``docs/security.md`` (*The
 replication channel, byte by byte*) with ``hashlib`` and ``hmac``, not with project
@@ -16,8 +16,6 @@ import logging
 import os
 import socket
 import struct
-import subprocess
-import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -421,66 +419,6 @@ async def test_tampered_bytes_are_refused_and_later_messages_flow_after_the_redi
     assert group.inboxes[5] == [(2, m) for m in ([chunk] if chunk_kept else []) + beats]
 
 
-# --- a receiver process, killed and started again -----------------------------------------
-
-
-class Child:
-    """A receiving replica (number 1) in its own process, started on ``port``: it writes
-    ``ready``, then ``sender log_end`` for each heartbeat it gets, a line each to ``out``."""
-
-    def __init__(self, port: int, secret: Path, out: Path) -> None:
-        self.out = out
-        argv = [sys.executable, "-m", "tests.test_replica_transport", str(port), str(secret)]
-        self.proc = subprocess.Popen([*argv, str(out)], cwd=Path(__file__).resolve().parents[1])
-
-    def lines(self) -> list[str]:
-        text = self.out.read_text() if self.out.exists() else ""
-        return text.split("\n")[:-1]  # whole lines only
-
-    def got(self) -> list[int]:
-        return [int(line.split()[1]) for line in self.lines()[1:] if line.startswith("0 ")]
-
-    async def until(self, what: str, condition: Callable[[], bool]) -> None:
-        """As :func:`_until`, failing at once if the process exits."""
-        await _until(what, lambda: condition() or self.proc.poll() is not None)
-        assert self.proc.poll() is None, f"the receiver exited ({self.proc.returncode})"
-
-    def kill(self) -> None:
-        self.proc.kill()  # SIGKILL
-        self.proc.wait(DEADLINE)
-
-
-async def test_a_receiver_killed_and_restarted_gets_later_messages_once_in_order(
-    group: Group, secret_file: Path, tmp_path: Path
-) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    group.book[1] = Endpoint("127.0.0.1", port)
-    sender = await group.add(0)
-    first, second = Child(port, secret_file, tmp_path / "first"), None
-    try:
-        await first.until("the first start", lambda: first.lines()[:1] == ["ready"])
-        for i in range(100):
-            sender.send(1, Heartbeat(1, i, 0))
-        await first.until("the first hundred", lambda: 99 in first.got())
-        first.kill()
-        await _until("the lost connection noticed", lambda: not sender.connected(1))
-        for i in range(100, 200):  # queued while nothing listens
-            sender.send(1, Heartbeat(1, i, 0))
-        second = Child(port, secret_file, tmp_path / "second")
-        await second.until("the second start", lambda: second.lines()[:1] == ["ready"])
-        for i in range(200, 300):
-            sender.send(1, Heartbeat(1, i, 0))
-        await second.until("the later messages", lambda: 299 in second.got())
-    finally:
-        for child in (first, second):
-            if child is not None:
-                child.kill()
-    assert first.got() == list(range(100))
-    assert second.got() == list(range(100, 300))  # kept while it was down; none twice
-
-
 # --- bounds ----------------------------------------------------------------------------------
 
 
@@ -586,35 +524,6 @@ async def test_the_same_exchange_over_mutual_tls(
         await _until("the refusal", lambda: _said(caplog, "replica connection from", "TLS failed"))
         assert not group.transports[3].connected(0)
         assert all(sender != 3 for sender, _ in group.inboxes[0])
-
-
-# --- the receiving process of the SIGKILL test -------------------------------------------
-
-
-def _child(port: int, secret: str, out: str) -> None:
-    async def nowhere(replica: int) -> Endpoint | None:
-        return None
-
-    async def main() -> None:
-        with open(out, "w") as lines:
-
-            def got(sender: int, message: Message) -> None:
-                assert isinstance(message, Heartbeat)
-                lines.write(f"{sender} {message.log_end}\n")
-                lines.flush()
-
-            settings = LinkSettings(secret_file=Path(secret))
-            transport = ReplicaTransport(INSTANCE, 1, settings, got, nowhere)
-            await transport.listen("127.0.0.1", port)
-            lines.write("ready\n")
-            lines.flush()
-            await asyncio.Event().wait()
-
-    eventloop.run(main())
-
-
-if __name__ == "__main__":
-    _child(int(sys.argv[1]), sys.argv[2], sys.argv[3])
 
 
 async def test_flush_writes_what_is_queued_before_the_loop_turns(group: Group) -> None:
