@@ -35,7 +35,7 @@ from ... import crashpoints
 from ...iov import IOV_MAX, advance, nbytes, unsent
 from ...wire import logfile
 from .errors import CorruptLogError, InstanceLockedError, StorageError
-from .index import EVERY_BYTES, INDEX_PREFIX, IndexWriter, index_path_for
+from .index import EVERY_BYTES, INDEX_PREFIX, IndexWriter, drop_index, index_path_for
 from .modes import PRIVATE_FILE, create_private, fsync_dir, make_private_dir
 from .scan import LogScan, TailDamage, records_end
 
@@ -442,9 +442,7 @@ class InstanceFiles:
         doomed.sort(key=lambda p: (_number(p), p.name))
         for path in doomed:
             path.unlink()
-            index = index_path_for(path)  # a removed log's sidecar index goes with it
-            if index is not None:
-                index.unlink(missing_ok=True)
+            drop_index(path)  # a removed log's sidecar index goes with it
         if doomed:
             fsync_dir(self.path)
         return doomed

@@ -47,9 +47,11 @@ __all__ = [
     "IndexEntry",
     "IndexWriter",
     "decode_index",
+    "drop_index",
     "encode_entry",
     "index_path_for",
     "read_index",
+    "trim_index",
 ]
 
 log = logging.getLogger("ambrosia_py.coordinator")
@@ -113,6 +115,35 @@ def read_index(log_path: Path) -> list[IndexEntry]:
         return decode_index(path.read_bytes())
     except OSError:
         return []
+
+
+def drop_index(log_path: Path) -> None:
+    """Remove the sidecar index of ``log_path``, if it has one (its log is gone)."""
+    index = index_path_for(log_path)
+    if index is not None:
+        index.unlink(missing_ok=True)
+
+
+def trim_index(log_path: Path, cut: int) -> None:
+    """Keep the entries of the sidecar index of ``log_path`` before offset ``cut``: the
+    index is a hint readers verify, but a stale entry would pair a later record's offset
+    with the time an earlier one was written. Not synced, and a failure leaves no index."""
+    index = index_path_for(log_path)
+    if index is None or not index.exists():
+        return
+    if cut == 0:
+        drop_index(log_path)
+        return
+    kept = b"".join(encode_entry(e) for e in read_index(log_path) if e.offset < cut)
+    try:
+        fd = create_private(index, os.O_WRONLY | os.O_TRUNC)
+        try:
+            os.write(fd, INDEX_MAGIC + kept)
+        finally:
+            os.close(fd)
+    except OSError:
+        with contextlib.suppress(OSError):
+            index.unlink()
 
 
 def _header_seq(parts: Sequence[wire.Payload]) -> int | None:

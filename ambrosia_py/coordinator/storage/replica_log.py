@@ -45,7 +45,6 @@ file during a read or a sync, which touch only records already noted; ``append``
 from __future__ import annotations
 
 import bisect
-import contextlib
 import os
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -56,7 +55,7 @@ from ... import wire
 from ..core.checkpoint import IcState, StateFormatError
 from .errors import CorruptLogError, StorageError
 from .files import PREALLOCATE_BYTES, InstanceFiles, LogWriter, log_data_size
-from .index import INDEX_MAGIC, encode_entry, index_path_for, read_index
+from .index import drop_index, trim_index
 from .modes import create_private, fsync_dir
 
 __all__ = ["SPARSE_BYTES", "RecordRefusedError", "ReplicaLog"]
@@ -421,13 +420,13 @@ class ReplicaLog:
             self._close_fd(doomed.number)
             path = self._files.log_path(doomed.number)
             path.unlink(missing_ok=True)
-            _drop_index(path)
+            drop_index(path)
             fsync_dir(path.parent)
             self._segments.pop()
         path = self._files.log_path(keep.number)
         _cut_file(path, offset)
         keep.cut(end, offset)
-        _trim_index(path, offset)
+        trim_index(path, offset)
         for segment in self._segments[:k]:  # records below ``end`` in earlier files
             if segment.end > max(self._durable_end, segment.first):
                 self._sync_file(segment.number)
@@ -573,31 +572,3 @@ def _cut_file(path: Path, offset: int) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def _drop_index(log_path: Path) -> None:
-    index = index_path_for(log_path)
-    if index is not None:
-        index.unlink(missing_ok=True)
-
-
-def _trim_index(log_path: Path, cut: int) -> None:
-    """Keep the entries of the sidecar index of ``log_path`` before offset ``cut``: the
-    index is a hint readers verify, but a stale entry would pair a later record's offset
-    with the time an earlier one was written. Not synced, and a failure leaves no index."""
-    index = index_path_for(log_path)
-    if index is None or not index.exists():
-        return
-    if cut == 0:
-        _drop_index(log_path)
-        return
-    kept = b"".join(encode_entry(e) for e in read_index(log_path) if e.offset < cut)
-    try:
-        fd = create_private(index, os.O_WRONLY | os.O_TRUNC)
-        try:
-            os.write(fd, INDEX_MAGIC + kept)
-        finally:
-            os.close(fd)
-    except OSError:
-        with contextlib.suppress(OSError):
-            index.unlink()
