@@ -40,7 +40,7 @@ from ambrosia_py.binding.loading import load_service
 from ambrosia_py.cli.log import log as log_commands
 from ambrosia_py.client import Client
 from ambrosia_py.testing import ServiceProcess, free_port
-from ambrosia_py.testing.processes import wait_for
+from ambrosia_py.testing.processes import process_gone, wait_for
 
 SERVICE = """
 from ambrosia_py import Immortal, rpc
@@ -233,15 +233,6 @@ def _pids(svc: ServiceProcess) -> tuple[int, int]:
     return int(m.group(2)), int(m.group(1))
 
 
-def _gone(pid: int) -> bool:
-    """Exited (or a zombie: an orphaned coordinator is reaped by whoever adopted it)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return True
-    return state in ("Z", "X")
-
-
 class _Cluster:
     """``b``, shared by the walks (one start fewer per walk: start-up is most of a
     walk's time), and a fresh ``a<N>`` per walk, all in one data dir; every process and
@@ -361,7 +352,7 @@ def test_crash_point(point: str, at: int, victim: str, cluster: _Cluster, tmp_pa
         else:  # its parent, the service process, saw how it died
             said = f"the coordinator (pid {coordinator_pid}) was killed by SIGKILL"
             assert said in armed.output()
-        wait_for("the old coordinator to exit", lambda: _gone(coordinator_pid), DEADLINE)
+        wait_for("the old coordinator to exit", lambda: process_gone(coordinator_pid), DEADLINE)
         before = callers.count()
 
         armed.env = cluster.base

@@ -72,6 +72,7 @@ from pathlib import Path
 import pytest
 
 from ambrosia_py.testing import free_port
+from ambrosia_py.testing.processes import process_gone
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
@@ -243,14 +244,6 @@ def _descendants(pid: int) -> list[int]:
             for child in map(int, children.read_text().split()):
                 found += [child, *_descendants(child)]
     return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state not in ("Z", "X")
 
 
 def _kill_group(pgid: int) -> None:
@@ -464,7 +457,7 @@ class PageRun:
             self.fail(block, "wait-exit: the background command is still running", log.read_text())
             return
         deadline = time.monotonic() + STOP_TIMEOUT
-        while any(map(_alive, children)) and time.monotonic() < deadline:
+        while not all(map(process_gone, children)) and time.monotonic() < deadline:
             time.sleep(0.02)  # its coordinator going too, bounded by the deadline
         want = block.directives["wait-exit"]
         if want and status != int(want):
@@ -486,7 +479,7 @@ class PageRun:
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(STOP_TIMEOUT)
             for pid in family:
-                if _alive(pid):
+                if not process_gone(pid):
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGKILL)
 

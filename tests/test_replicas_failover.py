@@ -28,6 +28,7 @@ from ambrosia_py.client import Client
 from ambrosia_py.coordinator.registry.backends import open_registry
 from ambrosia_py.coordinator.registry.primary import Term, open_election
 from ambrosia_py.testing import ServiceProcess, free_port, wait_for
+from ambrosia_py.testing.processes import process_gone
 from tests.etcd_server import EtcdServer, etcd_server
 
 __all__ = ["etcd_server"]  # a fixture, used through its name
@@ -302,15 +303,6 @@ def test_a_primary_paused_past_its_lease_acknowledges_nothing_more(
     counted_once(callers)
 
 
-def gone(pid: int) -> bool:
-    """Whether process ``pid`` has exited (a zombie counts)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
-
-
 @pytest.mark.parametrize("registry", ["sqlite"], indirect=True)
 def test_a_secondary_stops_when_its_service_goes(cluster: Cluster) -> None:
     """A secondary's coordinator reads nothing from its binding yet; it must still notice
@@ -324,7 +316,7 @@ def test_a_secondary_stops_when_its_service_goes(cluster: Cluster) -> None:
     coordinator = process.coordinator_pid()
     assert coordinator is not None
     os.kill(process.proc.pid, signal.SIGKILL)
-    wait_for("the secondary's coordinator to stop", lambda: gone(coordinator), DEADLINE)
+    wait_for("the secondary's coordinator to stop", lambda: process_gone(coordinator), DEADLINE)
     assert f"the binding left while replica {secondary.replica} was a secondary" in (
         process.output()
     )

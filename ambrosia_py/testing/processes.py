@@ -28,7 +28,15 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Literal
 
-__all__ = ["Victim", "ServiceProcess", "free_port", "interruptible", "readline_within", "wait_for"]
+__all__ = [
+    "ServiceProcess",
+    "Victim",
+    "free_port",
+    "interruptible",
+    "process_gone",
+    "readline_within",
+    "wait_for",
+]
 
 Victim = Literal["service", "coordinator", "both"]
 DEADLINE = 30.0
@@ -72,7 +80,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _gone(pid: int) -> bool:
+def process_gone(pid: int) -> bool:
     """Exited: no such process, or a zombie nobody has reaped yet (an orphaned
     coordinator's parent may be a PID 1 that never reaps)."""
     try:
@@ -228,12 +236,18 @@ class ServiceProcess:
             return
         try:
             wait_for(
-                f"{self.instance}'s coordinator (pid {ic}) to exit", lambda: _gone(ic), timeout
+                f"{self.instance}'s coordinator (pid {ic}) to exit",
+                lambda: process_gone(ic),
+                timeout,
             )
         except TimeoutError:  # a coordinator that outlived its binding
             with contextlib.suppress(ProcessLookupError):
                 os.kill(ic, signal.SIGKILL)
-            wait_for(f"{self.instance}'s coordinator (pid {ic}) to die", lambda: _gone(ic), timeout)
+            wait_for(
+                f"{self.instance}'s coordinator (pid {ic}) to die",
+                lambda: process_gone(ic),
+                timeout,
+            )
 
     @contextlib.contextmanager
     def running(self) -> Iterator[ServiceProcess]:
