@@ -56,6 +56,7 @@ __all__ = [
     "log_data_size",
     "log_number",
     "log_numbers_in",
+    "write_atomically",
 ]
 
 LOG_PREFIX = "serverlog"
@@ -367,22 +368,8 @@ class InstanceFiles:
     # --- checkpoints -------------------------------------------------------------------
 
     def write_checkpoint(self, n: int, parts: Sequence[bytes | bytearray | memoryview]) -> None:
-        """Write checkpoint ``n`` atomically: temp file, fsync, rename, fsync the dir."""
-        final = self.checkpoint_path(n)
-        fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=self.path)
-        try:
-            try:
-                os.fchmod(fd, PRIVATE_FILE)  # mkstemp's mode already; stated, as for every file
-                crashpoints.reach_midway("ic.checkpoint.mid_write", (fd, 0), parts)
-                _write_all(fd, parts, 0)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, final)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        fsync_dir(self.path)
+        """Write checkpoint ``n`` atomically (:func:`write_atomically`)."""
+        write_atomically(self.checkpoint_path(n), parts, midway="ic.checkpoint.mid_write")
 
     def read_checkpoint(self, n: int) -> bytes:
         """The bytes of checkpoint ``n``."""
@@ -446,6 +433,30 @@ class InstanceFiles:
         if doomed:
             fsync_dir(self.path)
         return doomed
+
+
+def write_atomically(
+    path: Path, parts: Sequence[bytes | bytearray | memoryview], *, midway: str | None = None
+) -> None:
+    """Write ``path`` whole or not at all, durably: a temporary file beside it (0600,
+    named ``.<name>.<random>.tmp``), fsync, rename over ``path``, fsync of the directory.
+    A crash leaves the old file or the new one. ``midway``: the crash point halfway
+    through the write (:mod:`ambrosia_py.crashpoints`)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        try:
+            os.fchmod(fd, PRIVATE_FILE)  # mkstemp's mode already; stated, as for every file
+            if midway is not None:
+                crashpoints.reach_midway(midway, (fd, 0), parts)
+            _write_all(fd, parts, 0)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
 
 
 def _numbers_in(directory: Path, pattern: re.Pattern[str]) -> list[int]:

@@ -29,9 +29,7 @@ what is wrong and at which offset.
 
 from __future__ import annotations
 
-import os
 import struct
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -39,8 +37,7 @@ import attrs
 import xxhash
 
 from .errors import StorageError
-from .files import REPLICA_STATE_FILE, InstanceFiles
-from .modes import PRIVATE_FILE, fsync_dir
+from .files import REPLICA_STATE_FILE, InstanceFiles, write_atomically
 
 __all__ = [
     "FORMAT_VERSION",
@@ -52,7 +49,6 @@ __all__ = [
     "load_replica_state",
     "replica_state_path",
     "save_replica_state",
-    "write_file_atomically",
 ]
 
 FORMAT_VERSION = 1
@@ -222,24 +218,6 @@ def save_replica_state(files: InstanceFiles, state: ReplicaState) -> None:
     """Replace the saved state with ``state``, durably and atomically."""
     path = replica_state_path(files)
     try:
-        write_file_atomically(path, encode_replica_state(state))
+        write_atomically(path, [encode_replica_state(state)])
     except OSError as exc:
         raise ReplicaStateError(f"cannot save {path}: {exc.strerror or exc}") from None
-
-
-def write_file_atomically(path: Path, data: bytes) -> None:
-    """Write ``path`` whole or not at all, durably: a temporary file beside it (0600),
-    fsync, rename over ``path``, fsync of the directory. A crash leaves the old file or
-    the new one; a temporary file it leaves behind is named ``.<name>.<random>.tmp``."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with open(fd, "wb") as f:  # takes the descriptor over, and closes it
-            os.fchmod(f.fileno(), PRIVATE_FILE)  # mkstemp's mode already; stated
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
