@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from ambrosia_py.binding.loading import load_service
 from ambrosia_py.cli import main
 from ambrosia_py.client import Client
-from ambrosia_py.testing.processes import _gone, wait_for
+from ambrosia_py.testing.processes import process_gone, wait_for
 
 from .ingress_process import DEADLINE, RunProcess, free_port
 
@@ -83,7 +83,7 @@ def test_sigterm_stops_run_cleanly_and_keeps_every_answered_call(tmp_path: Path)
         assert svc.proc is not None and ic is not None
         svc.proc.send_signal(signal.SIGTERM)
         assert svc.proc.wait(DEADLINE) == 0, svc.tail()
-        wait_for("the coordinator to exit after its binding", lambda: _gone(ic), DEADLINE)
+        wait_for("the coordinator to exit after its binding", lambda: process_gone(ic), DEADLINE)
         assert "binding disconnected" in svc.output()
         svc = RunProcess(Path(EXAMPLE), tmp_path, port)
         with Client(f"127.0.0.1:{port}", data_dir=tmp_path, timeout=DEADLINE) as client:
