@@ -92,6 +92,10 @@ class Machine:
         if self.process is not None:
             self.process.stop()
 
+    def process_output(self) -> str:
+        assert self.process is not None
+        return self.process.output()
+
 
 class Registry:
     """Where the replicas meet: a SQLite file, or etcd under a cluster of the test's own."""
@@ -260,6 +264,13 @@ def test_losing_the_primary_machine_loses_no_acknowledged_call(
             # A secondary takes over, and calls are answered again.
             wait_for("a new primary", lambda t=term: newer_term(registry, t), DEADLINE)
             callers.wait_answers(50)
+            # Its binding had followed the log as a secondary: it took over replaying
+            # nothing from its files (recovery's replay says "records from logs").
+            taker = current_term(registry)
+            assert taker is not None and taker.replica != lost.replica
+            out = machines[taker.replica].process_output()
+            assert "the binding follows the log from checkpoint" in out
+            assert "records from logs" not in out
             # The lost machine comes back with an empty disk and catches up.
             lost.start()
             wait_for(f"replica {lost.replica} to rejoin", lambda m=lost: installed(m), DEADLINE)

@@ -17,6 +17,7 @@ from ambrosia_py.coordinator.replication import (
     History,
     Message,
     NewTerm,
+    OutboxTrim,
     Position,
     Refuse,
     ReplicationProtocolError,
@@ -51,6 +52,9 @@ VECTORS: list[tuple[Message, str]] = [
     (CheckpointChunk(2, 40, 0, 0, b""), "06 01 09 02 28 00 00"),
     (Append(2, 7, 6, (EMPTY_RECORD_7,)), "21 01 04 02 07 06 01 1a" + EMPTY_RECORD_7.hex()),
     (Append(9, 3, 3, ()), "06 01 04 09 03 03 00"),
+    # names in UTF-8 ("é" is c3 a9), each after its byte count
+    (OutboxTrim(3, (("bank", 300), ("é", 1))), "0f 01 0a 03 02 04 62616e6b ac02 02 c3a9 01"),
+    (OutboxTrim(1, ()), "04 01 0a 01 00"),
 ]
 
 
@@ -174,6 +178,11 @@ MALFORMED = [
         8,
     ),
     ("0b 01 04 02 07 06 01 04 01000000", "record header needs 24 bytes, 4 present", 8),
+    ("06 01 0a 01 01 00 05", "TRIM: trims[0].name of 0 bytes, not 1..1024", 5),
+    ("07 01 0a 01 01 01 ff 05", "TRIM: trims[0].name is not UTF-8", 6),
+    ("0a 01 0a 01 02 01 61 01 01 61 02", "TRIM: trims[1] names 'a' a second time", 8),
+    ("06 01 0a 01 01 05 61", "TRIM: trims[0].name runs past the frame", 5),
+    ("05 01 0a 01 8120", "TRIM: field trim count is 4097, over 4096", 4),
 ]
 
 
@@ -230,6 +239,13 @@ def test_encoding_refuses_values_no_frame_can_hold() -> None:
         encode_frame(NewTerm(-1))
     with pytest.raises(ReplicationRuleError, match="log_end 9223372036854775808"):
         encode_frame(Heartbeat(1, 2**63, 0))
+
+
+def test_a_trim_naming_a_destination_twice_or_none_is_not_encoded() -> None:
+    with pytest.raises(ReplicationRuleError, match="named twice"):
+        encode_frame(OutboxTrim(1, (("a", 1), ("a", 2))))
+    with pytest.raises(ReplicationRuleError, match="name of 0 bytes"):
+        encode_frame(OutboxTrim(1, (("", 1),)))
 
 
 def test_a_history_out_of_order_is_not_a_value() -> None:

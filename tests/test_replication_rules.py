@@ -19,6 +19,7 @@ from ambrosia_py.coordinator.replication import (
     InstallCheckpoint,
     Message,
     NewTerm,
+    OutboxTrim,
     Position,
     Primary,
     PrimaryLost,
@@ -36,6 +37,7 @@ from ambrosia_py.coordinator.replication import (
     StoreCheckpointChunk,
     Sync,
     Timing,
+    TrimOutboxes,
     TruncateLog,
     WriteRecords,
     agreement,
@@ -467,6 +469,22 @@ def test_an_idle_primary_sends_heartbeats() -> None:
     p = established()
     p.tick(0.01 + TIMING.heartbeat_every)
     assert sent(p.events()) == [(r, Heartbeat(5, 10, 0)) for r in (1, 2)]
+
+
+def test_trim_points_go_to_synced_replicas_and_come_out_of_every_secondary_state() -> None:
+    points = (("bank", 7),)
+    p = primary()  # gathering: it has no synced replica to tell
+    p.events()
+    p.share_trims(points, 0.01)
+    assert p.events() == []
+    p = established()
+    p.share_trims(points, 0.02)
+    assert sent(p.events()) == [(r, OutboxTrim(5, points)) for r in (1, 2)]
+    for s in (secondary(), streaming()):
+        before = s.state
+        s.receive(0, OutboxTrim(s.epoch, points), 0.03)
+        assert s.events() == [TrimOutboxes(points)]
+        assert s.state is before
 
 
 # --- the rule for the tail on a new term --------------------------------------------------

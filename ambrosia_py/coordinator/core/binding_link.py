@@ -259,19 +259,6 @@ class BindingLink:
             return await self._ahead.get()  # its read in progress: it stops after it
         return await self._receive.read()
 
-    def closed_by_peer(self) -> bool:
-        """Whether the binding has closed its connection (a peek: nothing is consumed,
-        so bytes it sent stay for the reader). For a coordinator that reads nothing yet:
-        a replica's, while it follows as a secondary."""
-        if self.gone or not self._ahead.empty():
-            return self.gone
-        try:
-            return self._receive_socket.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
-        except BlockingIOError:
-            return False
-        except OSError:
-            return True
-
     def has_unread(self) -> bool:
         """Whether the binding has sent bytes not read yet (a poll, never blocks; an end
         of stream or an error counts: the reader has something to see)."""

@@ -15,6 +15,7 @@ the coordinator's checkpoint files is :mod:`.checkpoint`'s.
 from __future__ import annotations
 
 import collections
+from collections.abc import Iterable
 
 from ... import wire
 from ...wire import (
@@ -248,6 +249,70 @@ class Intake:
         for dest, (next_seq, frames) in outboxes.items():
             self.outboxes[dest] = Outbox(next_seq, frames, self.outbox_budget)
             self.new_destinations.append(dest)
+
+    # --- following another replica's log (a secondary's continuous recovery) -----------
+
+    def follow(self, state: IcState) -> None:
+        """The binding was (re)loaded from checkpoint ``state`` and replays the log another
+        replica writes: start over from it, as recovery does. What the binding
+        regenerates from here is kept until the log shows it logged (:meth:`replayed`);
+        what it sends other instances, until they have it (:meth:`trim_outboxes`).
+
+        The byte stream goes on: only what was read from it is dropped."""
+        self.committer_id = state.committer_id
+        self.next_seq = state.next_seq
+        self.received_outputs = state.binding_outputs
+        self.logged_outputs = self.skip_below = state.logged_outputs
+        self.dequeued += len(self.pending)
+        self.pending.clear()
+        self.pending_bytes = self.queued_outputs = 0
+        for box in self.outboxes.values():
+            box.commit(box.next_seq)  # gives its bytes back to the budget
+        self.outboxes = {}
+        self.new_destinations = []
+        self.restore_outboxes(state.outboxes)
+        self.attached = set()
+        self.require_attach = True
+        self.restore_attached(state.attached)
+        self.inbox = Inbox(state.inbox, state.senders)
+
+    def replayed(self, next_seq: int, outputs: int) -> None:
+        """Following: the binding was sent the records below ``next_seq``, which hold
+        ``outputs`` more of its own replayable outputs. Those it regenerated already are
+        dropped from :attr:`pending` (they are the oldest there), the rest as they come.
+        """
+        self.next_seq = next_seq
+        self.logged_outputs += outputs
+        self.skip_below = self.logged_outputs
+        first = self.received_outputs - self.queued_outputs  # the index of the oldest
+        drop = min(self.skip_below - first, self.queued_outputs)
+        if drop <= 0:
+            return
+        kept: list[tuple[list[wire.Payload], bool, str | None, int]] = []
+        for entry in self.pending:
+            if drop and entry[1]:
+                drop -= 1
+                self.queued_outputs -= 1
+                self.dequeued += 1
+                self.dropped += 1
+                self.pending_bytes -= sum(map(len, entry[0]))
+            else:
+                kept.append(entry)
+        self.pending = kept
+
+    def trim_outboxes(self, points: Iterable[tuple[str, int]]) -> None:
+        """Following: per destination, the seq below which it has confirmed what this
+        instance sent it: forget that output. A destination not seen yet is skipped; the
+        caller applies the points again after more is replayed."""
+        for dest, seq in points:
+            box = self.outboxes.get(dest)
+            if box is not None:
+                box.commit(seq)
+
+    def outbox_trims(self) -> tuple[tuple[str, int], ...]:
+        """Per destination, the seq below which it confirmed what was sent it (a
+        primary's, for its secondaries' :meth:`trim_outboxes`)."""
+        return tuple((dest, box.first) for dest, box in self.outboxes.items())
 
     def outbox_snapshot(self) -> dict[str, OutboxState]:
         return {dest: (box.next_seq, box.buffered) for dest, box in self.outboxes.items()}

@@ -33,7 +33,7 @@ import os
 import secrets
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ... import wire
 from ...eventloop import running_loop_name
@@ -48,13 +48,14 @@ from ..links.peers import PeerLinks
 from ..links.protocol import Inbox
 from ..registry.interface import InstanceRegistry, RegistryError
 from ..registry.publish import advertised_host
+from ..replicas.follow import Follower
 from ..storage.files import InstanceFiles
 from ..storage.replay import replay_log
 from .binding_auth import open_gate
 from .binding_link import BindingLink, connect_binding
 from .checkpoint import IcState
 from .committer import Committer
-from .config import BindingLeftError, CoordinatorConfig, resolve_start
+from .config import BindingLeftError, CoordinatorConfig, CoordinatorError, resolve_start
 from .events import CheckpointArrived, CheckpointRequested, InitialArrived
 from .forwarding import Forwarder, OutboxGate
 from .intake import Intake
@@ -63,11 +64,7 @@ if TYPE_CHECKING:
     from ..registry.primary import Term
     from ..replicas.node import ReplicaNode
 
-__all__ = ["BINDING_CHECK_S", "Coordinator"]
-
-# How often a secondary's coordinator, which reads nothing from its binding yet, looks
-# whether the binding has gone.
-BINDING_CHECK_S = 0.2
+__all__ = ["Coordinator"]
 
 log = logging.getLogger("ambrosia_py.coordinator")
 
@@ -86,6 +83,7 @@ class Coordinator:
         self._reader_task: asyncio.Task[None] | None = None
         self.links: PeerLinks | None = None
         self.replicas: ReplicaNode | None = None  # with --replica: this replica's side
+        self._follower: Follower | None = None  # while its binding follows as a secondary's
 
     @property
     def files(self) -> InstanceFiles:
@@ -190,6 +188,8 @@ class Coordinator:
     def _checkpoint_arrived(self, event: CheckpointArrived) -> None:
         if self._startup_checkpoint is not None and not self._startup_checkpoint.done():
             self._startup_checkpoint.set_result(event)
+        elif self._follower is not None and self._follower.checkpoint_arrived(event):
+            pass
         elif not self.committer.checkpoint_arrived(event):
             raise wire.MalformedMessageError("a checkpoint nobody asked for")
 
@@ -249,13 +249,20 @@ class Coordinator:
                 "format): its calls to other instances are not checked for them",
                 checkpoint,
             )
-        self._startup_checkpoint = asyncio.get_running_loop().create_future()
         self._reader_task = asyncio.create_task(self.read_binding())
+        await self._become_primary(replayed.last_log, started)
+
+    async def _become_primary(self, last_log: int, started: float) -> None:
+        """The binding has been sent every logged record: tell it it is primary (or to
+        upgrade), and write its answer as the checkpoint of the next log."""
+        assert self.binding is not None
+        intake = self.intake
+        self._startup_checkpoint = asyncio.get_running_loop().create_future()
         upgrade = self.config.upgrade_version
         if upgrade is not None:
-            await self.binding.control(state.committer_id, UpgradeTakeCheckpoint())
+            await self.binding.control(intake.committer_id, UpgradeTakeCheckpoint())
         else:
-            await self.binding.control(state.committer_id, TakeBecomingPrimaryCheckpoint())
+            await self.binding.control(intake.committer_id, TakeBecomingPrimaryCheckpoint())
         arrived = await self._startup_checkpoint
         # Its checkpoint follows every replayed record: the binding has handled them all.
         log.info(
@@ -266,7 +273,7 @@ class Coordinator:
             self.committer.move_to_version(upgrade)
             self.committer.open_log(1)
         else:
-            self.committer.open_log(replayed.last_log + 1)
+            self.committer.open_log(last_log + 1)
         await self.committer.commit_checkpoint(self.committer.log_number, arrived)
         if upgrade is not None:
             self.registry.set_current_version(self.config.instance, upgrade)
@@ -276,9 +283,11 @@ class Coordinator:
 
     async def _start_replica(self, node: ReplicaNode, never_started: bool) -> None:
         """With replicas: follow as a secondary until this replica takes a term (replica 0
-        founds an instance never started), wait until the log before the term's start is
-        committed, recover from it, and go on as primary (``coordinator/replicas``)."""
+        founds an instance never started), its binding replaying the log as it is
+        committed (``replicas/follow.py``); once the log before the term's start is
+        committed, finish that replay and go on as primary (``coordinator/replicas``)."""
         self.committer.on_checkpoint = node.checkpoint_written
+        node.outbox_trims = self.intake.outbox_trims
         if node.replica == 0 and never_started and node.disk.state.checkpoint is None:
             term = await node.found()
             # Numbered from 1: the founding checkpoint stands past every empty log, so a
@@ -290,31 +299,49 @@ class Coordinator:
             self.committer.replication = node
             await node.until_committed()
             return
+        assert self.binding is not None
+        follower = self._follower = node.follower = Follower(self.binding, self.intake, node.disk)
+        self._reader_task = asyncio.create_task(self.read_binding())
+        if node.disk.state.checkpoint is not None:
+            follower.start()  # else once a checkpoint is installed
         while True:
-            term = await self._until_primary(node)
-            checkpoint = node.disk.state.checkpoint
-            assert checkpoint is not None  # a replica without one never takes a term
+            term = await self._until_primary(node, follower)
             node.lead(term)
             if await node.until_committed():
                 break
+        started = time.perf_counter()
+        await follower.finish(node.term_start)
+        node.follower = self._follower = None
+        state = follower.state
+        assert state is not None and node.disk.log is not None
+        self.intake.inbox = Inbox(follower.inbox, state.senders)
         self.committer.replication = node
-        await self.recover(checkpoint)
+        await self._become_primary(node.disk.log.log_number, started)
 
-    async def _until_primary(self, node: ReplicaNode) -> Term:
-        """:meth:`ReplicaNode.until_primary`, unless the binding goes first: then this
-        coordinator stops, as it does when its binding leaves at any other time."""
-        binding = self.binding
-        assert binding is not None
+    async def _until_primary(self, node: ReplicaNode, follower: Follower) -> Term:
+        """:meth:`ReplicaNode.until_primary`, unless the binding goes first (then this
+        coordinator stops, as it does when its binding leaves at any other time) or the
+        replay fails."""
         waiting = asyncio.ensure_future(node.until_primary())
+        reader = self._reader_task
+        assert reader is not None
         try:
             while True:
-                done, _ = await asyncio.wait([waiting], timeout=BINDING_CHECK_S)
-                if done:
+                watched: list[asyncio.Future[Any]] = [waiting, reader]
+                if follower.task is not None:
+                    watched.append(follower.task)
+                await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
+                if waiting.done():
                     return waiting.result()
-                if binding.closed_by_peer():
+                if reader.done():
+                    if self._failure is not None:
+                        raise self._failure
                     raise BindingLeftError(
                         f"the binding left while replica {node.replica} was a secondary"
                     )
+                if follower.task is not None and follower.task.done():
+                    follower.task.result()
+                    raise CoordinatorError("the binding's replay stopped")
         finally:
             waiting.cancel()
 
@@ -326,8 +353,10 @@ class Coordinator:
         Returns False before normal processing (nothing to flush yet: cancel instead).
         """
         reader = self._reader_task
-        if reader is None or (
-            self._startup_checkpoint is not None and not self._startup_checkpoint.done()
+        if (
+            reader is None
+            or self._follower is not None
+            or (self._startup_checkpoint is not None and not self._startup_checkpoint.done())
         ):
             return False
         reader.cancel()

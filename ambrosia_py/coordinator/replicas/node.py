@@ -23,7 +23,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...wire import Payload
 from ..core.config import CoordinatorError
@@ -51,6 +51,7 @@ from ..replication import (
     SteppedDown,
     StoreCheckpointChunk,
     Timing,
+    TrimOutboxes,
     TruncateLog,
     WriteRecords,
 )
@@ -60,6 +61,9 @@ from ..storage.replica_state import ReplicaState
 from .disk import ReplicaDisk
 from .gate import CommitGate
 from .transport import ReplicaTransport
+
+if TYPE_CHECKING:
+    from .follow import Follower
 
 __all__ = ["POSITION_EVERY", "ReplicaNode", "SteppedDownError"]
 
@@ -73,6 +77,10 @@ RETRY_FIRST = 0.3
 # event loop (the latency path); larger ones, or more while one syncs, in a worker thread.
 INLINE_SYNC_BYTES = 64 * 1024
 RETRY_MAX = 5.0
+# A primary tells its secondaries the outboxes' trim points when they moved, at most this
+# often, and at least every TRIM_AGAIN seconds (a replica that joined meanwhile learns them).
+TRIM_EVERY = 0.1
+TRIM_AGAIN = 1.0
 
 
 class SteppedDownError(CoordinatorError):
@@ -130,6 +138,12 @@ class ReplicaNode:
         self._unwritten: deque[tuple[int, int, int, int]] = deque()
         self._background: set[asyncio.Future[None]] = set()
         self.address = Endpoint("", 0)  # where it listens, once started
+        # A secondary's binding in continuous recovery (``follow.py``), and a primary's
+        # outboxes' trim points, once the coordinator gives them.
+        self.follower: Follower | None = None
+        self.outbox_trims: Callable[[], tuple[tuple[str, int], ...]] | None = None
+        self._trims_shared: tuple[tuple[str, int], ...] = ()
+        self._trims_at = 0.0
         self._published = -1  # the log position last registered
 
     # --- start and stop -------------------------------------------------------------------
@@ -399,12 +413,23 @@ class ReplicaNode:
         every = self.timing.heartbeat_every / 2
         while True:
             await asyncio.sleep(every)
+            now = time.monotonic()
             try:
-                self.core.tick(time.monotonic())
+                self.core.tick(now)
+                self._share_trims(now)
             except Exception as exc:
                 self._fail(exc)
                 return
             self._pump()
+
+    def _share_trims(self, now: float) -> None:
+        core, trims = self.core, self.outbox_trims
+        if not isinstance(core, Primary) or trims is None or now - self._trims_at < TRIM_EVERY:
+            return
+        points = trims()
+        if points and (points != self._trims_shared or now - self._trims_at >= TRIM_AGAIN):
+            core.share_trims(points, now)
+            self._trims_shared, self._trims_at = points, now
 
     def _fail(self, exc: BaseException) -> None:
         if self._failed.done():
@@ -478,8 +503,12 @@ class ReplicaNode:
                     self.core.records_durable(self.disk.log.sync())
                 else:
                     self._sync_soon()
-            case Replayable():
-                pass  # recovery replays the log when this replica takes over
+            case Replayable(end):
+                if self.follower is not None:
+                    self.follower.replayable(end)
+            case TrimOutboxes(points):
+                if self.follower is not None:
+                    self.follower.trim(points)
             case PrimaryLost():
                 self._later(self._try_lead(event))
             case StoreCheckpointChunk(_, _, offset, data, starts_over):
@@ -487,6 +516,8 @@ class ReplicaNode:
             case InstallCheckpoint(seq):
                 n = self.disk.install(seq)
                 log.info("installed a shipped checkpoint as checkpoint %d (seq %d)", n, seq)
+                if self.follower is not None:
+                    self.follower.start()  # the binding (re)loads from it
             case Established(epoch, term_start):
                 self.term_start = term_start
                 self.established.set()

@@ -35,6 +35,7 @@ __all__ = [
     "SteppedDown",
     "StoreCheckpointChunk",
     "Timing",
+    "TrimOutboxes",
     "TruncateLog",
     "WriteRecords",
 ]
@@ -199,6 +200,15 @@ class Replayable:
 
 
 @attrs.frozen
+class TrimOutboxes:
+    """Per destination instance, the seq below which it has what this instance sent it:
+    drop that output from the outboxes the binding's replay fills (and what it will
+    regenerate below it)."""
+
+    points: tuple[tuple[str, int], ...]
+
+
+@attrs.frozen
 class PrimaryLost:
     """Nothing came from the primary of ``epoch`` (replica ``primary``, if known) for
     ``failover_after``: try to take the role over from that term."""
@@ -240,6 +250,7 @@ Event = (
     | TruncateLog
     | WriteRecords
     | Replayable
+    | TrimOutboxes
     | PrimaryLost
     | StoreCheckpointChunk
     | InstallCheckpoint

@@ -20,6 +20,7 @@ Every message travels in one frame::
     7 RESEND      replica -> primary    epoch | from_seq
     8 REFUSE      anyone -> sender      epoch (the higher one the refuser holds)
     9 CHECKPOINT  primary -> replica    epoch | seq | total | offset | data (to the end)
+   10 TRIM        primary -> replica    epoch | count | (uvarint size | name | seq) * count
 
 An APPEND's records are in their on-disk form (:mod:`ambrosia_py.wire.records`: header
 with the length as ``-length-1``, messages, watermarks), numbered ``first_seq``,
@@ -29,6 +30,10 @@ Decoding is strict: a wrong version or kind, a field cut short or too long, an o
 range value, a history out of order, trailing bytes: each is a
 :class:`~.errors.ReplicationProtocolError` naming the message, the field and the offset
 (from the frame's first byte, or from the stream's in :class:`FrameReader`).
+
+A TRIM's names are instance names in UTF-8 (at most :data:`MAX_NAME_BYTES` bytes each,
+at most :data:`MAX_TRIMS` of them, no name twice); each ``seq`` says that instance has
+durably every message below it that this instance sent it.
 """
 
 from __future__ import annotations
@@ -48,7 +53,9 @@ from .history import MAX_POSITION, EpochStart, History
 __all__ = [
     "DEFAULT_MAX_FRAME",
     "MAX_HISTORY",
+    "MAX_NAME_BYTES",
     "MAX_RECORDS",
+    "MAX_TRIMS",
     "VERSION",
     "Ack",
     "Append",
@@ -58,6 +65,7 @@ __all__ = [
     "Kind",
     "Message",
     "NewTerm",
+    "OutboxTrim",
     "Position",
     "Refuse",
     "Resend",
@@ -74,6 +82,10 @@ MAX_HISTORY: Final = 1 << 16
 """Entries in one history: one per term that wrote to the log."""
 MAX_RECORDS: Final = 1 << 16
 """Records in one APPEND."""
+MAX_TRIMS: Final = 1 << 12
+"""Destinations in one TRIM."""
+MAX_NAME_BYTES: Final = 1 << 10
+"""The longest instance name a TRIM carries, in UTF-8 bytes."""
 DEFAULT_MAX_FRAME: Final = wrecords.DEFAULT_MAX_RECORD_SIZE + (64 << 20)
 """A frame may hold the largest record AMBROSIA allows and its watermarks."""
 _MAX_VARINT = 10
@@ -93,6 +105,7 @@ class Kind(enum.IntEnum):
     RESEND = 7
     REFUSE = 8
     CHECKPOINT = 9
+    TRIM = 10
 
 
 @attrs.frozen
@@ -203,7 +216,29 @@ class CheckpointChunk:
         return self.offset + len(self.data) == self.total
 
 
-Message = NewTerm | Position | Sync | Append | Heartbeat | Ack | Resend | Refuse | CheckpointChunk
+@attrs.frozen
+class OutboxTrim:
+    """Per destination instance, the seq below which it has confirmed durable what this
+    instance sent it: a secondary, whose binding regenerates that output as it replays,
+    forgets it as the primary did."""
+
+    KIND: ClassVar = Kind.TRIM
+    epoch: int
+    points: tuple[tuple[str, int], ...]
+
+
+Message = (
+    NewTerm
+    | Position
+    | Sync
+    | Append
+    | Heartbeat
+    | Ack
+    | Resend
+    | Refuse
+    | CheckpointChunk
+    | OutboxTrim
+)
 
 
 # --- encoding --------------------------------------------------------------------------
@@ -221,6 +256,20 @@ def _history(history: History) -> bytes:
     out = [encode_uvarint(len(history))]
     for entry in history.entries:
         out += (encode_uvarint(entry.epoch), encode_uvarint(entry.start))
+    return b"".join(out)
+
+
+def _trims(points: tuple[tuple[str, int], ...]) -> bytes:
+    if len(points) > MAX_TRIMS:
+        raise ReplicationRuleError(f"{len(points)} trim points, over {MAX_TRIMS}")
+    if len({name for name, _ in points}) != len(points):
+        raise ReplicationRuleError("a destination named twice in one trim")
+    out = [encode_uvarint(len(points))]
+    for name, seq in points:
+        raw = name.encode()
+        if not raw or len(raw) > MAX_NAME_BYTES:
+            raise ReplicationRuleError(f"destination name of {len(raw)} bytes in a trim")
+        out += (encode_uvarint(len(raw)), raw, _uint(seq, "seq"))
     return b"".join(out)
 
 
@@ -254,6 +303,8 @@ def encode_parts(msg: Message) -> list[Buffer]:
             head += _uint(msg.seq, "seq") + _uint(msg.total, "total")
             head += _uint(msg.offset, "offset")
             tail.append(msg.data)
+        case OutboxTrim():
+            head += _trims(msg.points)
     size = len(head) + sum(len(t) for t in tail)
     return [encode_uvarint(size) + head, *tail]
 
@@ -326,6 +377,26 @@ class _Fields:
             out.append(record)
             self.pos += size
         return tuple(out)
+
+    def trims(self) -> tuple[tuple[str, int], ...]:
+        n = self.count("trim count", MAX_TRIMS)
+        out: dict[str, int] = {}
+        for i in range(n):
+            start = self.pos
+            size = self.uint(f"trims[{i}].name size")
+            if not 0 < size <= MAX_NAME_BYTES:
+                self.fail(f"trims[{i}].name of {size} bytes, not 1..{MAX_NAME_BYTES}", start)
+            if size > len(self.body) - self.pos:
+                self.fail(f"trims[{i}].name runs past the frame", start)
+            try:
+                name = bytes(self.body[self.pos : self.pos + size]).decode()
+            except UnicodeDecodeError:
+                self.fail(f"trims[{i}].name is not UTF-8", self.pos)
+            if name in out:
+                self.fail(f"trims[{i}] names {name!r} a second time", start)
+            self.pos += size
+            out[name] = self.uint(f"trims[{i}].seq")
+        return tuple(out.items())
 
     def rest(self) -> memoryview:
         data = self.body[self.pos :]
@@ -438,6 +509,8 @@ def decode_body(body: memoryview, base: int = 0) -> Message:
             if not data and total:
                 f.fail("a chunk without data", at)
             msg = CheckpointChunk(epoch, seq, total, offset, data)
+        case Kind.TRIM:
+            msg = OutboxTrim(epoch, f.trims())
     f.end()
     return msg
 

@@ -53,6 +53,7 @@ from .messages import (
     Heartbeat,
     Message,
     NewTerm,
+    OutboxTrim,
     Position,
     Refuse,
     Resend,
@@ -340,6 +341,16 @@ class Primary(EventQueue):
                 self._send(r, NewTerm(self.epoch), now)
             else:
                 self._send(r, Heartbeat(self.epoch, self.log_end, self.commit_end), now)
+
+    def share_trims(self, points: tuple[tuple[str, int], ...], now: float) -> None:
+        """Tell every synced replica the outboxes' trim points (per destination, the seq
+        below which it confirmed what this instance sent it): their bindings' replay
+        regenerates that output, and they forget it as this replica did."""
+        if self.state is not TermState.ESTABLISHED:
+            return
+        for r, feed in self._feeds.items():
+            if feed.position is not None:
+                self._send(r, OutboxTrim(self.epoch, points), now)
 
     def match_of(self, replica: int) -> int:
         """What ``replica`` has acknowledged durable in this term."""

@@ -23,6 +23,9 @@ the first message of its epoch. It moves through :data:`~.states.SECONDARY`:
   a heartbeat is answered with one too, so a lost acknowledgement costs one heartbeat.
   The commit points that arrive say which of its records may be replayed to the binding
   (:class:`~.events.Replayable`: committed *and* in its log).
+- Trim points for the outboxes (TRIM), in any state, are passed on
+  (:class:`~.events.TrimOutboxes`): what the replayed binding sent other instances and
+  they confirmed to the primary is dropped here too.
 - A checkpoint comes in chunks (INSTALLING) when the primary's log no longer holds where
   this log ends; the last chunk installs it (:class:`~.events.InstallCheckpoint`) and the
   log starts over, empty, at the checkpoint's seq.
@@ -47,6 +50,7 @@ from .events import (
     Send,
     StoreCheckpointChunk,
     Timing,
+    TrimOutboxes,
     TruncateLog,
     WriteRecords,
 )
@@ -58,6 +62,7 @@ from .messages import (
     Heartbeat,
     Message,
     NewTerm,
+    OutboxTrim,
     Position,
     Refuse,
     Resend,
@@ -225,6 +230,9 @@ class Secondary(EventQueue):
                     self._ask(Position, self.log_end, now)
             case CheckpointChunk():
                 self._chunk(msg, now)
+            case OutboxTrim():
+                self.state = step("secondary", SECONDARY, before, SE.TRIM)
+                self._events.append(TrimOutboxes(msg.points))
 
     def records_durable(self, end: int) -> None:
         """The log is durable (fdatasync'ed) below ``end``."""

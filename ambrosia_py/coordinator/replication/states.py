@@ -72,6 +72,9 @@ class SecondaryEvent(enum.Enum):
     SYNC = "SYNC"
     APPEND = "APPEND"
     HEARTBEAT = "HEARTBEAT"
+    TRIM = "TRIM"
+    """Trim points for the outboxes: taken in every state (they are facts about the
+    destinations, whatever this log holds)."""
     CHUNK = "CHUNK"
     """A chunk of a checkpoint this log needs (it ends below the checkpoint's seq) that
     leaves the checkpoint incomplete."""
@@ -138,6 +141,7 @@ SECONDARY: Final = _table(
             SE.SYNC: SS.STREAMING,
             SE.APPEND: SS.JOINING,
             SE.HEARTBEAT: SS.JOINING,
+            SE.TRIM: SS.JOINING,
             SE.CHUNK: SS.JOINING,
             SE.CHUNK_LAST: SS.JOINING,
             SE.CHUNK_STALE: SS.JOINING,
@@ -148,6 +152,7 @@ SECONDARY: Final = _table(
             SE.SYNC: SS.STREAMING,
             SE.APPEND: SS.STREAMING,
             SE.HEARTBEAT: SS.STREAMING,
+            SE.TRIM: SS.STREAMING,
             SE.CHUNK: SS.INSTALLING,
             SE.CHUNK_LAST: SS.STREAMING,
             SE.CHUNK_STALE: SS.STREAMING,
@@ -158,6 +163,7 @@ SECONDARY: Final = _table(
             SE.SYNC: SS.STREAMING,
             SE.APPEND: SS.INSTALLING,
             SE.HEARTBEAT: SS.INSTALLING,
+            SE.TRIM: SS.INSTALLING,
             SE.CHUNK: SS.INSTALLING,
             SE.CHUNK_LAST: SS.STREAMING,
             SE.CHUNK_STALE: SS.INSTALLING,

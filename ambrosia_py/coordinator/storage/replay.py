@@ -20,7 +20,7 @@ from ..core.checkpoint import IcState
 from ..core.routing import count_replayable
 from .files import InstanceFiles
 
-__all__ = ["Replayed", "replay_log"]
+__all__ = ["Replayed", "replay_forms", "replay_log"]
 
 log = logging.getLogger("ambrosia_py.coordinator")
 
@@ -71,6 +71,30 @@ async def _send(binding: BindingLink, forms: list[bytes]) -> None:
     await binding.send(wire.coalesce_parts(forms))
 
 
+def replay_forms(raws: list[wire.RawRecord], inbox: dict[str, int]) -> tuple[list[bytes], int]:
+    """The wire forms of a run of on-disk records, to send to the binding, and how many
+    of the binding's own replayable outputs they hold; ``inbox`` (per link sender, the
+    seq after its last logged message) is moved past the records' watermarks.
+
+    Messages from other instances' links are replayable too, but not the binding's
+    outputs: the watermarks say how many of them the records hold.
+    """
+    if _crecords is None:
+        forms = [_wire_form(raw) for raw in raws]
+    else:
+        to_wire = _crecords.disk_to_wire
+        forms = [to_wire(raw.raw, raw.header.length) for raw in raws]
+    outputs = 0
+    for raw in raws:
+        tail = raw.tail
+        if tail is not None and tail.watermarks:  # none: nothing from links
+            marks = _link_marks(raw)
+            outputs -= sum(seq - inbox.get(name, 0) for name, seq in marks.items())
+            inbox.update(marks)
+    outputs += sum(map(_replayable, forms))
+    return forms, outputs
+
+
 @attrs.frozen
 class Replayed:
     next_seq: int
@@ -92,7 +116,6 @@ async def replay_log(
     next_seq = state.next_seq
     replayed = outputs = 0
     inbox = dict(state.inbox)
-    to_wire = None if _crecords is None else _crecords.disk_to_wire
     for n in logs:
         scan = files.scan_log(
             n, committer_id=state.committer_id, next_seq=next_seq, last=n == logs[-1], repair=repair
@@ -100,21 +123,9 @@ async def replay_log(
         for raws in scan.batches():
             # A run of records, up to the reader's batch, goes to the binding in one send
             # (damage raises CorruptLogError after the verified records before it went).
-            if to_wire is None:
-                forms = [_wire_form(raw) for raw in raws]
-            else:
-                forms = [to_wire(raw.raw, raw.header.length) for raw in raws]
+            forms, binding_outputs = replay_forms(raws, inbox)
             await _send(binding, forms)
-            # Messages from other instances' links are replayable too, but not the
-            # binding's outputs: the watermarks say how many of them the records hold.
-            for raw in raws:
-                tail = raw.tail
-                if tail is not None and tail.watermarks:  # none: nothing from links
-                    marks = _link_marks(raw)
-                    from_links = sum(seq - inbox.get(name, 0) for name, seq in marks.items())
-                    inbox.update(marks)
-                    outputs -= from_links
-            outputs += sum(map(_replayable, forms))
+            outputs += binding_outputs
             replayed += len(raws)
         if scan.next_seq is not None:
             next_seq = scan.next_seq

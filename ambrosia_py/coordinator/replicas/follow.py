@@ -1,0 +1,194 @@
+"""A secondary's binding in continuous recovery: loaded from the replica's checkpoint,
+then sent each record of the replicated log once it is committed, so that the service's
+state is held in memory a few milliseconds behind the primary's, and taking over
+replays nothing.
+
+What the binding sends back while it replays is read as on a primary, by the
+coordinator's reader, into the intake (:meth:`Intake.follow
+<..core.intake.Intake.follow>`): its calls to itself wait there until the log shows them
+logged by the primary (:meth:`Intake.replayed <..core.intake.Intake.replayed>`), and
+its output for other instances waits in the outboxes until the primary says the
+destination has it (:meth:`Follower.trim`, from the primary's TRIM messages). On taking
+over, what is left is exactly what a recovery from the same files would have left: the
+calls to log, and the output to resend from each destination's position.
+
+Only committed records are replayed (the replication core's
+:class:`~..replication.Replayable`): a secondary's log may hold a tail a new primary
+truncates, which the binding must never have seen. A checkpoint installed while
+following (the primary's log no longer held this log's end) reloads the binding from it,
+once the binding has answered a TakeCheckpoint sent behind the last record it was given:
+its answer marks where in its stream the output of the old replay ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from ... import wire
+from ...wire import CHECKPOINT_SEQ, Checkpoint, TakeCheckpoint
+from ...wire.records import coalesce_parts, encode_record_parts
+from ..core.binding_link import BindingLink
+from ..core.checkpoint import IcState
+from ..core.events import CheckpointArrived
+from ..core.intake import Intake
+from ..storage.errors import StorageError
+from ..storage.replay import replay_forms
+from .disk import ReplicaDisk, read_checkpoint
+
+__all__ = ["READ_BYTES", "Follower"]
+
+log = logging.getLogger("ambrosia_py.coordinator")
+
+READ_BYTES = 1 << 20  # the records one read of the log takes to the binding, at most
+
+
+class Follower:
+    """See the module. Nothing is sent the binding before :meth:`start`."""
+
+    def __init__(self, binding: BindingLink, intake: Intake, disk: ReplicaDisk) -> None:
+        self._binding = binding
+        self._intake = intake
+        self._disk = disk
+        self.state: IcState | None = None  # the checkpoint the binding was loaded from
+        self.next_seq = 0  # the next record to send the binding
+        self.inbox: dict[str, int] = {}  # per link sender, the seq after its last replayed
+        self._target = 0  # records below it may be replayed
+        self._trims: dict[str, int] = {}
+        self._reload = False
+        self._wake = asyncio.Event()
+        self._moved = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._fence: asyncio.Future[CheckpointArrived] | None = None
+
+    @property
+    def task(self) -> asyncio.Task[None] | None:
+        """The replay, once started: it ends only by failing (or being stopped)."""
+        return self._task
+
+    def start(self) -> None:
+        """Load the binding from the replica's committed checkpoint and follow the log."""
+        self._reload = True
+        if self._task is None:
+            self._task = asyncio.create_task(self._run())
+        self._wake.set()
+
+    def replayable(self, end: int) -> None:
+        """The records below ``end`` are committed and in the log."""
+        if end > self._target:
+            self._target = end
+            self._wake.set()
+
+    def installed(self) -> None:
+        """A checkpoint was installed (the log starts over at its seq): reload from it."""
+        self.start()
+
+    def trim(self, points: tuple[tuple[str, int], ...]) -> None:
+        """The primary's outbox trim points (per destination, the seq below which it has
+        what this instance sent it)."""
+        for dest, seq in points:
+            if seq > self._trims.get(dest, 0):
+                self._trims[dest] = seq
+        self._intake.trim_outboxes(points)
+
+    def checkpoint_arrived(self, event: CheckpointArrived) -> bool:
+        """The binding's answer to a TakeCheckpoint of the replay's; False: none was
+        asked for."""
+        fence = self._fence
+        if fence is None or fence.done():
+            return False
+        fence.set_result(event)
+        return True
+
+    async def finish(self, end: int) -> None:
+        """Replay every record below ``end`` (committed: this replica's term starts
+        there), then stop following."""
+        task = self._task
+        if task is None:
+            raise StorageError("the binding was never loaded from a checkpoint")
+        self.replayable(end)
+        while self.next_seq < end or self._reload:
+            self._moved.clear()
+            moved = asyncio.ensure_future(self._moved.wait())
+            try:
+                await asyncio.wait([moved, task], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                moved.cancel()
+            if task.done():
+                task.result()  # raises what stopped it
+                raise StorageError("the replay stopped before the term's start")
+        await self.stop()
+        if self.next_seq != end:
+            raise StorageError(f"the replay reached seq {self.next_seq}, not the term's {end}")
+
+    async def stop(self) -> None:
+        task = self._task
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    # --- the replay -----------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        while True:
+            if self._reload:
+                self._reload = False
+                await self._load()
+                self._moved.set()
+                continue
+            if self.next_seq >= self._target:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            await self._replay_some()
+            self._moved.set()
+
+    async def _load(self) -> None:
+        disk = self._disk
+        n = disk.state.checkpoint
+        if n is None:
+            raise StorageError("a replica with no checkpoint cannot load its binding")
+        state, _ = read_checkpoint(disk.files, n)
+        if self.state is not None:
+            # A reload: what the binding sends in answer to the records before it must
+            # not be taken for what it sends after. Its answer to a TakeCheckpoint comes
+            # after all of that, in order: the intake starts over once it is read.
+            fence = self._fence = asyncio.get_running_loop().create_future()
+            await self._binding.control(self.state.committer_id, TakeCheckpoint())
+            await fence
+        await self._binding.send(
+            encode_record_parts(state.committer_id, CHECKPOINT_SEQ, [Checkpoint(state.blob)])
+        )
+        self._intake.follow(state)
+        self._intake.trim_outboxes(tuple(self._trims.items()))
+        self.state = state
+        self.next_seq = state.next_seq
+        self.inbox = dict(state.inbox)
+        log.info("the binding follows the log from checkpoint %d (seq %d)", n, state.next_seq)
+
+    async def _replay_some(self) -> None:
+        """Send the binding the next committed records, one read of the log."""
+        state, rlog = self.state, self._disk.log
+        assert state is not None
+        if rlog is None:
+            raise StorageError("records to replay, but the replica has no log")
+        # On the event loop: they were just written (the page cache holds them) and the
+        # log's files change only on the loop (appends, truncations, installs).
+        records = rlog.read(self.next_seq, READ_BYTES)[: self._target - self.next_seq]
+        if not records:
+            raise StorageError(
+                f"the log no longer holds record {self.next_seq} (it holds "
+                f"{rlog.base}..{rlog.end - 1}), which the binding needs next"
+            )
+        reader = wire.RecordReader(
+            on_disk=True, committer_id=state.committer_id, next_seq=self.next_seq
+        )
+        reader.feed(b"".join(records))
+        raws = reader.next_raws(len(records))
+        if len(raws) != len(records) or reader.buffered:
+            raise StorageError(f"records from seq {self.next_seq} did not read back whole")
+        forms, outputs = replay_forms(raws, self.inbox)
+        await self._binding.send(coalesce_parts(forms))
+        self.next_seq += len(raws)
+        self._intake.replayed(self.next_seq, outputs)
+        self._intake.trim_outboxes(tuple(self._trims.items()))
