@@ -65,6 +65,8 @@ POINTS: Final[Mapping[str, str]] = MappingProxyType(
         "the last committed one",
         "ic.checkpoint.before_commit": "a checkpoint written but not committed in the "
         "registry is ignored: recovery replays from the one before",
+        "ic.replica.checkpoint.before_commit": "a secondary's own checkpoint written but "
+        "not committed in its state file is ignored: it restarts from the one before",
         "ic.forward.mid_send": "half a record sent to the binding is never applied",
         "ic.link.mid_send": "half a frame sent to a peer coordinator is dropped; the link "
         "resends from where the receiver asks",

@@ -194,7 +194,7 @@ def _replica_table(where: str, lines: list[_ReplicaLine]) -> Table:
     """The replicas' table: one section per instance."""
     # Imported here: the replica's module brings in the whole replication core, which
     # an `instances` of standalone instances has no use for.
-    from ..coordinator.replicas.node import POSITION_EVERY
+    from ..coordinator.replicas.leading import POSITION_EVERY
 
     table = Table(
         title=f"replicas in {where}",

@@ -300,7 +300,9 @@ class Coordinator:
             await node.until_committed()
             return
         assert self.binding is not None
-        follower = self._follower = node.follower = Follower(self.binding, self.intake, node.disk)
+        follower = Follower(self.binding, self.intake, node.disk, node.commit_checkpoint)
+        self._follower = node.follower = follower
+        node.trigger_bytes = self.committer.trigger_bytes
         self._reader_task = asyncio.create_task(self.read_binding())
         if node.disk.state.checkpoint is not None:
             follower.start()  # else once a checkpoint is installed
@@ -316,7 +318,11 @@ class Coordinator:
         assert state is not None and node.disk.log is not None
         self.intake.inbox = Inbox(follower.inbox, state.senders)
         self.committer.replication = node
-        await self._become_primary(node.disk.log.log_number, started)
+        # Each replica numbers its own files; the registry's checkpoint number is the
+        # instance's and never goes back: the new log comes after both.
+        info = await asyncio.to_thread(self.registry.get, self.config.instance)
+        recorded = 0 if info is None or info.last_checkpoint is None else info.last_checkpoint
+        await self._become_primary(max(node.disk.log.log_number, recorded), started)
 
     async def _until_primary(self, node: ReplicaNode, follower: Follower) -> Term:
         """:meth:`ReplicaNode.until_primary`, unless the binding goes first (then this

@@ -18,14 +18,27 @@ truncates, which the binding must never have seen. A checkpoint installed while
 following (the primary's log no longer held this log's end) reloads the binding from it,
 once the binding has answered a TakeCheckpoint sent behind the last record it was given:
 its answer marks where in its stream the output of the old replay ends.
+
+A secondary takes its own checkpoints, so that its log does not grow without end and a
+restart replays little. When its log file passes the size trigger, the node rolls to a
+new file ``n`` at the log's end ``s`` (:meth:`Follower.checkpoint_at`); the replay sends
+the binding TakeCheckpoint right after record ``s - 1`` and goes on; the answer is the
+state before ``s`` and is written as checkpoint ``n``. It is committed (recovery starts
+there, older files go) only once the replayed log holds every output the binding had
+sent by then: a checkpoint's binding does not regenerate them, so until the log holds
+them they would be lost to a recovery from it. A log truncated below ``s`` first drops
+the plan.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
-from ... import wire
+import attrs
+
+from ... import crashpoints, wire
 from ...wire import CHECKPOINT_SEQ, Checkpoint, TakeCheckpoint
 from ...wire.records import coalesce_parts, encode_record_parts
 from ..core.binding_link import BindingLink
@@ -43,19 +56,41 @@ log = logging.getLogger("ambrosia_py.coordinator")
 READ_BYTES = 1 << 20  # the records one read of the log takes to the binding, at most
 
 
-class Follower:
-    """See the module. Nothing is sent the binding before :meth:`start`."""
+@attrs.define
+class _Planned:
+    """A checkpoint of the secondary's own: number ``n``, the state before ``seq``."""
 
-    def __init__(self, binding: BindingLink, intake: Intake, disk: ReplicaDisk) -> None:
+    n: int
+    seq: int
+    logged_outputs: int = 0  # the intake's, and the inbox, as the replay reached seq
+    inbox: dict[str, int] = attrs.field(factory=dict)
+    asked: bool = False  # TakeCheckpoint went to the binding
+    answer: CheckpointArrived | None = None
+    written: IcState | None = None
+
+
+class Follower:
+    """See the module. Nothing is sent the binding before :meth:`start`.
+    ``commit(n, seq)`` commits checkpoint ``n``, written, the state before ``seq``."""
+
+    def __init__(
+        self,
+        binding: BindingLink,
+        intake: Intake,
+        disk: ReplicaDisk,
+        commit: Callable[[int, int], None],
+    ) -> None:
         self._binding = binding
         self._intake = intake
         self._disk = disk
+        self._commit = commit
         self.state: IcState | None = None  # the checkpoint the binding was loaded from
         self.next_seq = 0  # the next record to send the binding
         self.inbox: dict[str, int] = {}  # per link sender, the seq after its last replayed
         self._target = 0  # records below it may be replayed
         self._trims: dict[str, int] = {}
         self._reload = False
+        self._plan: _Planned | None = None
         self._wake = asyncio.Event()
         self._moved = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -66,9 +101,16 @@ class Follower:
         """The replay, once started: it ends only by failing (or being stopped)."""
         return self._task
 
+    @property
+    def planning(self) -> bool:
+        """Whether a checkpoint of its own is under way."""
+        return self._plan is not None
+
     def start(self) -> None:
-        """Load the binding from the replica's committed checkpoint and follow the log."""
+        """Load the binding from the replica's committed checkpoint (again, after an
+        install) and follow the log."""
         self._reload = True
+        self._plan = None  # of the log it reloads from no longer
         if self._task is None:
             self._task = asyncio.create_task(self._run())
         self._wake.set()
@@ -79,10 +121,6 @@ class Follower:
             self._target = end
             self._wake.set()
 
-    def installed(self) -> None:
-        """A checkpoint was installed (the log starts over at its seq): reload from it."""
-        self.start()
-
     def trim(self, points: tuple[tuple[str, int], ...]) -> None:
         """The primary's outbox trim points (per destination, the seq below which it has
         what this instance sent it)."""
@@ -91,23 +129,35 @@ class Follower:
                 self._trims[dest] = seq
         self._intake.trim_outboxes(points)
 
+    def checkpoint_at(self, n: int, seq: int) -> None:
+        """The log rolled to file ``n`` at ``seq``: take checkpoint ``n`` there."""
+        if self._plan is None and self.state is not None and seq >= self.next_seq:
+            self._plan = _Planned(n, seq)
+            self._wake.set()
+
     def checkpoint_arrived(self, event: CheckpointArrived) -> bool:
         """The binding's answer to a TakeCheckpoint of the replay's; False: none was
         asked for."""
         fence = self._fence
-        if fence is None or fence.done():
+        if fence is not None and not fence.done():
+            fence.set_result(event)
+            return True
+        plan = self._plan
+        if plan is None or not plan.asked or plan.answer is not None:
             return False
-        fence.set_result(event)
+        plan.answer = event
+        self._wake.set()
         return True
 
     async def finish(self, end: int) -> None:
         """Replay every record below ``end`` (committed: this replica's term starts
-        there), then stop following."""
+        there), then stop following. A checkpoint of its own under way is given up, once
+        the binding's answer to it is in (it must not be taken for the next one)."""
         task = self._task
         if task is None:
             raise StorageError("the binding was never loaded from a checkpoint")
         self.replayable(end)
-        while self.next_seq < end or self._reload:
+        while self.next_seq < end or self._reload or self._unanswered():
             self._moved.clear()
             moved = asyncio.ensure_future(self._moved.wait())
             try:
@@ -118,8 +168,13 @@ class Follower:
                 task.result()  # raises what stopped it
                 raise StorageError("the replay stopped before the term's start")
         await self.stop()
+        self._plan = None
         if self.next_seq != end:
             raise StorageError(f"the replay reached seq {self.next_seq}, not the term's {end}")
+
+    def _unanswered(self) -> bool:
+        plan = self._plan
+        return plan is not None and plan.asked and plan.answer is None
 
     async def stop(self) -> None:
         task = self._task
@@ -131,16 +186,24 @@ class Follower:
 
     async def _run(self) -> None:
         while True:
+            plan = self._plan
             if self._reload:
                 self._reload = False
                 await self._load()
-                self._moved.set()
-                continue
-            if self.next_seq >= self._target:
-                self._wake.clear()
-                await self._wake.wait()
-                continue
-            await self._replay_some()
+            elif plan is not None and plan.answer is not None and plan.written is None:
+                await self._write(plan)
+            elif plan is not None and not plan.asked and self.next_seq == plan.seq:
+                await self._ask(plan)
+            else:
+                end = self._target
+                if plan is not None and not plan.asked:
+                    end = min(end, plan.seq)  # TakeCheckpoint goes right after seq - 1
+                if self.next_seq >= end:
+                    self._wake.clear()
+                    await self._wake.wait()
+                    continue
+                await self._replay_some(end)
+            self._try_commit()
             self._moved.set()
 
     async def _load(self) -> None:
@@ -166,15 +229,15 @@ class Follower:
         self.inbox = dict(state.inbox)
         log.info("the binding follows the log from checkpoint %d (seq %d)", n, state.next_seq)
 
-    async def _replay_some(self) -> None:
-        """Send the binding the next committed records, one read of the log."""
+    async def _replay_some(self, end: int) -> None:
+        """Send the binding the next committed records below ``end``, one read of the log."""
         state, rlog = self.state, self._disk.log
         assert state is not None
         if rlog is None:
             raise StorageError("records to replay, but the replica has no log")
         # On the event loop: they were just written (the page cache holds them) and the
         # log's files change only on the loop (appends, truncations, installs).
-        records = rlog.read(self.next_seq, READ_BYTES)[: self._target - self.next_seq]
+        records = rlog.read(self.next_seq, READ_BYTES)[: end - self.next_seq]
         if not records:
             raise StorageError(
                 f"the log no longer holds record {self.next_seq} (it holds "
@@ -192,3 +255,55 @@ class Follower:
         self.next_seq += len(raws)
         self._intake.replayed(self.next_seq, outputs)
         self._intake.trim_outboxes(tuple(self._trims.items()))
+
+    # --- checkpoints of its own -------------------------------------------------------------
+
+    async def _ask(self, plan: _Planned) -> None:
+        """The binding has every record before the plan's seq: ask for its state there."""
+        rlog = self._disk.log
+        state = self.state
+        assert state is not None
+        if rlog is None or rlog.log_start(plan.n) != plan.seq:
+            log.info("checkpoint %d given up: the log was cut below seq %d", plan.n, plan.seq)
+            self._plan = None
+            return
+        plan.logged_outputs = self._intake.logged_outputs
+        plan.inbox = dict(self.inbox)
+        plan.asked = True
+        await self._binding.control(state.committer_id, TakeCheckpoint())
+
+    async def _write(self, plan: _Planned) -> None:
+        state, answer = self.state, plan.answer
+        assert state is not None and answer is not None
+        written = IcState(
+            state.committer_id,
+            plan.seq,
+            plan.logged_outputs,
+            answer.binding_outputs,
+            answer.blob,
+            plan.inbox,
+            answer.outboxes,
+            dict(state.senders),
+            answer.attached,
+        )
+        files = self._disk.files
+        await asyncio.to_thread(files.write_checkpoint, plan.n, written.encode_parts())
+        plan.written = written
+
+    def _try_commit(self) -> None:
+        """Commit the plan's checkpoint once the replayed log holds every output its
+        binding had sent (see the module)."""
+        plan = self._plan
+        if plan is None or plan.written is None:
+            return
+        if self._intake.logged_outputs < plan.written.binding_outputs:
+            return
+        crashpoints.reach("ic.replica.checkpoint.before_commit")
+        self._plan = None
+        self._commit(plan.n, plan.seq)
+        log.info(
+            "checkpoint %d taken as a secondary (%d bytes, next seq %d)",
+            plan.n,
+            len(plan.written.blob),
+            plan.seq,
+        )

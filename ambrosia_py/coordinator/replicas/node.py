@@ -6,7 +6,10 @@ a term, then a :class:`~..replication.Primary`. It does what their events ask, i
 (``replication/events.py``): each durable step (the epoch and history in
 ``replica-state``, a truncation, an installed checkpoint) is done before the next event;
 shipped records are written at once and their durability reported when a sync ends; a
-primary's commit point releases what :class:`.gate.CommitGate` holds.
+primary's commit point releases what :class:`.gate.CommitGate` holds. A secondary's
+committed records go to its binding through :class:`.follow.Follower`, and past the size
+trigger the node rolls its log for a checkpoint of the secondary's own; dealings with
+the registry are :class:`.leading.Leading`'s.
 
 Who may lead. A replica with no checkpoint has no state its binding could start from:
 it never campaigns, and waits to be sent one. Replica 0 founds an instance nobody has
@@ -28,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from ...wire import Payload
 from ..core.config import CoordinatorError
 from ..links.config import LinkSettings
-from ..registry.interface import Endpoint, RegistryError
+from ..registry.interface import Endpoint
 from ..registry.primary import PrimaryElection, Term
 from ..replication import (
     CommitAdvanced,
@@ -60,16 +63,16 @@ from ..storage.files import InstanceFiles
 from ..storage.replica_state import ReplicaState
 from .disk import ReplicaDisk
 from .gate import CommitGate
+from .leading import Leading
 from .transport import ReplicaTransport
 
 if TYPE_CHECKING:
     from .follow import Follower
 
-__all__ = ["POSITION_EVERY", "ReplicaNode", "SteppedDownError"]
+__all__ = ["ReplicaNode", "SteppedDownError"]
 
 log = logging.getLogger("ambrosia_py.coordinator")
 
-POSITION_EVERY = 1.0  # seconds between updates of the log position the registry shows
 # After a term given up (no quorum in time, outranked), the next try waits this long,
 # doubling each time up to RETRY_MAX; a term established starts over.
 RETRY_FIRST = 0.3
@@ -89,7 +92,7 @@ class SteppedDownError(CoordinatorError):
     acted on records that were never committed)."""
 
 
-class ReplicaNode:
+class ReplicaNode(Leading):
     """See the module. ``state`` is what ``replica-state`` held at start (or a fresh one)."""
 
     def __init__(
@@ -144,6 +147,9 @@ class ReplicaNode:
         self.outbox_trims: Callable[[], tuple[tuple[str, int], ...]] | None = None
         self._trims_shared: tuple[tuple[str, int], ...] = ()
         self._trims_at = 0.0
+        # A secondary rolls its log for a checkpoint of its own past this many bytes.
+        self.trigger_bytes: int | None = None
+        self._deferred: deque[Callable[[], None]] = deque()  # disk steps after a sync
         self._published = -1  # the log position last registered
 
     # --- start and stop -------------------------------------------------------------------
@@ -175,124 +181,12 @@ class ReplicaNode:
             asyncio.create_task(self._positions()),
         ]
 
-    async def _publish(self) -> None:
-        """Register (again) where this replica listens and how far its log reaches."""
-        end = self._end()
-        await asyncio.to_thread(
-            self.election.register_replica, self.instance, self.replica, self.address, end
-        )
-        self._published = end
-
-    async def _positions(self) -> None:
-        """Keep the log position the registry shows (``instances``: how far behind each
-        replica is) within a second of the log's."""
-        while True:
-            await asyncio.sleep(POSITION_EVERY)
-            if self._end() != self._published:
-                try:
-                    await self._publish()
-                except RegistryError as exc:  # shown late, not wrong: said, and tried again
-                    log.info("replica %d could not publish its position: %s", self.replica, exc)
-
     async def close(self) -> None:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.transport.close()
         self.disk.close()
-
-    def _end(self) -> int:
-        return self.core.log_end
-
-    # --- the registry ---------------------------------------------------------------------
-
-    async def _watch(self) -> None:
-        watch = self.election.watch_primary(self.instance)
-        try:
-            async for term in watch:
-                self._seen = term
-                if term is None:
-                    await self._try_lead(None)
-                elif isinstance(self.core, Secondary) and term.replica != self.replica:
-                    self.core.follow(term.epoch, term.replica, time.monotonic())
-                    self._pump()
-        finally:
-            await watch.aclose()
-
-    async def _try_lead(self, lost: PrimaryLost | None) -> None:
-        """Take the role: from the silent term seen, or when nobody holds it."""
-        if (
-            self._campaigning
-            or self.term is not None
-            or self.disk.state.checkpoint is None
-            or self._won.done()
-            or time.monotonic() < self._retry_at
-        ):
-            return
-        self._campaigning = True
-        try:
-            end = self._end()
-            current = await asyncio.to_thread(self.election.current, self.instance)
-            if current is None:
-                term = await asyncio.to_thread(
-                    self.election.campaign, self.instance, self.replica, end
-                )
-            elif lost is not None and current.epoch <= lost.epoch:
-                # Only from the term found silent: a newer one is alive as far as this
-                # replica knows (it may have begun while this lookup was on its way).
-                term = await asyncio.to_thread(
-                    self.election.take_over, self.instance, self.replica, current, end
-                )
-            else:
-                term = None
-        except RegistryError as exc:
-            log.warning("replica %d could not take the primary role: %s", self.replica, exc)
-            term = None
-        finally:
-            self._campaigning = False
-        if term is not None and not self._won.done():
-            if lost is None:
-                why = "nobody held it"
-            elif lost.primary is None:
-                why = f"nothing came from the primary of epoch {lost.epoch}"
-            else:
-                why = f"replica {lost.primary} fell silent"
-            log.info("replica %d is primary from epoch %d (%s)", self.replica, term.epoch, why)
-            self._won.set_result(term)
-
-    async def found(self) -> Term:
-        """Take the first term of an instance never started (replica 0 only), once enough
-        replicas are live to establish it (a term must hear from ``term_quorum``)."""
-        said = False
-        while True:
-            live = await asyncio.to_thread(self.election.replicas, self.instance)
-            if len(live) >= self.group.term_quorum:
-                break
-            if not said:
-                log.info(
-                    "replica %d waits for %d of the %d replicas to start before founding %r",
-                    self.replica,
-                    self.group.term_quorum,
-                    self.group.n,
-                    self.instance,
-                )
-                said = True
-            await asyncio.sleep(0.1)
-        term = await asyncio.to_thread(self.election.campaign, self.instance, self.replica, 0)
-        if term is None:
-            raise RegistryError(f"another replica of {self.instance!r} holds the primary role")
-        log.info(
-            "replica %d founds %r, primary from epoch %d", self.replica, self.instance, term.epoch
-        )
-        return term
-
-    async def until_primary(self) -> Term:
-        """Follow as a secondary until this replica takes a term; raise what failed."""
-        waiting: list[asyncio.Future[Any]] = [self._won, self._failed]
-        await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-        if self._failed.done():
-            self._failed.result()
-        return self._won.result()
 
     # --- becoming primary -----------------------------------------------------------------
 
@@ -388,16 +282,6 @@ class ReplicaNode:
 
     # --- messages and time ----------------------------------------------------------------
 
-    async def _address_of(self, replica: int) -> Endpoint | None:
-        try:
-            found = await asyncio.to_thread(self.election.replicas, self.instance)
-        except RegistryError:
-            return None
-        for r in found:
-            if r.replica == replica:
-                return r.address
-        return None
-
     def _received(self, sender: int, msg: Message) -> None:
         if sender not in self.group.replicas:
             log.warning("a message from replica %d, not of the group: dropped", sender)
@@ -478,8 +362,59 @@ class ReplicaNode:
         try:
             while self._backlog and not self._syncing:
                 self._do(self._backlog.popleft())
+            while self._deferred and not self._syncing:
+                self._deferred.popleft()()
         except Exception as exc:
             self._fail(exc)
+
+    def _when_not_syncing(self, step: Callable[[], None]) -> None:
+        """Run ``step`` (it closes or removes log files) now, or once the sync in
+        flight ends."""
+        if self._syncing or self._deferred:
+            self._deferred.append(step)
+        else:
+            step()
+
+    # --- a secondary's checkpoints of its own (follow.py) ---------------------------------
+
+    def _roll_if_due(self) -> None:
+        """Past the size trigger, roll the log to a new file at its end, where the
+        follower takes a checkpoint."""
+        follower, rlog, trigger = self.follower, self.disk.log, self.trigger_bytes
+        if (
+            follower is None
+            or follower.planning
+            or follower.state is None
+            or rlog is None
+            or trigger is None
+            or rlog.log_size < trigger
+            or self._deferred
+        ):
+            return
+
+        def roll() -> None:
+            rlog = self.disk.log
+            if rlog is None or self.follower is not follower or follower.planning:
+                return
+            n, seq = rlog.log_number + 1, rlog.end
+            rlog.roll(n)
+            follower.checkpoint_at(n, seq)
+            log.info("replica %d rolled to log %d at seq %d for a checkpoint", self.replica, n, seq)
+
+        self._when_not_syncing(roll)
+
+    def commit_checkpoint(self, n: int, seq: int) -> None:
+        """Checkpoint ``n``, written by the follower, the state before ``seq``, is safe to
+        recover from: commit it in the state file, then drop the files before it."""
+
+        def commit() -> None:
+            rlog = self.disk.log
+            assert rlog is not None
+            self.disk.save(checkpoint=n)
+            rlog.drop_before(n)
+            self.core.log_pruned(seq)
+
+        self._when_not_syncing(commit)
 
     def _do(self, event: Event) -> None:
         match event:
@@ -503,6 +438,7 @@ class ReplicaNode:
                     self.core.records_durable(self.disk.log.sync())
                 else:
                     self._sync_soon()
+                self._roll_if_due()
             case Replayable(end):
                 if self.follower is not None:
                     self.follower.replayable(end)

@@ -180,6 +180,18 @@ class ReplicaLog:
     def log_number(self) -> int:
         return self._segments[-1].number
 
+    @property
+    def log_size(self) -> int:
+        """The bytes of records in the file appends go to (a roll's trigger)."""
+        return self._segments[-1].size
+
+    def log_start(self, n: int) -> int | None:
+        """The seq log file ``n`` starts at; None if the log holds no file ``n``."""
+        for segment in self._segments:
+            if segment.number == n:
+                return segment.first
+        return None
+
     def __repr__(self) -> str:
         return (
             f"ReplicaLog({str(self._files.path)!r}, base={self._base}, end={self.end}, "

@@ -1,0 +1,170 @@
+"""A replica's dealings with the registry: where it listens and how far its log
+reaches (published for ``instances`` and for the other replicas to dial), the terms the
+registry names (followed), and taking the primary role: founding an instance nobody has
+started, taking over from a term found silent, or taking the role when nobody holds it.
+
+:class:`Leading` is a part of :class:`~.node.ReplicaNode`, apart by concern: the node
+drives the replication cores; this talks to the registry (its calls, blocking, run in
+worker threads) and hands the node a term once one is won.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from ..registry.interface import Endpoint, RegistryError
+from ..registry.primary import PrimaryElection, Term
+from ..replication import Group, Primary, PrimaryLost, Secondary
+from .disk import ReplicaDisk
+
+__all__ = ["POSITION_EVERY", "Leading"]
+
+log = logging.getLogger("ambrosia_py.coordinator")
+
+POSITION_EVERY = 1.0  # seconds between updates of the log position the registry shows
+
+
+class Leading:
+    """The registry side of a replica (see the module); its state is the node's."""
+
+    instance: str
+    replica: int
+    group: Group
+    election: PrimaryElection
+    disk: ReplicaDisk
+    core: Primary | Secondary
+    term: Term | None
+    address: Endpoint
+    _published: int
+    _seen: Term | None
+    _won: asyncio.Future[Term]
+    _failed: asyncio.Future[None]
+    _campaigning: bool
+    _retry_at: float
+
+    def _end(self) -> int:
+        return self.core.log_end
+
+    def _pump(self) -> None:
+        """Carry out what the core asks (the node's)."""
+        raise NotImplementedError
+
+    async def _publish(self) -> None:
+        """Register (again) where this replica listens and how far its log reaches."""
+        end = self._end()
+        await asyncio.to_thread(
+            self.election.register_replica, self.instance, self.replica, self.address, end
+        )
+        self._published = end
+
+    async def _positions(self) -> None:
+        """Keep the log position the registry shows (``instances``: how far behind each
+        replica is) within a second of the log's."""
+        while True:
+            await asyncio.sleep(POSITION_EVERY)
+            if self._end() != self._published:
+                try:
+                    await self._publish()
+                except RegistryError as exc:  # shown late, not wrong: said, and tried again
+                    log.info("replica %d could not publish its position: %s", self.replica, exc)
+
+    async def _watch(self) -> None:
+        watch = self.election.watch_primary(self.instance)
+        try:
+            async for term in watch:
+                self._seen = term
+                if term is None:
+                    await self._try_lead(None)
+                elif isinstance(self.core, Secondary) and term.replica != self.replica:
+                    self.core.follow(term.epoch, term.replica, time.monotonic())
+                    self._pump()
+        finally:
+            await watch.aclose()
+
+    async def _try_lead(self, lost: PrimaryLost | None) -> None:
+        """Take the role: from the silent term seen, or when nobody holds it."""
+        if (
+            self._campaigning
+            or self.term is not None
+            or self.disk.state.checkpoint is None
+            or self._won.done()
+            or time.monotonic() < self._retry_at
+        ):
+            return
+        self._campaigning = True
+        try:
+            end = self._end()
+            current = await asyncio.to_thread(self.election.current, self.instance)
+            if current is None:
+                term = await asyncio.to_thread(
+                    self.election.campaign, self.instance, self.replica, end
+                )
+            elif lost is not None and current.epoch <= lost.epoch:
+                # Only from the term found silent: a newer one is alive as far as this
+                # replica knows (it may have begun while this lookup was on its way).
+                term = await asyncio.to_thread(
+                    self.election.take_over, self.instance, self.replica, current, end
+                )
+            else:
+                term = None
+        except RegistryError as exc:
+            log.warning("replica %d could not take the primary role: %s", self.replica, exc)
+            term = None
+        finally:
+            self._campaigning = False
+        if term is not None and not self._won.done():
+            if lost is None:
+                why = "nobody held it"
+            elif lost.primary is None:
+                why = f"nothing came from the primary of epoch {lost.epoch}"
+            else:
+                why = f"replica {lost.primary} fell silent"
+            log.info("replica %d is primary from epoch %d (%s)", self.replica, term.epoch, why)
+            self._won.set_result(term)
+
+    async def found(self) -> Term:
+        """Take the first term of an instance never started (replica 0 only), once enough
+        replicas are live to establish it (a term must hear from ``term_quorum``)."""
+        said = False
+        while True:
+            live = await asyncio.to_thread(self.election.replicas, self.instance)
+            if len(live) >= self.group.term_quorum:
+                break
+            if not said:
+                log.info(
+                    "replica %d waits for %d of the %d replicas to start before founding %r",
+                    self.replica,
+                    self.group.term_quorum,
+                    self.group.n,
+                    self.instance,
+                )
+                said = True
+            await asyncio.sleep(0.1)
+        term = await asyncio.to_thread(self.election.campaign, self.instance, self.replica, 0)
+        if term is None:
+            raise RegistryError(f"another replica of {self.instance!r} holds the primary role")
+        log.info(
+            "replica %d founds %r, primary from epoch %d", self.replica, self.instance, term.epoch
+        )
+        return term
+
+    async def until_primary(self) -> Term:
+        """Follow as a secondary until this replica takes a term; raise what failed."""
+        waiting: list[asyncio.Future[Any]] = [self._won, self._failed]
+        await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+        if self._failed.done():
+            self._failed.result()
+        return self._won.result()
+
+    async def _address_of(self, replica: int) -> Endpoint | None:
+        try:
+            found = await asyncio.to_thread(self.election.replicas, self.instance)
+        except RegistryError:
+            return None
+        for r in found:
+            if r.replica == replica:
+                return r.address
+        return None

@@ -1,0 +1,130 @@
+"""Secondaries take checkpoints of their own, and one killed in the middle of one loses
+nothing: three replicas of the counter share a SQLite registry, their logs roll every
+few kilobytes (``AMBROSIA_LOG_TRIGGER_MB``), and callers add to the counter through the
+ingress all along.
+
+Replica 2 is armed to SIGKILL its coordinator at ``ic.replica.checkpoint.before_commit``
+(``ambrosia_py/crashpoints.py``) the second time it gets there: its checkpoint file is
+written, its ``replica-state`` not yet told. Started again, it must follow from the
+checkpoint before that one, take checkpoints again, and keep its log short (the files
+before its checkpoint dropped). Then the primary's machine is lost, a secondary takes
+over, and every call is counted exactly once.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ambrosia_py.coordinator.storage.files import InstanceFiles
+from ambrosia_py.coordinator.storage.replica_state import load_replica_state
+from ambrosia_py.testing import wait_for
+from ambrosia_py.testing.processes import process_gone
+from tests.test_replicas_failover import (
+    COUNTER,
+    DEADLINE,
+    Callers,
+    Machine,
+    Registry,
+    counted_once,
+    current_term,
+    installed,
+    newer_term,
+)
+
+pytestmark = pytest.mark.timeout(300)
+
+POINT = "ic.replica.checkpoint.before_commit"
+TRIGGER = {"AMBROSIA_LOG_TRIGGER_MB": "0.004"}  # a roll every ~4 KB of log
+FOLLOWS = re.compile(r"the binding follows the log from checkpoint (\d+)")
+TAKEN = re.compile(r"checkpoint (\d+) taken as a secondary")
+ROLLED = re.compile(r"rolled to log (\d+) at seq \d+ for a checkpoint")
+
+
+def own_checkpoint(machine: Machine) -> int | None:
+    """The checkpoint a replica recovers from (its ``replica-state``)."""
+    state = load_replica_state(InstanceFiles(machine.data_dir, "counter", 0))
+    return None if state is None else state.checkpoint
+
+
+def log_numbers(machine: Machine) -> list[int]:
+    return InstanceFiles(machine.data_dir, "counter", 0).log_numbers()
+
+
+@pytest.fixture
+def machines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Machine]]:
+    monkeypatch.syspath_prepend(str(COUNTER.parent))
+    registry = Registry(str(tmp_path / "registry.sqlite3"), "ambrosia", tmp_path)
+    secret = tmp_path / "secret"
+    secret.write_bytes(os.urandom(32))
+    secret.chmod(0o600)
+    group = [Machine(tmp_path, r, registry, secret) for r in range(3)]
+    try:
+        yield group
+    finally:
+        for m in group:
+            m.stop()
+
+
+def test_a_secondary_killed_mid_checkpoint_follows_again_and_nothing_is_lost(
+    machines: list[Machine], tmp_path: Path
+) -> None:
+    marker = tmp_path / "crash-marker"
+    env = {**os.environ, **TRIGGER}
+    armed = {**env, "AMBROSIA_CRASH_AT": f"{POINT}:2", "AMBROSIA_CRASH_MARKER": str(marker)}
+    first, second, victim = machines
+    first.start(env)
+    second.start(env)
+    victim.start(armed)
+    registry = first.registry
+    wait_for("a primary", lambda: current_term(registry) is not None, DEADLINE)
+    for m in (second, victim):
+        wait_for(f"replica {m.replica} to hold a checkpoint", lambda m=m: installed(m), DEADLINE)
+    callers = Callers(registry, first.secret, 4)
+    callers.start()
+    try:
+        # Replica 2 takes one checkpoint of its own, then dies writing the next.
+        wait_for("the crash point", lambda: marker.exists() and POINT in marker.read_text(), 120)
+        killed = re.search(
+            rf"{re.escape(POINT)} reached \(time 2\) in pid (\d+)", marker.read_text()
+        )
+        assert killed is not None
+        wait_for("the armed coordinator to be gone", lambda: process_gone(int(killed[1])), 30)
+        crashed = victim.process_output()
+        assert len(TAKEN.findall(crashed)) == 1
+        uncommitted = int(ROLLED.findall(crashed)[-1])
+        committed = own_checkpoint(victim)
+        assert committed is not None and committed < uncommitted
+        victim.stop()
+
+        # Started again, unarmed: it follows from the checkpoint it had committed.
+        victim.start(env)
+        wait_for(
+            "replica 2 to follow again", lambda: FOLLOWS.search(victim.process_output()), DEADLINE
+        )
+        found = FOLLOWS.search(victim.process_output())
+        assert found is not None and int(found.group(1)) == committed
+        wait_for(
+            "replica 2 to take a checkpoint again",
+            lambda: TAKEN.search(victim.process_output()),
+            DEADLINE,
+        )
+        callers.wait_answers(100)
+        # Its log starts at its checkpoint: the files before it were dropped.
+        now = own_checkpoint(victim)
+        assert now is not None and now > committed
+        assert min(log_numbers(victim)) >= now
+
+        # The primary's machine is lost; a secondary takes over from its own files.
+        term = current_term(registry)
+        assert term is not None
+        machines[term.replica].lose()
+        wait_for("a new primary", lambda: newer_term(registry, term), DEADLINE)
+        callers.wait_answers(100)
+    finally:
+        callers.stop()
+    counted_once(callers)
