@@ -52,6 +52,10 @@ class Leading:
         """Carry out what the core asks (the node's)."""
         raise NotImplementedError
 
+    def _deposed(self, epoch: int, reason: str) -> None:
+        """A higher epoch holds the role (the node's)."""
+        raise NotImplementedError
+
     async def _publish(self) -> None:
         """Register (again) where this replica listens and how far its log reaches."""
         end = self._end()
@@ -81,6 +85,14 @@ class Leading:
                 elif isinstance(self.core, Secondary) and term.replica != self.replica:
                     self.core.follow(term.epoch, term.replica, time.monotonic())
                     self._pump()
+                elif isinstance(self.core, Primary) and term.epoch > self.core.epoch:
+                    # Taken over while cut off from the replicas (it could commit nothing
+                    # since): it learns it here if the registry still reaches it.
+                    self._deposed(
+                        term.epoch,
+                        f"the registry names replica {term.replica} primary of epoch "
+                        f"{term.epoch}",
+                    )
         finally:
             await watch.aclose()
 

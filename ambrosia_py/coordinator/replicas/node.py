@@ -470,12 +470,20 @@ class ReplicaNode(Leading):
                 seq, data = self.disk.latest_checkpoint()
                 self.core.checkpoint_read(replica, seq, data, time.monotonic())
             case SteppedDown(epoch, reason, _):
-                if self.serving:
-                    raise SteppedDownError(
-                        f"replica {self.replica} is primary no more (epoch {epoch}): "
-                        f"{reason}; it stops, and rejoins as a secondary when started again"
-                    )
-                self._follow_again(epoch, reason)
+                self._deposed(epoch, reason)
+
+    def _deposed(self, epoch: int, reason: str) -> None:
+        """This replica's term is over: it stops once its binding was given the log (see
+        :class:`SteppedDownError`), else it follows again."""
+        if self.serving:
+            self._fail(
+                SteppedDownError(
+                    f"replica {self.replica} is primary no more (epoch {epoch}): "
+                    f"{reason}; it stops, and rejoins as a secondary when started again"
+                )
+            )
+        elif self.term is not None:
+            self._follow_again(epoch, reason)
 
     def _change(self) -> None:
         if self._changed is not None:
