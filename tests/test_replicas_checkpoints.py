@@ -128,3 +128,78 @@ def test_a_secondary_killed_mid_checkpoint_follows_again_and_nothing_is_lost(
     finally:
         callers.stop()
     counted_once(callers)
+
+
+def test_a_lagging_secondary_sent_a_checkpoint_reloads_its_binding(
+    machines: list[Machine],
+) -> None:
+    """Replica 2 is killed while the others go on and replica 1 checkpoints itself past
+    where replica 2's log ends. Then the primary is killed and replica 2 started again:
+    its binding follows from its own checkpoint at once, replica 1 takes over, and its
+    log no longer holds where replica 2's ends, so replica 2 is sent replica 1's
+    checkpoint while its binding follows, and reloads it. Replica 2 is then made primary
+    (the others killed in turn), and the counter it serves must hold every call exactly
+    once."""
+    env = {**os.environ, **TRIGGER}
+    for m in machines:
+        m.start(env)
+    first, second, lagging = machines
+    registry = first.registry
+    wait_for("a primary", lambda: current_term(registry) is not None, DEADLINE)
+    for m in (second, lagging):
+        wait_for(
+            f"replica {m.replica} to follow",
+            lambda m=m: FOLLOWS.search(m.process_output()),
+            DEADLINE,
+        )
+    callers = Callers(registry, first.secret, 4)
+    callers.start()
+    try:
+        callers.wait_answers(50)
+        assert lagging.process is not None and first.process is not None
+        lagging.process.kill("both")
+        taken_before = len(TAKEN.findall(second.process_output()))
+        wait_for(
+            "replica 1 to checkpoint itself three times",
+            lambda: len(TAKEN.findall(second.process_output())) >= taken_before + 3,
+            DEADLINE,
+        )
+        term = current_term(registry)
+        assert term is not None and term.replica == 0
+        first.process.kill("both")
+        lagging.start(env)
+        wait_for("a new primary", lambda: newer_term(registry, term), DEADLINE)
+        taker = current_term(registry)
+        assert taker is not None and taker.replica == second.replica  # its log is longer
+        wait_for(
+            "replica 2 to reload from a shipped checkpoint",
+            lambda: len(FOLLOWS.findall(lagging.process_output())) >= 2,
+            DEADLINE,
+        )
+        out = lagging.process_output()
+        assert out.index("installed a shipped checkpoint") > FOLLOWS.search(out).start()  # type: ignore[union-attr]
+        callers.wait_answers(100)
+        first.start(env)
+        # Replica 2 takes the role: the others lose theirs in turn.
+        for _ in range(6):
+            term = current_term(registry)
+            assert term is not None
+            if term.replica == lagging.replica:
+                break
+            victim = machines[term.replica]
+            assert victim.process is not None
+            victim.process.kill("both")
+            wait_for("a new primary", lambda t=term: newer_term(registry, t), DEADLINE)
+            callers.wait_answers(30)
+            victim.start(env)
+            wait_for(
+                f"replica {victim.replica} to follow again",
+                lambda v=victim: FOLLOWS.search(v.process_output()),
+                DEADLINE,
+            )
+        term = current_term(registry)
+        assert term is not None and term.replica == lagging.replica
+        callers.wait_answers(100)
+    finally:
+        callers.stop()
+    counted_once(callers)
