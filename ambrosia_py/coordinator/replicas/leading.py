@@ -90,8 +90,7 @@ class Leading:
                     # since): it learns it here if the registry still reaches it.
                     self._deposed(
                         term.epoch,
-                        f"the registry names replica {term.replica} primary of epoch "
-                        f"{term.epoch}",
+                        f"the registry names replica {term.replica} primary of epoch {term.epoch}",
                     )
         finally:
             await watch.aclose()
