@@ -38,7 +38,9 @@ P = pickle.HIGHEST_PROTOCOL
 BINDING = Path(__file__).resolve().parents[1] / "ambrosia_py" / "binding"
 
 
-class Ledger(Immortal):
+class Tally(Immortal):
+    """No async handler: nothing it runs can be suspended at a checkpoint."""
+
     def __init__(self) -> None:
         self.applied: list[str] = []
 
@@ -47,6 +49,8 @@ class Ledger(Immortal):
         self.applied.append(what)
         return len(self.applied)
 
+
+class Ledger(Tally):
     @rpc
     async def via_self(self, what: str) -> int:
         return 100 * await self.me.apply(what)
@@ -200,3 +204,68 @@ def test_an_ingress_call_is_sent_under_the_hooks_method_id() -> None:
     assert sent == [OutgoingRpc("", -7, RpcType.IMPULSE, b"x" + args("a"))]
     with pytest.raises(BindingError, match="no ingress hook"):
         started(Dispatcher(Ledger, "ledger")).ingress_impulse(b"")
+
+
+class CountedKeys(FirstByteKeys):
+    """FirstByteKeys that counts its copies; key ``s`` runs ``via_self`` (Ledger's
+    async handler), every other key ``apply``."""
+
+    copies = 0
+
+    def admit(self, data: Any) -> KeyedCall | tuple[bytes, tuple[int, bytes]] | None:
+        step = super().admit(data)
+        if isinstance(step, KeyedCall) and step.key == b"s":
+            return KeyedCall(step.key, VIA_SELF, step.args)
+        return step
+
+    def copy(self) -> CountedKeys:
+        CountedKeys.copies += 1
+        other = CountedKeys()
+        other.outcomes = dict(self.outcomes)
+        return other
+
+
+def test_without_async_handlers_calls_from_outside_never_copy_the_hook() -> None:
+    """A checkpoint's base (the hook's copy among it) is only read back while a handler
+    waits; a class with no async handler never has one waiting, so the binding takes
+    none between checkpoints however long the tail grows."""
+    d = started(Dispatcher(Tally, "tally", ingress=CountedKeys))
+    CountedKeys.copies = 0
+    for seq in range(1, 3001):  # past the tail's trim, several times over
+        key = bytes([seq % 100])  # never b"s"
+        d.handle(rec(seq, IncomingRpc(-7, RpcType.IMPULSE, key + args(str(seq)))))
+    assert CountedKeys.copies == 0
+    assert isinstance(d.immortal, Tally) and len(d.immortal.applied) == 100  # the rest retried
+
+    (cp,) = d.handle(rec(3001, TakeCheckpoint()))
+    assert isinstance(cp, Checkpoint) and CountedKeys.copies == 1  # the checkpoint's own
+    restored = Dispatcher(Tally, "tally")
+    restored.handle(rec(-2, Checkpoint(cp.blob)))
+    assert isinstance(restored.ingress, CountedKeys) and isinstance(restored.immortal, Tally)
+    assert restored.ingress.outcomes == d.ingress.outcomes  # type: ignore[union-attr]
+    assert restored.immortal.applied == d.immortal.applied
+
+
+def test_with_an_async_handler_a_call_from_outside_after_a_trim_is_checkpointed_waiting() -> None:
+    """Once the tail was trimmed (no base), a call from outside to an async handler
+    starts a new base: a checkpoint taken while it waits brings it back waiting."""
+    d = started(Dispatcher(Ledger, "ledger", ingress=CountedKeys))
+    answers: list[object] = []
+    d.ingress_answer = answers.append
+    CountedKeys.copies = 0
+    for seq in range(1, 1100):  # the tail passes its trim with nothing in flight
+        d.handle(rec(seq, IncomingRpc(-7, RpcType.IMPULSE, b"x" + args("a"))))
+    assert CountedKeys.copies == 1  # the new base, at the first call after the trim
+    (out,) = d.handle(rec(1100, IncomingRpc(-7, RpcType.IMPULSE, b"s" + args("b"))))
+    assert isinstance(out, OutgoingRpc) and out.method_id == APPLY
+    (cp,) = d.handle(rec(1101, TakeCheckpoint()))
+    assert isinstance(cp, Checkpoint)
+    restored = Dispatcher(Ledger, "ledger")
+    restored.handle(rec(-2, Checkpoint(cp.blob)))
+    for disp in (d, restored):  # the self-call and its reply finish the waiting call
+        disp.handle(rec(1102, IncomingRpc(APPLY, RpcType.ASYNC_AWAIT, args("b"), "ledger", 1)))
+        disp.handle(rec(1103, IncomingReturnValue(ReturnType.VALUE, "ledger", 1, pickle.dumps(2))))
+        hook = disp.ingress
+        assert isinstance(hook, CountedKeys)
+        assert hook.outcomes[b"s"] == (int(ReturnType.VALUE), pickle.dumps(200, protocol=P))
+        assert isinstance(disp.immortal, Ledger) and disp.immortal.applied == ["a", "b"]

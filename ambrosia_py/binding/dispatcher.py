@@ -254,10 +254,20 @@ class Dispatcher:
     def _incoming(self, msg: IncomingRpc | IncomingReturnValue, seq: int | None) -> None:
         """Handle a call or a reply (from record ``seq``; None: a checkpoint's tail)."""
         if isinstance(msg, IncomingRpc):
-            spec = type(self.immortal).rpc_methods().get(msg.method_id)
+            cls = type(self.immortal)
+            spec = cls.rpc_methods().get(msg.method_id)
             # A handler that may await (an async one, or an ingress call to one) could be
-            # in flight at a checkpoint: the tail starts here.
-            if self._checkpoints.base is None and (spec is None or spec.is_async):
+            # in flight at a checkpoint: the tail starts here. A message with no method
+            # of its own (an ingress impulse, an unknown id) runs only this class's
+            # handlers, through _invoke; when none of them is async, nothing it runs can
+            # suspend (a sync handler's calls are never awaited: _current is None), so
+            # no task waits at any checkpoint taken before the next async message or
+            # upgrade (which takes its own base), and Checkpoints.blob then takes the
+            # state as it is, never the base. Taking one anyway would copy the ingress
+            # hook's whole key table about once per tail trim.
+            if self._checkpoints.base is None and (
+                spec.is_async if spec is not None else cls._any_async
+            ):
                 self._checkpoints.rebase(self._snapshot_now())
             self._checkpoints.tail.append(msg)
             self._dispatch(msg, spec)

@@ -214,6 +214,9 @@ class Immortal:
     # The synchronous handlers with pickled arguments, by method id: their names (the
     # dispatcher runs these on its shortest path).
     _plain_by_id: ClassVar[dict[int, str]] = {}
+    # Whether any handler is ``async def``: only those can be suspended at a checkpoint,
+    # so without one the dispatcher never needs a base for a checkpoint's tail.
+    _any_async: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -239,6 +242,7 @@ class Immortal:
             for i, spec in by_id.items()
             if not spec.is_async and spec.codec == "pickle"
         }
+        cls._any_async = any(spec.is_async for spec in by_id.values())
 
     @classmethod
     def rpc_methods(cls) -> dict[int, MethodSpec]:

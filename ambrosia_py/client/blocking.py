@@ -116,29 +116,32 @@ class BlockingLink:
     def call(self, key: bytes, method_id: int, args: bytes, deadline: float) -> Outcome | Refusal:
         """Send a CALL and wait for its answer until ``deadline`` (``time.monotonic()``);
         raises :class:`LinkLost` if the connection fails, :class:`TimeoutError` at the
-        deadline (the connection stays usable: a late answer is dropped)."""
+        deadline (the connection stays usable: a late answer is dropped).
+
+        A call takes the send lock once and the state lock twice, once to be waited for
+        and once to wait, held but while this thread reads the socket for everyone."""
         with self._send_lock:
             if self._failed is not None:
                 raise LinkLost(f"the connection failed: {self._failed}")
             request_id = self._next_id
             self._next_id = (request_id + 1) & 0xFFFF_FFFF
-            with self._state:
+            with self._state:  # waited for before it can be answered
                 self._waiting.add(request_id)
             try:
                 self._conn.call(request_id, key, method_id, args)
                 self._sock.sendall(self._conn.data_to_send())
             except (OSError, IngressProtocolError) as exc:  # a send timeout too
-                self._discard(request_id)
+                with self._state:
+                    self._waiting.discard(request_id)
                 raise self._fail(exc) from None
-        try:
-            return self._wait(request_id, deadline)
-        finally:
-            self._discard(request_id)
+        return self._wait(request_id, deadline)
 
     def _wait(self, request_id: int, deadline: float) -> Outcome | Refusal:
+        """The answer to ``request_id``: read by another thread, or by this one when no
+        other reads. The state lock is held throughout but while this thread reads."""
         state = self._state
-        while True:
-            with state:
+        with state:
+            try:
                 while True:
                     answer = self._answers.pop(request_id, None)
                     if answer is not None:
@@ -148,36 +151,37 @@ class BlockingLink:
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
                         raise TimeoutError("no answer in time")
-                    if not self._reading:
-                        break
-                    state.wait(remaining)
-                self._reading = True
-            self._read()
+                    if self._reading:
+                        state.wait(remaining)
+                        continue
+                    self._reading = True
+                    events: list[ServiceInfo | Reply] = []
+                    state.release()
+                    try:
+                        events = self._read()
+                    finally:
+                        state.acquire()
+                        self._reading = False
+                        for event in events:
+                            if isinstance(event, Reply) and event.request_id in self._waiting:
+                                self._answers[event.request_id] = event.answer
+                        state.notify_all()
+            finally:  # answered, failed or late: a late answer is dropped
+                self._waiting.discard(request_id)
+                self._answers.pop(request_id, None)
 
-    def _read(self) -> None:
-        """One read of the socket, for every waiting thread; then let the next read."""
-        events = None
+    def _read(self) -> list[ServiceInfo | Reply]:
+        """One read of the socket, for every waiting thread (the state lock not held)."""
         try:
             data = self._sock.recv(_READ_SIZE)
             if not data:
                 raise ConnectionResetError("the service closed the connection")
-            events = self._conn.receive_data(data)
+            return self._conn.receive_data(data)
         except BlockingIOError:
-            pass  # a read slice passed: the caller looks at its deadline
+            return []  # a read slice passed: the caller looks at its deadline
         except (OSError, IngressProtocolError) as exc:
             self._fail(exc)
-        finally:
-            with self._state:
-                self._reading = False
-                for event in events or ():
-                    if isinstance(event, Reply) and event.request_id in self._waiting:
-                        self._answers[event.request_id] = event.answer
-                self._state.notify_all()
-
-    def _discard(self, request_id: int) -> None:
-        with self._state:
-            self._waiting.discard(request_id)
-            self._answers.pop(request_id, None)
+            return []
 
     def _fail(self, exc: BaseException) -> LinkLost:
         """The connection is unusable: every waiting call fails, the socket closes."""

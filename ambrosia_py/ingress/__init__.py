@@ -5,8 +5,9 @@ makes them. Every call carries an idempotency key; the immortal keeps each key's
 in its replayed state (:class:`KeyTable`, the dispatcher's ingress hook:
 ``binding/hooks.py``), so a client that retries a call until it gets an answer has it
 run exactly once. ``docs/ingress.md`` has the protocol byte by byte. The protocol is
-sans-IO (``frames``, ``connection``, ``envelope``, ``keys``); ``server`` is the asyncio
-edge. ``docs/api.md`` lists the public names; the rest is imported from its modules.
+sans-IO (``frames``, ``connection``, ``envelope``, ``keys``); ``server`` and ``peer``
+are the asyncio edge. ``docs/api.md`` lists the public names; the rest is imported from
+its modules.
 """
 
 from .connection import ClientConnection, ConnectionState, ServerConnection

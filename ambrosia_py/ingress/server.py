@@ -1,9 +1,11 @@
 """The ingress's asyncio edge: clients in, impulses to the immortal, answers out.
 
-A thin adapter around :class:`~ambrosia_py.ingress.connection.ServerConnection`. The
-socket is bound when ``ambrosia-py run`` starts (a port in use is one line before
-anything else starts); connections are accepted only once the immortal is primary
-(:meth:`IngressServer.attach`), so a client that connects during recovery just waits.
+A thin adapter around :class:`~ambrosia_py.ingress.connection.ServerConnection`: each
+connection is a :class:`~ambrosia_py.ingress.peer.Peer` (an ``asyncio.Protocol``), this
+module what they share. The socket is bound when ``ambrosia-py run`` starts (a port in
+use is one line before anything else starts); connections are accepted only once the
+immortal is primary (:meth:`IngressServer.attach`), so a client that connects during
+recovery just waits.
 
 A call goes one of three ways, decided on the event loop between two records:
 
@@ -43,29 +45,17 @@ from typing import TYPE_CHECKING
 import attrs
 
 from ..binding.errors import BindingError
-from ..serving import (
-    Admission,
-    ConnectionLimits,
-    Incoming,
-    Listener,
-    OutputStalled,
-    RefusalLog,
-    Slot,
-    buffered_output,
-    limit_output,
-    reset,
-    wait_for_room,
-)
-from .connection import ConnectionState, ServerConnection
+from ..serving import Admission, ConnectionLimits, Incoming, Listener, RefusalLog, Slot
+from .connection import ServerConnection
 from .envelope import (
     RetentionEnvelope,
     encode_batch_envelope,
     encode_call_envelope,
     encode_retention_envelope,
 )
-from .errors import IngressProtocolError
 from .frames import DEFAULT_MAX_CALL_FRAME, Call, Outcome, Refusal, RefusalReason, ServiceInfo
 from .keys import DEFAULT_KEEP_COUNT, DEFAULT_KEEP_SECONDS, Answer, KeyTable, describe_key
+from .peer import Peer
 
 if TYPE_CHECKING:
     from ..binding.dispatcher import Dispatcher
@@ -90,11 +80,6 @@ _SHARED = ConnectionLimits()  # every server's defaults (ambrosia_py.serving)
 DEFAULT_MAX_PENDING_PER_SOURCE = _SHARED.max_pending_per_source
 DEFAULT_MAX_BUFFERED_OUTPUT = _SHARED.max_buffered_output
 DEFAULT_OUTPUT_STALL_S = _SHARED.output_stall_s
-_PRE_AUTH_READ = 4096  # what one read takes before the client proved the secret
-_READ_SIZE = 256 * 1024
-# An answer frame's bytes besides its value or message: length, kind, request id,
-# outcome or reason, tag (26); counted towards the output bound before it is written.
-_ANSWER_OVERHEAD = 32
 # Calls (their arguments and keys) queued for one BATCH impulse before it goes at once,
 # without waiting for the end of the loop's turn: a record's size stays moderate.
 _BATCH_BYTES = 1024 * 1024
@@ -156,47 +141,6 @@ class IngressSettings:
         )
 
 
-class _Client:
-    """One authenticated (or authenticating) connection."""
-
-    def __init__(
-        self, conn: ServerConnection, writer: asyncio.StreamWriter, peer: str, source: str
-    ) -> None:
-        self.conn = conn
-        self.writer = writer
-        self.peer = peer
-        self.source = source  # its address, as the admission table and the refusal log count
-        self.waiting: set[tuple[bytes, int, int]] = set()  # (key, method id, request id)
-        self.room = asyncio.Event()
-        self.room.set()
-        self.closed = False
-        self.queued = 0  # bytes of answers queued and not yet written (about: see send)
-        self._flush_scheduled = False
-
-    def send(self, request_id: int, answer: Outcome | Refusal) -> None:
-        """Queue an answer; everything queued in one loop step goes in one write."""
-        if self.closed:
-            return
-        self.conn.reply(request_id, answer)
-        body = answer.value if isinstance(answer, Outcome) else answer.message.encode()
-        self.queued += len(body) + _ANSWER_OVERHEAD
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self.flush)
-
-    def flush(self) -> None:
-        """Write what is queued (once per loop step, or at once before waiting for room)."""
-        self._flush_scheduled = False
-        self.queued = 0
-        if not self.closed:
-            self.writer.write(self.conn.data_to_send())
-
-    @property
-    def unsent(self) -> int:
-        """Answers not yet taken by the socket: queued here, or in the transport."""
-        return self.queued + (0 if self.closed else buffered_output(self.writer))
-
-
 class IngressServer:
     """The ingress of one immortal: :meth:`bind`, then :meth:`attach` once primary."""
 
@@ -212,9 +156,10 @@ class IngressServer:
         self._listener: Listener | None = None
         self._dispatcher: Dispatcher | None = None
         self._info: ServiceInfo | None = None
-        self._clients: set[_Client] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None  # asked once, at bind
+        self._clients: set[Peer] = set()
         # (key, method id) -> the connections and request ids waiting for its outcome
-        self._waiting: dict[tuple[bytes, int], list[tuple[_Client, int]]] = {}
+        self._waiting: dict[tuple[bytes, int], list[tuple[Peer, int]]] = {}
         self._connections: set[Incoming] = set()  # accepted, until their task ends
         # Calls to log, queued in this turn of the loop: (key, method id, arguments).
         self._batch: list[tuple[bytes, int, bytes]] = []
@@ -229,6 +174,7 @@ class IngressServer:
 
     async def bind(self) -> tuple[str, int]:
         """Listen on the configured address; accept nothing until :meth:`attach`."""
+        self._loop = asyncio.get_running_loop()
         self._listener = await Listener.open(
             self.settings.host, self.settings.port, self._accept, log, start=False
         )
@@ -258,8 +204,7 @@ class IngressServer:
         if self._listener is not None:
             self._listener.close()
         for client in list(self._clients):
-            client.closed = True
-            client.writer.close()
+            client.close()
         for incoming in list(self._connections):
             if incoming.transport is None:  # still in its TLS handshake
                 incoming.drop()
@@ -271,10 +216,8 @@ class IngressServer:
         """Answer everyone waiting on its key (an effect of the record that decided it)."""
         key, method_id = answer.key, answer.method_id
         for client, request_id in self._waiting.pop((key, method_id), ()):
-            client.waiting.discard((key, method_id, request_id))
             client.send(request_id, answer.answer)
-            if len(client.waiting) < self.settings.max_in_flight:
-                client.room.set()
+            client.answered(key, method_id, request_id)
 
     # -- connections ---------------------------------------------------------------------
 
@@ -302,17 +245,22 @@ class IngressServer:
         task = incoming.start(self._serve(incoming, slot))
         task.add_done_callback(lambda _: self._connections.discard(incoming))
 
-    async def _connect(
-        self, incoming: Incoming
-    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
-        """The connection as streams, in TLS if the ingress has it (its handshake done
-        within the handshake timeout of accept); None if that failed (said why)."""
-        reader = asyncio.StreamReader()
+    async def _serve(self, incoming: Incoming, slot: Slot) -> None:
+        """Hand the connection to the loop, in TLS if the ingress has it (its handshake
+        done within the handshake timeout of accept), with a :class:`Peer` on it, which
+        serves it from then on; say why if that failed."""
+        assert self._loop is not None
+        peer = Peer(
+            self,
+            incoming,
+            slot,
+            self.limits,
+            max_in_flight=self.settings.max_in_flight,
+            loop=self._loop,
+        )
         timeout = self.settings.handshake_timeout_s
         try:
-            transport, protocol = await incoming.connect(
-                lambda: asyncio.StreamReaderProtocol(reader), self.tls, timeout
-            )
+            await incoming.connect(lambda: peer, self.tls, timeout)
         except TimeoutError:
             self._refused(
                 incoming.source,
@@ -320,12 +268,10 @@ class IngressServer:
                 incoming.address,
                 timeout,
             )
-            return None
         except ssl.SSLError as exc:  # a client TLS refuses (certificate, version, ...)
             self._refused(
                 incoming.source, "TLS with the ingress client %s failed: %s", incoming.address, exc
             )
-            return None
         except (ConnectionError, OSError) as exc:
             self._refused(
                 incoming.source,
@@ -334,93 +280,34 @@ class IngressServer:
                 exc,
                 level=logging.INFO,
             )
-            return None
-        writer = asyncio.StreamWriter(transport, protocol, reader, asyncio.get_running_loop())
-        return reader, writer
-
-    async def _serve(self, incoming: Incoming, slot: Slot) -> None:
-        peer, source = incoming.address, incoming.source
-        client: _Client | None = None
-        writer: asyncio.StreamWriter | None = None
-        try:
-            streams = await self._connect(incoming)
-            if streams is None:
-                return
-            reader, writer = streams
-            assert self._info is not None
-            client = _Client(ServerConnection(self._secret, self._info), writer, peer, source)
-            self._clients.add(client)
-            writer.write(client.conn.data_to_send())  # HELLO
-            calls = await self._authenticate(client, reader)
-            if calls is None:
-                return
-            self.admission.establish(slot)  # proved the secret: never evicted from now on
-            limit_output(writer, self.limits)
-            while True:
-                while calls:  # answers at once (stored outcomes) stop at the output bound
-                    calls = self._calls(client, calls)
-                    if calls:
-                        client.flush()
-                        await wait_for_room(writer, self.limits)
-                if len(client.waiting) >= self.settings.max_in_flight:
-                    client.room.clear()
-                    await client.room.wait()
-                # A client that reads no answers is not read either, and is closed if it
-                # stays so (serving.wait_for_room).
-                await wait_for_room(writer, self.limits)
-                data = await reader.read(_READ_SIZE)
-                if not data or client.closed:
-                    return
-                calls = client.conn.receive_data(data)
-        except IngressProtocolError as exc:
-            self._closed(slot, "closing the ingress connection from %s: %s", peer, exc)
-        except BindingError as exc:  # the binding is stopping: no more impulses
-            log.info("closing the ingress connection from %s: %s", peer, exc)
-        except OutputStalled as exc:  # before OSError: it is a TimeoutError
-            self._closed(slot, "closing the ingress connection from %s: %s", peer, exc)
-            assert writer is not None
-            reset(writer)  # a close would wait, for ever, to send what it does not read
-        except (ConnectionError, OSError) as exc:
-            self._closed(slot, "ingress connection from %s lost: %s", peer, exc, level=logging.INFO)
         finally:
-            self.admission.release(slot)
-            self._forget(client)
-            if writer is not None:
-                writer.close()
+            if not peer.started:  # else the peer frees its slot when its connection ends
+                self.admission.release(slot)
 
-    async def _authenticate(
-        self, client: _Client, reader: asyncio.StreamReader
-    ) -> list[Call] | None:
-        """Read until the client proved the secret; None if it went away, took too long,
-        or was evicted meanwhile."""
-        calls: list[Call] = []
-        try:
-            async with asyncio.timeout(self.settings.handshake_timeout_s):
-                while client.conn.state is ConnectionState.AWAIT_AUTH:
-                    data = await reader.read(_PRE_AUTH_READ)
-                    if not data or client.closed:
-                        return None
-                    calls = client.conn.receive_data(data)
-        except TimeoutError:
-            self._refused(
-                client.source,
-                "closing the ingress connection from %s: no proof of the secret within %g s",
-                client.peer,
-                self.settings.handshake_timeout_s,
-            )
-            return None
-        client.writer.write(client.conn.data_to_send())  # WELCOME
-        return calls
+    # -- what each connection's Peer calls -----------------------------------------------
 
-    def _closed(
-        self, slot: Slot, message: str, *args: object, level: int = logging.WARNING
-    ) -> None:
+    def new_connection(self) -> ServerConnection:
+        assert self._info is not None
+        return ServerConnection(self._secret, self._info)
+
+    def opened(self, peer: Peer) -> None:
+        self._clients.add(peer)
+
+    def proved(self, peer: Peer) -> None:
+        self.admission.establish(peer.slot)  # proved the secret: never evicted from now on
+
+    def refuse(self, key: str, message: str, *args: object, level: int = logging.WARNING) -> None:
         """Why a connection closed, through the refusal log: counted under its address
-        or, once the client proved the secret, under a count of its own, so that a flood
-        from the same address cannot hide an honest client's trouble."""
-        self._refused(slot.refusal_key("authenticated"), message, *args, level=level)
+        or, once the client proved the secret, under a count of its own
+        (:meth:`~ambrosia_py.serving.Slot.refusal_key`), so that a flood from the same
+        address cannot hide an honest client's trouble."""
+        self._refused(key, message, *args, level=level)
 
-    def _calls(self, client: _Client, calls: list[Call]) -> list[Call]:
+    def ended(self, peer: Peer) -> None:
+        self.admission.release(peer.slot)
+        self._forget(peer)
+
+    def take(self, client: Peer, calls: list[Call]) -> list[Call]:
         """Answer or log ``calls`` in order; return those left once the answers sent at
         once pass the output bound (one read's calls for a large stored outcome would
         otherwise each queue a copy of it, unread)."""
@@ -464,7 +351,8 @@ class IngressServer:
             self._send_batch()
         elif not self._batch_scheduled:
             self._batch_scheduled = True
-            asyncio.get_running_loop().call_soon(self._send_batch)
+            assert self._loop is not None
+            self._loop.call_soon(self._send_batch)
 
     def _send_batch(self) -> None:
         """Log the queued calls as one impulse (a lone call as a CALL, as before)."""
@@ -482,16 +370,13 @@ class IngressServer:
         except BindingError as exc:  # the binding is stopping: callers retry elsewhere
             log.info("closing the ingress connections: %s", exc)
             for client in list(self._clients):
-                client.closed = True
-                client.writer.close()
+                client.close()
             return
         if log.isEnabledFor(logging.DEBUG):
             for key, _, _ in batch:
                 log.debug("ingress call %s logged", describe_key(key))
 
-    def _forget(self, client: _Client | None) -> None:
-        if client is None:
-            return
+    def _forget(self, client: Peer) -> None:
         client.closed = True
         self._clients.discard(client)
         for key, method_id, request_id in client.waiting:
@@ -501,7 +386,7 @@ class IngressServer:
             waiters.remove((client, request_id))
             # The impulse went to the log: the outcome comes anyway, and a retry on another
             # connection finds it stored. The slot goes so that a retry sends it again only
-            # if this incarnation did not (see _calls): keep it while others wait.
+            # if this incarnation did not (see take): keep it while others wait.
             if not waiters:
                 del self._waiting[(key, method_id)]
         client.waiting.clear()
