@@ -56,25 +56,29 @@ class EtcdTls:
 class EtcdServer:
     """One etcd member; :meth:`kill` and :meth:`start` again keep its data dir and ports.
 
-    With ``tls`` clients reach it at ``https://localhost:PORT`` (it listens on 127.0.0.1).
+    It listens for clients on ``host`` (by default 127.0.0.1; another of this machine's
+    addresses serves clients in other network namespaces); with ``tls`` they reach it at
+    ``https://localhost:PORT``.
     """
 
-    def __init__(self, directory: Path, tls: EtcdTls | None = None) -> None:
+    def __init__(
+        self, directory: Path, tls: EtcdTls | None = None, host: str = "127.0.0.1"
+    ) -> None:
         self.directory = directory
         self.tls = tls
+        self.host = host
         self.data_dir = directory / "etcd-data"
         self.log_path = directory / "etcd.log"
         self.client_port = free_port()
         self.peer_port = free_port()
-        host = "localhost" if tls else "127.0.0.1"
-        self.endpoint = f"{host}:{self.client_port}"
+        self.endpoint = f"{'localhost' if tls else host}:{self.client_port}"
         self.url = f"{'https' if tls else 'http'}://{self.endpoint}"
         self.spec = f"{'etcds' if tls else 'etcd'}://{self.endpoint}"
         self.process: subprocess.Popen[bytes] | None = None
 
     def command(self) -> list[str]:
         peer = f"http://127.0.0.1:{self.peer_port}"
-        listen = self.url.replace("localhost", "127.0.0.1")
+        listen = self.url.replace("localhost", self.host)
         command = [
             *("etcd", "--data-dir", str(self.data_dir)),
             *("--listen-client-urls", listen, "--advertise-client-urls", self.url),
@@ -150,12 +154,12 @@ class EtcdServer:
             return "(no log)"
 
 
-def start_etcd(directory: Path, tls: EtcdTls | None = None) -> EtcdServer:
-    """A running etcd in ``directory`` (skips the test if there is no etcd command); stop
-    it when done."""
+def start_etcd(directory: Path, tls: EtcdTls | None = None, host: str = "127.0.0.1") -> EtcdServer:
+    """A running etcd in ``directory``, for clients on ``host`` (skips the test if there
+    is no etcd command); stop it when done."""
     if shutil.which("etcd") is None:
         pytest.skip(_NO_ETCD)
-    server = EtcdServer(directory, tls)
+    server = EtcdServer(directory, tls, host)
     server.start()
     return server
 
