@@ -89,7 +89,8 @@ class Follower:
         self.inbox: dict[str, int] = {}  # per link sender, the seq after its last replayed
         self._target = 0  # records below it may be replayed
         self._trims: dict[str, int] = {}
-        self._reload = False
+        self._reload = False  # (re)load the binding next
+        self._loading = False  # a load is under way
         self._plan: _Planned | None = None
         self._wake = asyncio.Event()
         self._moved = asyncio.Event()
@@ -157,7 +158,7 @@ class Follower:
         if task is None:
             raise StorageError("the binding was never loaded from a checkpoint")
         self.replayable(end)
-        while self.next_seq < end or self._reload or self._unanswered():
+        while self.next_seq < end or self._reload or self._loading or self._unanswered():
             self._moved.clear()
             moved = asyncio.ensure_future(self._moved.wait())
             try:
@@ -189,7 +190,11 @@ class Follower:
             plan = self._plan
             if self._reload:
                 self._reload = False
-                await self._load()
+                self._loading = True
+                try:
+                    await self._load()
+                finally:
+                    self._loading = False
             elif plan is not None and plan.answer is not None and plan.written is None:
                 await self._write(plan)
             elif plan is not None and not plan.asked and self.next_seq == plan.seq:
