@@ -49,11 +49,16 @@ from ..storage.errors import StorageError
 from ..storage.replay import replay_forms
 from .disk import ReplicaDisk, read_checkpoint
 
-__all__ = ["READ_BYTES", "Follower"]
+__all__ = ["PACE_S", "READ_BYTES", "Follower"]
 
 log = logging.getLogger("ambrosia_py.coordinator")
 
 READ_BYTES = 1 << 20  # the records one read of the log takes to the binding, at most
+# Once caught up, the replay waits this long after the next commit before it sends on:
+# records then go to the binding a few ms' worth at a time, in fewer and larger sends
+# (measured on one machine holding three replicas: 1.11-1.13x the calls/s, p50 no
+# worse). Taking over does not wait (finish).
+PACE_S = 0.01
 
 
 @attrs.define
@@ -91,6 +96,7 @@ class Follower:
         self._trims: dict[str, int] = {}
         self._reload = False  # (re)load the binding next
         self._loading = False  # a load is under way
+        self._hurry = False  # taking over: no more pacing
         self._plan: _Planned | None = None
         self._wake = asyncio.Event()
         self._moved = asyncio.Event()
@@ -157,6 +163,8 @@ class Follower:
         task = self._task
         if task is None:
             raise StorageError("the binding was never loaded from a checkpoint")
+        self._hurry = True
+        self._wake.set()
         self.replayable(end)
         while self.next_seq < end or self._reload or self._loading or self._unanswered():
             self._moved.clear()
@@ -206,6 +214,8 @@ class Follower:
                 if self.next_seq >= end:
                     self._wake.clear()
                     await self._wake.wait()
+                    if not self._hurry:
+                        await asyncio.sleep(PACE_S)
                     continue
                 await self._replay_some(end)
             self._try_commit()
