@@ -8,6 +8,10 @@ primary of ``relayb`` lose their machines (every process SIGKILLed, the data dir
 and rejoin empty. At the end ``relaya`` ran every send once, in order; ``relayb`` noted
 each once, in order; and every acknowledgement came back once: a message lost or
 delivered twice on either link, across either failover, shows in the states.
+
+The logs roll every few kilobytes (``AMBROSIA_LOG_TRIGGER_MB``), so the secondaries take
+checkpoints of their own all along, each holding the outboxes their replay filled and
+the primary's trim points emptied, and the inbox their replay rebuilt.
 """
 
 from __future__ import annotations
@@ -80,7 +84,10 @@ class Group:
 
 
 @pytest.fixture
-def linked(tmp_path: Path) -> Iterator[tuple[Group, Group, Registry, Path]]:
+def linked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[Group, Group, Registry, Path]]:
+    monkeypatch.setenv("AMBROSIA_LOG_TRIGGER_MB", "0.004")  # the replicas inherit it
     secret = tmp_path / "secret"
     secret.write_bytes(os.urandom(32))
     secret.chmod(0o600)
