@@ -153,3 +153,25 @@ def test_damage_before_the_tail_stops_recovery(tmp_path: Path) -> None:
     assert "recovery stopped" in err
     assert "serverlog1" in err and f"offset {rec1}" in err and "seq 1" in err
     assert log1.read_bytes() == bytes(data)  # nothing was cut
+
+
+def test_an_upgrade_of_a_replica_is_refused_saying_why(tmp_path: Path) -> None:
+    """A replica's new version would be followed by replicas still running the old code:
+    refused before anything starts, naming both options."""
+    secret = tmp_path / "secret"
+    secret.write_bytes(bytes(range(32)))
+    secret.chmod(0o600)
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "ambrosia_py.cli", "coordinator", "--instance", "svc"),
+            *("--data-dir", str(tmp_path / "d"), "--registry", str(tmp_path / "r.sqlite3")),
+            *("--secret-file", str(secret), "--replica", "0", "--replicas", "3"),
+            *("--upgrade-version", "1"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE,
+    )
+    assert done.returncode == 2
+    assert "--upgrade-version with --replica" in done.stderr
+    assert "cannot be upgraded yet" in done.stderr
