@@ -98,6 +98,7 @@ class Follower:
         self._loading = False  # a load is under way
         self._hurry = False  # taking over: no more pacing
         self._plan: _Planned | None = None
+        self._stale = 0  # answers to TakeCheckpoints of plans given up, still to come
         self._wake = asyncio.Event()
         self._moved = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -117,6 +118,9 @@ class Follower:
         """Load the binding from the replica's committed checkpoint (again, after an
         install) and follow the log."""
         self._reload = True
+        plan = self._plan
+        if plan is not None and plan.asked and plan.answer is None:
+            self._stale += 1  # its answer comes before any other, and is nobody's now
         self._plan = None  # of the log it reloads from no longer
         if self._task is None:
             self._task = asyncio.create_task(self._run())
@@ -145,6 +149,10 @@ class Follower:
     def checkpoint_arrived(self, event: CheckpointArrived) -> bool:
         """The binding's answer to a TakeCheckpoint of the replay's; False: none was
         asked for."""
+        if self._stale:
+            self._stale -= 1
+            self._moved.set()
+            return True
         fence = self._fence
         if fence is not None and not fence.done():
             fence.set_result(event)
@@ -166,7 +174,13 @@ class Follower:
         self._hurry = True
         self._wake.set()
         self.replayable(end)
-        while self.next_seq < end or self._reload or self._loading or self._unanswered():
+        while (
+            self.next_seq < end
+            or self._reload
+            or self._loading
+            or self._stale
+            or self._unanswered()
+        ):
             self._moved.clear()
             moved = asyncio.ensure_future(self._moved.wait())
             try:
