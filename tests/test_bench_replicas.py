@@ -29,6 +29,7 @@ TINY = ReplicationPlan(
     rounds=2,
     failover_cap_s=0.1,  # at least one round; a second only if the first was quick
     answers_between=5,
+    long_log=40,  # one more failover, after 40 calls since the replicas' checkpoint
 )
 
 
@@ -76,9 +77,16 @@ def test_the_replication_figures_count_every_call_once_and_leave_nothing_running
             assert positive(r.seconds), r
         assert failover.min_s <= failover.median_s <= failover.max_s
 
+    long_log = figures.long_log
+    assert long_log is not None and figures.long_log_calls == 40
+    assert len(long_log.rounds) == 1
+    assert long_log.calls >= 40 and long_log.counter == long_log.calls, long_log
+    assert long_log.rounds[0].epoch_after > long_log.rounds[0].epoch_before
+
     goals = figures.goals()
     names = {name for name, _, _ in goals}
     assert names == {
+        "failover_long_log",
         *(f"failover_{registry}" for registry in expected),
         *(f"replicas{n}_{what}" for n in (2, 3) for what in ("p50", "throughput")),
     }
@@ -115,12 +123,15 @@ def test_the_report_holds_replication_to_its_bars() -> None:
         "failover_etcd_min_s": 0.4,
         "failover_etcd_median_s": 0.5,
         "failover_etcd_max_s": 0.8,
+        "failover_long_log_s": 1.25,
+        "failover_long_log_calls": 30000.0,
     }
     met = {g.key: (g.ratio, g.met) for g in goals({"replicas": figures})}
     assert met["replicas_failover_etcd"] == (2.0, True)  # 1 s / 0.5 s
     assert met["replicas3_p50"] == (2.0 / 3.0, False)  # 3x is over the 2x bar
     assert met["replicas3_throughput"] == (0.5, False)  # a quarter, against a half
     assert "replicas_failover_sqlite" not in met  # not measured: not judged
+    assert met["replicas_failover_long_log"] == (0.8, False)  # 1 s / 1.25 s
     titles = [t[0] for t in tables({"replicas": figures}, 1)]
     assert any(t.startswith("Replicas:") for t in titles)
     assert any(t.startswith("Failover:") for t in titles)

@@ -77,6 +77,7 @@ class ReplicationPlan:
     rounds: int  # failovers per registry, at most
     failover_cap_s: float  # no round begun after this long (per registry)
     answers_between: int  # answers the caller gets before each failover round
+    long_log: int = 0  # calls logged before one more failover (0: none)
     timeout: float = 60.0  # any wait for a process or an answer, before it fails
 
 
@@ -86,6 +87,7 @@ FULL = ReplicationPlan(
     rounds=5,
     failover_cap_s=20.0,
     answers_between=20,
+    long_log=30_000,
 )
 QUICK = ReplicationPlan(
     calls=CallPlan(sequential=40, sequential_cap_s=0.4, concurrent_cap_s=0.4, warm_up=3),
@@ -93,6 +95,7 @@ QUICK = ReplicationPlan(
     rounds=2,
     failover_cap_s=6.0,
     answers_between=10,
+    long_log=1_000,
 )
 
 
@@ -119,6 +122,10 @@ class ReplicationFigures:
     calls: tuple[CallFigures, ...]  # standalone first, then 2 and 3 replicas
     failover: tuple[FailoverFigures, ...]  # "sqlite", then "etcd" unless skipped
     skipped: tuple[str, ...]
+    # One failover (SQLite) after ``long_log_calls`` calls since the replicas' checkpoint:
+    # taking over must not replay them (secondaries replay as records commit).
+    long_log: FailoverFigures | None = None
+    long_log_calls: int = 0
 
     @property
     def standalone(self) -> CallFigures:
@@ -145,6 +152,9 @@ class ReplicationFigures:
         for failover in self.failover:
             ratio = FAILOVER_GOAL_S / failover.median_s
             out.append((f"failover_{failover.registry}", ratio, ratio >= 1.0))
+        if self.long_log is not None:
+            ratio = FAILOVER_GOAL_S / self.long_log.max_s
+            out.append(("failover_long_log", ratio, ratio >= 1.0))
         base = self.standalone
         for shape in self.calls[1:]:
             ratio = P50_GOAL_FACTOR * base.p50_ms / shape.p50_ms
@@ -166,6 +176,9 @@ class ReplicationFigures:
         for failover in self.failover:
             for stat in ("min_s", "median_s", "max_s"):
                 out[f"failover_{failover.registry}_{stat}"] = getattr(failover, stat)
+        if self.long_log is not None:
+            out["failover_long_log_s"] = self.long_log.max_s
+            out["failover_long_log_calls"] = float(self.long_log_calls)
         out.update(self.ratios())
         return out
 
@@ -260,6 +273,19 @@ def measure_replication(
     skipped: list[str] = []
     with ReplicaGroup(directory / "failover-sqlite", 3) as group:
         failover.append(_failover(group, "sqlite", plan))
+    long_log = None
+    if plan.long_log:
+        with ReplicaGroup(directory / "failover-long-log", 3) as group:
+            long_log = measure_failover(
+                group,
+                "sqlite",
+                rounds=1,
+                answers_between=plan.long_log,
+                answers_after=plan.answers_between,
+                cap_s=0.0,
+                timeout=plan.timeout,
+            )
+        _counted_once(long_log)
     etcd = EtcdProcess(directory / "etcd")
     try:
         with etcd.running():
@@ -269,7 +295,9 @@ def measure_replication(
                 failover.append(_failover(group, "etcd", plan))
     except PeerUnavailableError as exc:
         skipped.append(f"failover with etcd: {exc}")
-    return ReplicationFigures(tuple(calls), tuple(failover), tuple(skipped))
+    return ReplicationFigures(
+        tuple(calls), tuple(failover), tuple(skipped), long_log, plan.long_log
+    )
 
 
 def report_lines(figures: ReplicationFigures) -> list[str]:
@@ -288,6 +316,11 @@ def report_lines(figures: ReplicationFigures) -> list[str]:
         lines.append(
             f"failover ({f.registry}, {len(f.rounds)} rounds): min {f.min_s * 1e3:.0f} ms, "
             f"median {f.median_s * 1e3:.0f} ms, max {f.max_s * 1e3:.0f} ms"
+        )
+    if figures.long_log is not None:
+        lines.append(
+            f"failover after {figures.long_log_calls:,} calls since the replicas' checkpoint "
+            f"(sqlite): {figures.long_log.max_s * 1e3:.0f} ms"
         )
     lines += [f"skipped: {why}" for why in figures.skipped]
     lines += [f"{name}: {value:.2f}" for name, value in figures.ratios().items()]

@@ -227,10 +227,12 @@ def measure_failover(
     answers_between: int,
     cap_s: float,
     timeout: float,
+    answers_after: int | None = None,
 ) -> FailoverFigures:
     """Up to ``rounds`` failovers of ``group`` (started here, stopped by the caller),
     none begun after ``cap_s`` seconds (at least one), with ``answers_between`` answers
-    before each; every wait fails past ``timeout``."""
+    before each and ``answers_after`` (default the same) after each; every wait fails
+    past ``timeout``."""
     group.start(timeout)
     caller = TimedCaller(group, timeout)
     with _client_warnings_held():
@@ -241,7 +243,7 @@ def measure_failover(
             began = time.monotonic()
             while len(done) < rounds and (not done or time.monotonic() - began < cap_s):
                 done.append(_lose_primary(group, caller))
-                caller.wait_answers(answers_between)
+                caller.wait_answers(answers_between if answers_after is None else answers_after)
                 group.rejoin(group.machines[done[-1].lost_replica], timeout)
             calls = caller.stop()
             counter = caller.counter() - caller.first
