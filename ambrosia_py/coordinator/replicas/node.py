@@ -494,6 +494,10 @@ class ReplicaNode(Leading):
         core, term = self.core, self.term
         assert isinstance(core, Primary) and term is not None
         log.info("replica %d gives epoch %d up: %s", self.replica, core.epoch, reason)
+        if epoch > self.disk.state.epoch:
+            # A higher epoch is adopted durably before anything else, as a secondary
+            # adopting one does (a history naming it is saved only under it).
+            self.disk.save(epoch=epoch)
         self.core = Secondary.following(core, epoch=epoch, now=time.monotonic(), timing=self.timing)
         self.term = self.gate = None
         self.established.clear()
