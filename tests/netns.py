@@ -1,21 +1,23 @@
-"""Machines on one Linux host, as network namespaces on two bridges, whose cables can be
-pulled.
+"""Machines on one Linux host, as network namespaces on two or three bridges, whose
+cables can be pulled.
 
 Each machine is a network namespace with ``lo`` up and two interfaces: ``front`` on the
 *front* bridge, which the root namespace (the test, its callers, etcd) shares with every
 machine, and ``repl`` on the *replication* bridge, which the machines use among
-themselves. Each bridge has a private /24 of its own, the root namespace holding ``.1``
-on both, machine ``i`` holding ``.(i + 2)``. A machine has no route but to its two
+themselves. Asked for, a third, ``etcd`` on the *etcd* bridge, gives the registry a
+network of its own, so that a machine can be cut off from etcd and still be reached by
+its callers. Each bridge has a private /24 of its own, the root namespace holding ``.1``
+on each, machine ``i`` holding ``.(i + 2)``. A machine has no route but to its own
 subnets, so it reaches another's replication address through the replication bridge
-only, whatever the root namespace forwards.
+only, and etcd through the etcd bridge only, whatever the root namespace forwards.
 
-:meth:`Machine.cut` pulls a machine's cable at the switch: the bridge's end of its
-``repl`` pair goes down, so the machine's interface loses its carrier and what either
-side sends is dropped, as on a real partition; its front network is untouched.
-:meth:`Machine.heal` plugs it back in.
+:meth:`Machine.cut` pulls a machine's cables at the switch (by default its replication
+cable): the bridge's end of each pair goes down, so the machine's interface loses its
+carrier and what either side sends is dropped, as on a real partition; the networks not
+named are untouched. :meth:`Machine.heal` plugs them back in.
 
 Names carry the test process's pid, so runs side by side do not meet; the subnets are
-the first two free ones in ``10.213.0.0/16``. Creating any of this needs root: see
+the first free ones in ``10.213.0.0/16``. Creating any of this needs root: see
 :func:`unavailable`. :meth:`Network.close` removes it all, killing what still runs in the
 namespaces first, whatever state a failed test left them in.
 """
@@ -34,10 +36,20 @@ import attrs
 
 from ambrosia_py.testing import ServiceProcess
 
-__all__ = ["Machine", "Network", "NetnsProcess", "network", "unavailable"]
+__all__ = [
+    "ETCD",
+    "FRONT",
+    "REPLICATION",
+    "Machine",
+    "NetnsProcess",
+    "Network",
+    "network",
+    "unavailable",
+]
 
 FRONT = "front"
 REPLICATION = "repl"
+ETCD = "etcd"
 _SPACE = "10.213"  # the /16 the subnets are taken from
 
 
@@ -82,56 +94,73 @@ def kill_processes_in(namespace: str) -> None:
 
 @attrs.frozen
 class Machine:
-    """One namespace: its addresses on the two networks, and the root namespace's ends
-    of its two cables."""
+    """One namespace: its addresses on the networks, and the root namespace's ends of
+    its cables."""
 
     namespace: str
     front_ip: str
     link_ip: str
     front_port: str  # the bridge's end of the front cable
     link_port: str  # the bridge's end of the replication cable
+    etcd_port: str | None = None  # the bridge's end of the etcd cable, if etcd has a network
 
-    def cut(self) -> None:
-        """Pull the replication cable: nothing passes to or from the other machines."""
-        ip("link", "set", self.link_port, "down")
+    def _port(self, network: str) -> str:
+        ports = {FRONT: self.front_port, REPLICATION: self.link_port, ETCD: self.etcd_port}
+        port = ports.get(network)
+        if port is None:
+            raise ValueError(f"{self.namespace} has no cable to a network {network!r}")
+        return port
 
-    def heal(self) -> None:
-        """Plug it back in (it stayed on its bridge)."""
-        ip("link", "set", self.link_port, "up")
+    def cut(self, *networks: str) -> None:
+        """Pull the cables to ``networks`` (by default the replication cable: nothing
+        passes to or from the other machines)."""
+        for network in networks or (REPLICATION,):
+            ip("link", "set", self._port(network), "down")
+
+    def heal(self, *networks: str) -> None:
+        """Plug them back in (they stayed on their bridges)."""
+        for network in networks or (REPLICATION,):
+            ip("link", "set", self._port(network), "up")
 
 
 class Network:
-    """The two bridges and ``n`` machines on them; :meth:`close` removes everything."""
+    """The bridges and ``n`` machines on them; :meth:`close` removes everything.
 
-    def __init__(self, n: int) -> None:
+    With ``etcd_network`` etcd gets a bridge of its own, every machine a cable to it:
+    :attr:`etcd_ip` is the root namespace's address there, where etcd listens (without,
+    the front one, as :attr:`root_ip`)."""
+
+    def __init__(self, n: int, *, etcd_network: bool = False) -> None:
         tag = f"amb{os.getpid()}"  # interface names are at most 15 characters
-        self.bridges = {FRONT: f"{tag}F", REPLICATION: f"{tag}R"}
-        front, replication = _free_subnets(2)
-        self.root_ip = f"{front}.1"  # the root namespace on the front network
+        names = (FRONT, REPLICATION, ETCD) if etcd_network else (FRONT, REPLICATION)
+        self.bridges = {name: f"{tag}{name[0].upper()}" for name in names}
+        subnets = dict(zip(names, _free_subnets(len(names)), strict=True))
+        self.root_ip = f"{subnets[FRONT]}.1"  # the root namespace on the front network
+        self.etcd_ip = f"{subnets.get(ETCD, subnets[FRONT])}.1"  # where etcd listens
         self.machines: list[Machine] = []
         self._namespaces: list[str] = []
         self._bridges: list[str] = []  # made so far, for close()
         self._ports: list[str] = []
         try:
-            for name, subnet in ((FRONT, front), (REPLICATION, replication)):
+            for name, subnet in subnets.items():
                 bridge = self.bridges[name]
                 ip("link", "add", bridge, "type", "bridge")
                 self._bridges.append(bridge)
                 ip("addr", "add", f"{subnet}.1/24", "dev", bridge)
                 ip("link", "set", bridge, "up")
             for i in range(n):
-                self.machines.append(self._machine(tag, i, front, replication))
+                self.machines.append(self._machine(tag, i, subnets))
         except BaseException:
             self.close()
             raise
 
-    def _machine(self, tag: str, i: int, front: str, replication: str) -> Machine:
+    def _machine(self, tag: str, i: int, subnets: dict[str, str]) -> Machine:
         namespace = f"{tag}m{i}"
         ip("netns", "add", namespace)
         self._namespaces.append(namespace)
         ip("-n", namespace, "link", "set", "lo", "up")
         ports: dict[str, str] = {}
-        for name, subnet in ((FRONT, front), (REPLICATION, replication)):
+        for name, subnet in subnets.items():
             port = f"{tag}{name[0]}{i}"
             ip("link", "add", port, "type", "veth", "peer", "name", name, "netns", namespace)
             self._ports.append(port)
@@ -141,10 +170,11 @@ class Network:
             ports[name] = port
         return Machine(
             namespace,
-            f"{front}.{i + 2}",
-            f"{replication}.{i + 2}",
+            f"{subnets[FRONT]}.{i + 2}",
+            f"{subnets[REPLICATION]}.{i + 2}",
             ports[FRONT],
             ports[REPLICATION],
+            ports.get(ETCD),
         )
 
     def close(self) -> None:
@@ -168,9 +198,9 @@ class Network:
 
 
 @contextlib.contextmanager
-def network(n: int) -> Iterator[Network]:
+def network(n: int, *, etcd_network: bool = False) -> Iterator[Network]:
     """A :class:`Network` of ``n`` machines for the ``with`` block, removed after it."""
-    made = Network(n)
+    made = Network(n, etcd_network=etcd_network)
     try:
         yield made
     finally:

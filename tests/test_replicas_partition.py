@@ -29,7 +29,7 @@ import pytest
 
 from ambrosia_py.client import Client
 from ambrosia_py.coordinator.registry.backends import open_registry
-from ambrosia_py.coordinator.registry.primary import open_election
+from ambrosia_py.coordinator.registry.primary import Term, open_election
 from ambrosia_py.testing import wait_for
 from ambrosia_py.testing.processes import process_gone
 from tests import netns
@@ -137,6 +137,14 @@ def partitionable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[P
     """Three replicas on three machines, with etcd on the root namespace's front address;
     a primary chosen and both secondaries holding a checkpoint. Every process, namespace,
     cable and bridge is gone after the test, pass or fail."""
+    yield from replica_machines(tmp_path, monkeypatch)
+
+
+def replica_machines(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, etcd_network: bool = False
+) -> Iterator[Partitionable]:
+    """What ``partitionable`` gives; with ``etcd_network``, etcd on a network of its
+    own (``netns.network``)."""
     why = netns.unavailable()
     if why is not None:
         pytest.skip(why)
@@ -145,8 +153,8 @@ def partitionable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[P
     secret.write_bytes(os.urandom(32))
     secret.chmod(0o600)
     with contextlib.ExitStack() as cleanup:
-        net = cleanup.enter_context(netns.network(3))
-        etcd = start_etcd(tmp_path / "etcd", host=net.root_ip)
+        net = cleanup.enter_context(netns.network(3, etcd_network=etcd_network))
+        etcd = start_etcd(tmp_path / "etcd", host=net.etcd_ip)
         cleanup.callback(etcd.stop)
         registry = Registry(f"{etcd.spec}?lease_ttl=1", f"c{os.getpid()}", tmp_path)
         replicas = [Replica(tmp_path, m, r, registry, secret) for r, m in enumerate(net.machines)]
@@ -173,43 +181,22 @@ def test_a_primary_cut_off_from_its_replicas_acknowledges_nothing_more(
     callers = TracedCallers(registry, secret, 4)
     callers.start()
     try:
-        callers.wait_answers(30)
-        term = current_term(registry)
-        assert term is not None
-        old = replicas[term.replica]
-        assert old.process is not None
-        coordinator = old.process.coordinator_pid()
-        assert coordinator is not None
-        assert callers.answered_by(old), "the callers reach the primary's ingress"
-
+        term, old, coordinator = serving(replicas, registry, callers)
         old.host.cut()
         cut = time.monotonic()  # taken once the cable is out: later calls cannot be shipped
         # The secondaries take over: a later epoch, held by another replica.
-        wait_for("a newer term", lambda: failover.newer_term(registry, term), DEADLINE)
-        new_term = current_term(registry)
-        assert new_term is not None and new_term.replica != term.replica
-        new = replicas[new_term.replica]
+        new_term, new = newer_primary(replicas, registry, term)
         # Calls are answered again, by the new primary.
         callers.wait_answers(30)
         assert callers.answered_by(new), "the new primary answers"
         # The cut-off primary, still reached by etcd's watch, finds it was deposed and
         # stops, its binding with it.
-        wait_for("the cut-off primary to stop", lambda: process_gone(coordinator), DEADLINE)
-        process = old.process
-        wait_for("its service process to exit", lambda: not process.alive(), DEADLINE)
-        out = old.process_output()
-        assert "is primary no more" in out
+        out = stopped(old, coordinator)
         assert "the registry names replica" in out  # it learned from the registry
 
         # Plugged in again and started again, it rejoins as a secondary.
         old.host.heal()
-        old.start()
-        wait_for(f"replica {old.replica} to rejoin", lambda: following(old), DEADLINE)
-        wait_for(
-            f"replica {old.replica} to hold records of the new term",
-            lambda: position(registry, old) > new_term.log_position,
-            DEADLINE,
-        )
+        rejoined(old, registry, new_term)
         callers.wait_answers(20)
         assert current_term(registry) == new_term  # it came back as a secondary
     finally:
@@ -224,6 +211,52 @@ def test_a_primary_cut_off_from_its_replicas_acknowledges_nothing_more(
     made_after = [a for a in late if a.asked > cut]
     assert not made_after, f"the cut-off primary acknowledged {made_after} without a quorum"
     assert all(callers.answers.count(a.value) == 1 for a in late)
+
+
+def serving(
+    replicas: list[Replica], registry: Registry, callers: TracedCallers
+) -> tuple[Term, Replica, int]:
+    """Once calls are answered: the term, its primary, and its coordinator's pid."""
+    callers.wait_answers(30)
+    term = current_term(registry)
+    assert term is not None
+    primary = replicas[term.replica]
+    assert primary.process is not None
+    coordinator = primary.process.coordinator_pid()
+    assert coordinator is not None
+    assert callers.answered_by(primary), "the callers reach the primary's ingress"
+    return term, primary, coordinator
+
+
+def newer_primary(replicas: list[Replica], registry: Registry, term: Term) -> tuple[Term, Replica]:
+    """Once a later term holds the role: it, and its replica (never ``term``'s)."""
+    wait_for("a newer term", lambda: failover.newer_term(registry, term), DEADLINE)
+    new_term = current_term(registry)
+    assert new_term is not None and new_term.replica != term.replica
+    return new_term, replicas[new_term.replica]
+
+
+def stopped(deposed: Replica, coordinator: int) -> str:
+    """Once a deposed primary's coordinator and service process are gone: its output,
+    which says it is primary no more."""
+    wait_for("the deposed primary to stop", lambda: process_gone(coordinator), DEADLINE)
+    process = deposed.process
+    assert process is not None
+    wait_for("its service process to exit", lambda: not process.alive(), DEADLINE)
+    out = deposed.process_output()
+    assert "is primary no more" in out
+    return out
+
+
+def rejoined(replica: Replica, registry: Registry, term: Term) -> None:
+    """Start ``replica`` again; return once it follows and holds records of ``term``."""
+    replica.start()
+    wait_for(f"replica {replica.replica} to rejoin", lambda: following(replica), DEADLINE)
+    wait_for(
+        f"replica {replica.replica} to hold records of the new term",
+        lambda: position(registry, replica) > term.log_position,
+        DEADLINE,
+    )
 
 
 def position(registry: Registry, replica: Replica) -> int:
