@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -134,10 +135,12 @@ def test_a_lagging_secondary_sent_a_checkpoint_reloads_its_binding(
     machines: list[Machine],
 ) -> None:
     """Replica 2 is killed while the others go on and replica 1 checkpoints itself past
-    where replica 2's log ends. Then the primary is killed and replica 2 started again:
-    its binding follows from its own checkpoint at once, replica 1 takes over, and its
-    log no longer holds where replica 2's ends, so replica 2 is sent replica 1's
-    checkpoint while its binding follows, and reloads it. Replica 2 is then made primary
+    where replica 2's log ends. Then replica 1 is paused (SIGSTOP), the primary killed
+    and replica 2 started again: alone, its binding follows from its own checkpoint.
+    Replica 1 resumed takes over, and its log no longer holds where replica 2's ends, so
+    replica 2 is sent replica 1's checkpoint while its binding follows, and reloads it
+    (the pause makes that order certain: a replica sent a checkpoint before its binding
+    starts only ever loads that one). Replica 2 is then made primary
     (the others killed in turn), and the counter it serves must hold every call exactly
     once."""
     env = {**os.environ, **TRIGGER}
@@ -166,15 +169,34 @@ def test_a_lagging_secondary_sent_a_checkpoint_reloads_its_binding(
         )
         term = current_term(registry)
         assert term is not None and term.replica == 0
-        first.process.kill("both")
-        lagging.start(env)
-        wait_for("a new primary", lambda: newer_term(registry, term), DEADLINE)
-        taker = current_term(registry)
-        assert taker is not None and taker.replica == second.replica  # its log is longer
+        assert second.process is not None and second.process.proc is not None
+        paused = [second.process.proc.pid, second.process.coordinator_pid()]
+        for pid in paused:
+            assert pid is not None
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            first.process.kill("both")
+            lagging.start(env)
+            wait_for(
+                "replica 2's binding to follow its own checkpoint",
+                lambda: FOLLOWS.search(lagging.process_output()),
+                DEADLINE,
+            )
+        finally:
+            for pid in paused:
+                assert pid is not None
+                os.kill(pid, signal.SIGCONT)
+
+        def second_leads() -> bool:  # its log is longer: replica 2's terms are outranked
+            now = current_term(registry)
+            return now is not None and now.replica == second.replica and now.epoch > term.epoch
+
+        wait_for("replica 1 to take the role", second_leads, DEADLINE)
         wait_for(
             "replica 2 to reload from a shipped checkpoint",
             lambda: len(FOLLOWS.findall(lagging.process_output())) >= 2,
             DEADLINE,
+            context=lambda: "replica 2 printed:\n" + lagging.process_output()[-4000:],
         )
         out = lagging.process_output()
         assert out.index("installed a shipped checkpoint") > FOLLOWS.search(out).start()  # type: ignore[union-attr]

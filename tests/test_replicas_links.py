@@ -53,18 +53,30 @@ class Group:
         for m in self.machines:
             m.start()
 
+    def tails(self) -> str:
+        """The end of what each replica printed, for a wait that timed out."""
+        return "\n".join(
+            f"--- {m.log.name}:\n{m.process.tail(1500)}" for m in self.machines if m.process
+        )
+
     def ready(self) -> None:
         """A primary, and every other replica holding a checkpoint."""
         wait_for(
             f"a primary of {self.instance}",
             lambda: current_term(self.registry, self.instance) is not None,
             DEADLINE,
+            context=self.tails,
         )
         term = current_term(self.registry, self.instance)
         assert term is not None
         for m in self.machines:
             if m.replica != term.replica:
-                wait_for(f"{m.log.name} to hold a checkpoint", lambda m=m: installed(m), DEADLINE)
+                wait_for(
+                    f"{m.log.name} to hold a checkpoint",
+                    lambda m=m: installed(m),
+                    DEADLINE,
+                    context=self.tails,
+                )
 
     def lose_primary(self) -> None:
         """The primary's machine is lost; a secondary takes over; it rejoins empty."""
