@@ -19,10 +19,12 @@ from ambrosia_py.coordinator.replication import (
     NewTerm,
     OutboxTrim,
     Position,
+    Probe,
     Refuse,
     ReplicationProtocolError,
     ReplicationRuleError,
     Resend,
+    Silence,
     Sync,
     decode_frame,
     encode_frame,
@@ -55,6 +57,9 @@ VECTORS: list[tuple[Message, str]] = [
     # names in UTF-8 ("é" is c3 a9), each after its byte count
     (OutboxTrim(3, (("bank", 300), ("é", 1))), "0f 01 0a 03 02 04 62616e6b ac02 02 c3a9 01"),
     (OutboxTrim(1, ()), "04 01 0a 01 00"),
+    (Probe(3, 300), "05 01 0b 03 ac02"),
+    (Silence(3, 1, True), "05 01 0c 03 01 01"),
+    (Silence(7, 2, False), "05 01 0c 07 02 00"),
 ]
 
 
@@ -183,6 +188,8 @@ MALFORMED = [
     ("0a 01 0a 01 02 01 61 01 01 61 02", "TRIM: trims[1] names 'a' a second time", 8),
     ("06 01 0a 01 01 05 61", "TRIM: trims[0].name runs past the frame", 5),
     ("05 01 0a 01 8120", "TRIM: field trim count is 4097, over 4096", 4),
+    ("05 01 0c 03 01 02", "SILENCE: field silent is 2, not 0 or 1", 5),
+    ("03 01 0b 03", "PROBE: field round: varint truncated", 4),
 ]
 
 

@@ -126,6 +126,7 @@ class Sim:
             commit_end=node.d_base,
             now=self.now,
             timing=TIMING,
+            group=self.group,
         )
 
     def schedule(self, delay: float, action: Callable[[], None]) -> None:
@@ -283,7 +284,9 @@ class Sim:
     def step_down(self, node: Node, core: Core, epoch: int, better: int | None) -> None:
         assert isinstance(core, Primary)
         self.stats["step-downs"] += 1
-        node.core = Secondary.following(core, epoch=epoch, now=self.now, timing=TIMING)
+        node.core = Secondary.following(
+            core, epoch=epoch, now=self.now, timing=TIMING, group=self.group
+        )
         if better is not None and self.term == (core.epoch, node.rid) and self.nodes[better].up:
             self.stats["handed-over"] += 1
             self.grant(better)

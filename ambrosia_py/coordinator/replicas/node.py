@@ -167,6 +167,7 @@ class ReplicaNode(Leading):
             commit_end=base,
             now=time.monotonic(),
             timing=self.timing,
+            group=self.group,
         )
 
     async def start(self, host: str, port: int, advertised: str) -> None:
@@ -498,7 +499,9 @@ class ReplicaNode(Leading):
             # A higher epoch is adopted durably before anything else, as a secondary
             # adopting one does (a history naming it is saved only under it).
             self.disk.save(epoch=epoch)
-        self.core = Secondary.following(core, epoch=epoch, now=time.monotonic(), timing=self.timing)
+        self.core = Secondary.following(
+            core, epoch=epoch, now=time.monotonic(), timing=self.timing, group=self.group
+        )
         self.term = self.gate = None
         self.established.clear()
         self._won = asyncio.get_running_loop().create_future()

@@ -21,6 +21,8 @@ Every message travels in one frame::
     8 REFUSE      anyone -> sender      epoch (the higher one the refuser holds)
     9 CHECKPOINT  primary -> replica    epoch | seq | total | offset | data (to the end)
    10 TRIM        primary -> replica    epoch | count | (uvarint size | name | seq) * count
+   11 PROBE       secondary -> others   epoch | round
+   12 SILENCE     replica -> prober     epoch | round | silent (0 or 1)
 
 An APPEND's records are in their on-disk form (:mod:`ambrosia_py.wire.records`: header
 with the length as ``-length-1``, messages, watermarks), numbered ``first_seq``,
@@ -34,6 +36,12 @@ range value, a history out of order, trailing bytes: each is a
 A TRIM's names are instance names in UTF-8 (at most :data:`MAX_NAME_BYTES` bytes each,
 at most :data:`MAX_TRIMS` of them, no name twice); each ``seq`` says that instance has
 durably every message below it that this instance sent it.
+
+PROBE and SILENCE are the check before a take-over (Raft's pre-vote): a secondary that
+has heard nothing from the primary for ``failover_after`` asks the others, in a numbered
+``round``, whether they find it silent too, and takes the role only once enough of them
+say so. Their ``epoch`` is the sender's, for the record only: neither is refused for it,
+nor makes anyone adopt it (a probe must not disturb a term that is alive).
 """
 
 from __future__ import annotations
@@ -48,7 +56,8 @@ from ...wire import records as wrecords
 from ...wire.errors import ProtocolError, TruncatedInputError
 from ...wire.varint import decode_uvarint, encode_uvarint, uvarint_size
 from .errors import ReplicationProtocolError, ReplicationRuleError
-from .history import MAX_POSITION, EpochStart, History
+from .fields import MAX_HISTORY, MAX_NAME_BYTES, MAX_RECORDS, MAX_TRIMS, MAX_VARINT, Fields
+from .history import MAX_POSITION, History
 
 __all__ = [
     "DEFAULT_MAX_FRAME",
@@ -67,8 +76,10 @@ __all__ = [
     "NewTerm",
     "OutboxTrim",
     "Position",
+    "Probe",
     "Refuse",
     "Resend",
+    "Silence",
     "Sync",
     "decode_frame",
     "encode_frame",
@@ -78,17 +89,8 @@ __all__ = [
 ]
 
 VERSION: Final = 1
-MAX_HISTORY: Final = 1 << 16
-"""Entries in one history: one per term that wrote to the log."""
-MAX_RECORDS: Final = 1 << 16
-"""Records in one APPEND."""
-MAX_TRIMS: Final = 1 << 12
-"""Destinations in one TRIM."""
-MAX_NAME_BYTES: Final = 1 << 10
-"""The longest instance name a TRIM carries, in UTF-8 bytes."""
 DEFAULT_MAX_FRAME: Final = wrecords.DEFAULT_MAX_RECORD_SIZE + (64 << 20)
 """A frame may hold the largest record AMBROSIA allows and its watermarks."""
-_MAX_VARINT = 10
 
 Buffer = bytes | memoryview
 
@@ -106,6 +108,8 @@ class Kind(enum.IntEnum):
     REFUSE = 8
     CHECKPOINT = 9
     TRIM = 10
+    PROBE = 11
+    SILENCE = 12
 
 
 @attrs.frozen
@@ -227,6 +231,27 @@ class OutboxTrim:
     points: tuple[tuple[str, int], ...]
 
 
+@attrs.frozen
+class Probe:
+    """A secondary of ``epoch`` finds its primary silent: do the others, too? ``round``
+    numbers its asking, so an answer is matched to the round it answers."""
+
+    KIND: ClassVar = Kind.PROBE
+    epoch: int
+    round: int
+
+
+@attrs.frozen
+class Silence:
+    """The answer to a :class:`Probe` of ``round``: whether the answering replica, of
+    ``epoch``, has heard nothing from a primary for a while (a primary: never)."""
+
+    KIND: ClassVar = Kind.SILENCE
+    epoch: int
+    round: int
+    silent: bool
+
+
 Message = (
     NewTerm
     | Position
@@ -238,6 +263,8 @@ Message = (
     | Refuse
     | CheckpointChunk
     | OutboxTrim
+    | Probe
+    | Silence
 )
 
 
@@ -305,6 +332,10 @@ def encode_parts(msg: Message) -> list[Buffer]:
             tail.append(msg.data)
         case OutboxTrim():
             head += _trims(msg.points)
+        case Probe():
+            head += _uint(msg.round, "round")
+        case Silence():
+            head += _uint(msg.round, "round") + encode_uvarint(int(msg.silent))
     size = len(head) + sum(len(t) for t in tail)
     return [encode_uvarint(size) + head, *tail]
 
@@ -315,125 +346,6 @@ def encode_frame(msg: Message) -> bytes:
 
 
 # --- decoding --------------------------------------------------------------------------
-
-
-class _Fields:
-    """A walk over one frame's fields; errors name the message, field and offset."""
-
-    def __init__(self, body: memoryview, base: int, what: str) -> None:
-        self.body = body
-        self.pos = 0
-        self.base = base
-        self.what = what
-
-    def fail(self, reason: str, at: int | None = None, seq: int | None = None) -> None:
-        where = self.base + (self.pos if at is None else at)
-        raise ReplicationProtocolError(f"{self.what}: {reason}", offset=where, seq=seq)
-
-    def uint(self, name: str) -> int:
-        start = self.pos
-        try:
-            value, self.pos = decode_uvarint(self.body, start, None, _MAX_VARINT)
-        except ProtocolError as exc:
-            raise ReplicationProtocolError(
-                f"{self.what}: field {name}: {exc.reason}", offset=self.base + start
-            ) from None
-        if value > MAX_POSITION:
-            self.fail(f"field {name} is {value}, over {MAX_POSITION}", start)
-        return value
-
-    def count(self, name: str, limit: int) -> int:
-        start = self.pos
-        n = self.uint(name)
-        if n > limit:
-            self.fail(f"field {name} is {n}, over {limit}", start)
-        return n
-
-    def history(self, name: str) -> History:
-        n = self.count(f"{name} count", MAX_HISTORY)
-        entries: list[EpochStart] = []
-        for i in range(n):
-            start = self.pos
-            epoch = self.uint(f"{name}[{i}].epoch")
-            seq = self.uint(f"{name}[{i}].start")
-            if epoch == 0:
-                self.fail(f"{name}[{i}].epoch is 0", start)
-            if entries and (epoch <= entries[-1].epoch or seq < entries[-1].start):
-                self.fail(f"{name}[{i}] ({epoch}, {seq}) does not follow {entries[-1]}", start)
-            entries.append(EpochStart(epoch, seq))
-        return History(tuple(entries))
-
-    def records(self, first_seq: int) -> tuple[memoryview, ...]:
-        n = self.count("record count", MAX_RECORDS)
-        out: list[memoryview] = []
-        for i in range(n):
-            seq = first_seq + i
-            size_at = self.pos
-            size = self.uint(f"records[{i}].size")
-            if size > len(self.body) - self.pos:
-                self.fail(f"records[{i}] of {size} bytes runs past the frame", size_at, seq)
-            record = self.body[self.pos : self.pos + size]
-            _check_record(record, seq, i, self)
-            out.append(record)
-            self.pos += size
-        return tuple(out)
-
-    def trims(self) -> tuple[tuple[str, int], ...]:
-        n = self.count("trim count", MAX_TRIMS)
-        out: dict[str, int] = {}
-        for i in range(n):
-            start = self.pos
-            size = self.uint(f"trims[{i}].name size")
-            if not 0 < size <= MAX_NAME_BYTES:
-                self.fail(f"trims[{i}].name of {size} bytes, not 1..{MAX_NAME_BYTES}", start)
-            if size > len(self.body) - self.pos:
-                self.fail(f"trims[{i}].name runs past the frame", start)
-            try:
-                name = bytes(self.body[self.pos : self.pos + size]).decode()
-            except UnicodeDecodeError:
-                self.fail(f"trims[{i}].name is not UTF-8", self.pos)
-            if name in out:
-                self.fail(f"trims[{i}] names {name!r} a second time", start)
-            self.pos += size
-            out[name] = self.uint(f"trims[{i}].seq")
-        return tuple(out.items())
-
-    def rest(self) -> memoryview:
-        data = self.body[self.pos :]
-        self.pos = len(self.body)
-        return data
-
-    def end(self) -> None:
-        if self.pos != len(self.body):
-            self.fail(f"{len(self.body) - self.pos} trailing bytes")
-
-
-def _check_record(record: memoryview, seq: int, i: int, fields: _Fields) -> None:
-    """A shipped record must be a whole, verified on-disk record numbered ``seq``."""
-    at = fields.pos
-    try:
-        header = wrecords.parse_header(record, 0, on_disk=True)
-        if header.seq != seq:
-            fields.fail(f"records[{i}] has seq {header.seq}, expected {seq}", at + 16, seq)
-        if header.length > len(record):
-            fields.fail(
-                f"records[{i}] states {header.length} bytes, has {len(record)}", at + 4, seq
-            )
-        _, tail_end = wrecords.decode_disk_tail(record, header.length)
-        if tail_end != len(record):
-            fields.fail(
-                f"records[{i}]: {len(record) - tail_end} bytes after its watermarks",
-                at + tail_end,
-                seq,
-            )
-        wrecords.verify_check(header, record[wrecords.HEADER_SIZE : header.length])
-    except ReplicationProtocolError:
-        raise
-    except ProtocolError as exc:
-        offset = 0 if exc.offset is None else exc.offset
-        raise ReplicationProtocolError(
-            f"{fields.what}: records[{i}]: {exc.reason}", offset=fields.base + at + offset, seq=seq
-        ) from None
 
 
 _NAMES = {kind: kind.name for kind in Kind}
@@ -454,7 +366,7 @@ def decode_body(body: memoryview, base: int = 0) -> Message:
         kind = Kind(body[1])
     except ValueError:
         raise ReplicationProtocolError(f"unknown frame kind {body[1]}", offset=base + 1) from None
-    f = _Fields(body, base, _NAMES[kind])
+    f = Fields(body, base, _NAMES[kind])
     f.pos = 2
     epoch = f.uint("epoch")
     msg: Message
@@ -511,6 +423,10 @@ def decode_body(body: memoryview, base: int = 0) -> Message:
             msg = CheckpointChunk(epoch, seq, total, offset, data)
         case Kind.TRIM:
             msg = OutboxTrim(epoch, f.trims())
+        case Kind.PROBE:
+            msg = Probe(epoch, f.uint("round"))
+        case Kind.SILENCE:
+            msg = Silence(epoch, f.uint("round"), f.flag("silent"))
     f.end()
     return msg
 
@@ -566,7 +482,7 @@ class FrameReader:
         if not buf:
             return None
         try:
-            length, pos = decode_uvarint(buf, 0, None, _MAX_VARINT)
+            length, pos = decode_uvarint(buf, 0, None, MAX_VARINT)
         except TruncatedInputError:
             return None  # fewer than 10 bytes, the last with its high bit set
         except ProtocolError as exc:

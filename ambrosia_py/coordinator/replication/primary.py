@@ -55,8 +55,10 @@ from .messages import (
     NewTerm,
     OutboxTrim,
     Position,
+    Probe,
     Refuse,
     Resend,
+    Silence,
     Sync,
     append_size,
 )
@@ -209,6 +211,13 @@ class Primary(EventQueue):
             return
         if sender not in self._feeds:
             raise ReplicationRuleError(f"a message from replica {sender}, not of the group")
+        if isinstance(msg, Probe):  # a secondary that hears nothing: this one is alive
+            # Not through _send: no heartbeat is put off by it (a probe's answer is
+            # not heard as the primary's word).
+            self._events.append(Send(sender, Silence(self.epoch, msg.round, False)))
+            return
+        if isinstance(msg, Silence):
+            return  # an answer to a probe this replica sent as a secondary
         if msg.epoch > self.epoch:
             self._step_down(
                 msg.epoch, TermEvent.HIGHER_EPOCH, f"replica {sender} holds epoch {msg.epoch}"

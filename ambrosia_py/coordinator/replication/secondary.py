@@ -30,9 +30,18 @@ the first message of its epoch. It moves through :data:`~.states.SECONDARY`:
   this log ends; the last chunk installs it (:class:`~.events.InstallCheckpoint`) and the
   log starts over, empty, at the checkpoint's seq.
 
-:meth:`Secondary.tick` watches the primary: nothing from it (message of any kind) for
-``timing.failover_after`` gives :class:`~.events.PrimaryLost`, again every
-``failover_after`` while the silence lasts.
+:meth:`Secondary.tick` watches the primary. Nothing from it (message of any kind) for
+``timing.failover_after`` is not yet enough to take the role: a secondary cut off from
+the others alone would take it from a primary that serves them well, and the primary,
+told by the registry, would stop. So it first asks the other replicas (PROBE, numbered
+rounds, every ``failover_after / 2`` while the silence lasts) whether they find the
+primary silent too, and reports :class:`~.events.PrimaryLost` only once ``term_quorum -
+1`` of them said so (SILENCE) in one round: the quorum a new term needs to be
+established, so a take-over that could not be established is not tried (Raft's
+pre-vote). A replica answers "silent" when it has heard nothing from its primary for
+``failover_after / 2``; a primary always answers "not silent". The report comes again,
+after a new round, every ``failover_after`` while the silence lasts. Probes neither
+raise nor refuse epochs. Without a group (a core alone) the report comes at once.
 """
 
 from __future__ import annotations
@@ -42,6 +51,7 @@ from typing import Protocol
 from .errors import ReplicationRuleError
 from .events import (
     EventQueue,
+    Group,
     InstallCheckpoint,
     PrimaryLost,
     Replayable,
@@ -64,8 +74,10 @@ from .messages import (
     NewTerm,
     OutboxTrim,
     Position,
+    Probe,
     Refuse,
     Resend,
+    Silence,
     Sync,
 )
 from .states import SECONDARY, SecondaryEvent, SecondaryState, step
@@ -103,7 +115,8 @@ class Secondary(EventQueue):
     as scanned after a restart); ``commit_end`` a seq known committed in that log (the
     checkpoint's, after a restart; a primary stepping down passes its own);
     ``replayed_end`` how much of it the binding has (``log_base`` if not given: it
-    reloads from the checkpoint)."""
+    reloads from the checkpoint). ``group``: the replicas it asks before reporting the
+    primary lost (see the module)."""
 
     def __init__(
         self,
@@ -119,6 +132,7 @@ class Secondary(EventQueue):
         primary: int | None = None,
         durable_end: int | None = None,
         replayed_end: int | None = None,
+        group: Group | None = None,
     ) -> None:
         if history.entries and history.entries[-1].epoch > epoch:
             raise ReplicationRuleError(
@@ -143,6 +157,9 @@ class Secondary(EventQueue):
         self.replayed_end = log_base if replayed_end is None else min(replayed_end, self.commit_end)
         self._heard = now  # the last message from the primary, or the start
         self._lost_said = now  # the last PrimaryLost, or the start
+        self.group = group
+        self._round = 0  # the last probe round asked
+        self._probe: _Round | None = None  # the round under way, if any
         self._asked: tuple[type[Message], int, float] | None = None
         self._checkpoint: _Transfer | None = None
         self._checkpoint_heard = now
@@ -150,7 +167,13 @@ class Secondary(EventQueue):
 
     @classmethod
     def following(
-        cls, core: LogState, *, epoch: int, now: float, timing: Timing | None = None
+        cls,
+        core: LogState,
+        *,
+        epoch: int,
+        now: float,
+        timing: Timing | None = None,
+        group: Group | None = None,
     ) -> Secondary:
         """The secondary a replica goes on as when its primary core steps down
         (:class:`~.events.SteppedDown`: ``epoch`` is the one it names), with the log as
@@ -166,6 +189,7 @@ class Secondary(EventQueue):
             replayed_end=core.commit_end,
             now=now,
             timing=timing,
+            group=group,
         )
 
     # --- the adapter's calls -------------------------------------------------------------
@@ -186,6 +210,7 @@ class Secondary(EventQueue):
             )
         self.primary = primary
         self._heard = now
+        self._probe = None
         if self.state is SecondaryState.JOINING:
             self._ask(Position, self.log_end, now, force=True)
 
@@ -193,6 +218,13 @@ class Secondary(EventQueue):
         """A message from replica ``sender``."""
         if isinstance(msg, Position | Ack | Resend | Refuse):
             return  # meant for a primary: this replica is not one
+        if isinstance(msg, Probe):
+            silent = now - self._heard >= self.timing.failover_after / 2
+            self._events.append(Send(sender, Silence(self.epoch, msg.round, silent)))
+            return
+        if isinstance(msg, Silence):
+            self._answered(sender, msg, now)
+            return
         if msg.epoch < self.epoch:
             self._events.append(Send(sender, Refuse(self.epoch)))
             return
@@ -205,6 +237,7 @@ class Secondary(EventQueue):
                 f"replicas {self.primary} and {sender} both act as primary of epoch {msg.epoch}"
             )
         self._heard = now
+        self._probe = None
         before = self.state
         match msg:
             case NewTerm():
@@ -251,10 +284,18 @@ class Secondary(EventQueue):
         self.durable_end = max(self.durable_end, self.log_base)  # the checkpoint holds them
 
     def tick(self, now: float) -> None:
-        """Time passes: a silent primary is reported lost; a stalled transfer given up."""
-        if now - max(self._heard, self._lost_said) >= self.timing.failover_after:
-            self._lost_said = now
-            self._events.append(PrimaryLost(self.epoch, self.primary))
+        """Time passes: a silent primary is probed, then reported lost; a stalled transfer
+        given up."""
+        failover_after = self.timing.failover_after
+        if now - max(self._heard, self._lost_said) >= failover_after:
+            others = self._others()
+            if not others:
+                self._lost(now)
+            elif self._probe is None or now - self._probe.sent >= failover_after / 2:
+                self._round += 1
+                self._probe = _Round(self._round, now)
+                for replica in others:
+                    self._events.append(Send(replica, Probe(self.epoch, self._round)))
         if (
             self.state is SecondaryState.INSTALLING
             and now - self._checkpoint_heard >= self.timing.retry_after
@@ -264,6 +305,26 @@ class Secondary(EventQueue):
             self._ask(Position, self.log_end, now, force=True)
 
     # --- inside --------------------------------------------------------------------------
+
+    def _others(self) -> list[int]:
+        """The replicas to probe; none when no other's word is needed."""
+        if self.group is None or self.group.term_quorum <= 1:
+            return []
+        return sorted(self.group.replicas - {self.replica})
+
+    def _answered(self, sender: int, msg: Silence, now: float) -> None:
+        probe = self._probe
+        if probe is None or msg.round != probe.round or not msg.silent:
+            return
+        probe.agreed.add(sender)
+        assert self.group is not None  # only a group's members are probed
+        if len(probe.agreed) >= self.group.term_quorum - 1:
+            self._lost(now)
+
+    def _lost(self, now: float) -> None:
+        self._probe = None
+        self._lost_said = now
+        self._events.append(PrimaryLost(self.epoch, self.primary))
 
     def _adopt(self, epoch: int) -> None:
         self.epoch = epoch
@@ -370,6 +431,15 @@ class Secondary(EventQueue):
             self.commit_end = max(self.commit_end, msg.seq)
             self.replayed_end = msg.seq  # the binding reloads from the checkpoint
             self._ask(Resend, self.log_end, now, force=True)
+
+
+class _Round:
+    """One round of probes: when it was asked, and who answered "silent"."""
+
+    def __init__(self, round: int, sent: float) -> None:
+        self.round = round
+        self.sent = sent
+        self.agreed: set[int] = set()
 
 
 class _Transfer:

@@ -20,6 +20,8 @@ A secondary's (:data:`SECONDARY`): it holds an epoch and follows that epoch's pr
 Every message of the current primary may arrive in every state (the network delays and
 reorders), so the table is total over them: a message out of place is answered or
 ignored, never an error. A higher epoch (HIGHER_EPOCH) sends every state to JOINING.
+The check before a take-over (PROBE, SILENCE) moves no machine, whatever its epoch: the
+cores answer or count it before they look at a table (:mod:`.secondary`).
 
 The primary's term (:data:`TERM`): GATHERING until a quorum of replicas has answered
 its NEW_TERM with positions none of which is ahead of its own (QUORUM), then
