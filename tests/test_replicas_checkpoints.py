@@ -115,10 +115,16 @@ def test_a_secondary_killed_mid_checkpoint_follows_again_and_nothing_is_lost(
             DEADLINE,
         )
         callers.wait_answers(100)
-        # Its log starts at its checkpoint: the files before it were dropped.
+        # Its log starts at its checkpoint: the files before it are dropped (just after
+        # the checkpoint is committed, so looked for until they are).
         now = own_checkpoint(victim)
         assert now is not None and now > committed
-        assert min(log_numbers(victim)) >= now
+
+        def dropped() -> bool:
+            checkpoint = own_checkpoint(victim)  # read first: it only moves on
+            return checkpoint is not None and min(log_numbers(victim)) >= checkpoint
+
+        wait_for("replica 2's files before its checkpoint to be dropped", dropped, DEADLINE)
 
         # The primary's machine is lost; a secondary takes over from its own files.
         term = current_term(registry)
