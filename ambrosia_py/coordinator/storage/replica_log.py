@@ -345,30 +345,37 @@ class ReplicaLog:
         longer holds what was written (the wrong seq where a record was indexed, a bad
         check, a record cut short).
         """
+        return [bytes(record.raw) for record in self.read_records(from_seq, max_bytes)]
+
+    def read_records(self, from_seq: int, max_bytes: int) -> list[wire.RawRecord]:
+        """What :meth:`read` reads, as the verified records it parsed (headers and
+        watermarks: a reader of its own need not parse them again)."""
         if from_seq < self._base:
             return []
         if from_seq > self.end:
             raise StorageError(f"cannot read from seq {from_seq}: the log ends at {self.end}")
         chunk = min(_MAX_READ, max(_MIN_READ, max_bytes + SPARSE_BYTES))
-        out: list[bytes] = []
+        out: list[wire.RawRecord] = []
         taken = 0
         for segment in self._segments:
             if segment.end <= max(from_seq, segment.first):
                 continue  # before ``from_seq``, or empty
-            for _, _, raw in self._records(segment, max(from_seq, segment.first), chunk):
-                if out and taken + len(raw) > max_bytes:
+            for _, record in self._records(segment, max(from_seq, segment.first), chunk):
+                size = len(record.raw)
+                if out and taken + size > max_bytes:
                     return out
-                out.append(raw)
-                taken += len(raw)
+                out.append(record)
+                taken += size
                 if taken >= max_bytes:
                     return out  # full: the next record is not read
         return out
 
     def _records(
         self, segment: _Segment, from_seq: int, chunk: int
-    ) -> Iterator[tuple[int, int, bytes]]:
-        """``(seq, offset, on-disk bytes)`` of the records of ``segment`` from
-        ``from_seq`` on, verified, read from the index entry at or before it."""
+    ) -> Iterator[tuple[int, wire.RawRecord]]:
+        """``(offset, record)`` of the records of ``segment`` from ``from_seq`` on,
+        verified, read from the index entry at or before it; each record's bytes its
+        own (not a view of the reader's buffer)."""
         path = self._files.log_path(segment.number)
         seq, start = segment.entry_before(from_seq)
         fd = self._fd(segment.number)
@@ -399,7 +406,8 @@ class ReplicaLog:
                         path, start + raw.offset, seq - 1, f"past the log's end {segment.end}"
                     )
                 if seq > from_seq:
-                    yield seq - 1, start + raw.offset, bytes(raw.raw)
+                    own = wire.RawRecord(raw.header, bytes(raw.raw), raw.offset, raw.tail)
+                    yield start + raw.offset, own
 
     def _fd(self, number: int) -> int:
         fd = self._fds.get(number)
@@ -447,7 +455,7 @@ class ReplicaLog:
     def _offset_of(self, segment: _Segment, seq: int) -> int:
         if seq == segment.end:
             return segment.size
-        for _, offset, _ in self._records(segment, seq, _MIN_READ):
+        for offset, _ in self._records(segment, seq, _MIN_READ):
             return offset
         raise AssertionError("unreachable: a segment holds the seqs below its end")
 
