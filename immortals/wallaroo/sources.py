@@ -325,9 +325,10 @@ class OckamSource:
 
     The connection is made on first use and again whenever it drops (back-off up to a
     second): a hub that crashes and recovers loses nothing, and reads go on from the
-    index asked for. Saving acknowledged points is best effort and coalesced (the
-    worker, not the index service, is the system of record): one save in flight, the
-    newest point next.
+    index asked for. Acknowledged points are saved to the hub's index service coalesced
+    (the worker, not the index service, is the system of record): one save in flight,
+    the newest point next, and a save that fails is tried again, with back-off, until
+    one succeeds or the source closes.
     """
 
     def __init__(self, host: str, port: int, stream: str, *, client_id: str) -> None:
@@ -412,14 +413,22 @@ class OckamSource:
             self._saver = asyncio.get_running_loop().create_task(self._save())
 
     async def _save(self) -> None:
+        delay = 0.02
         while self._to_save is not None:
             point, self._to_save = self._to_save, None
             try:
                 client, _ = await self._connected()
                 await client.save_index(self.client_id, self.stream, point)
+                delay = 0.02
             except (OSError, TimeoutError, OckamError) as exc:
-                log.info("ockam index save of %s: %s", self.stream, exc)
+                # Tried again (the newest point, if one came meanwhile): the last point
+                # of a stream is committed once, and a save lost with the hub would
+                # leave its index behind for good.
+                log.info("ockam index save of %s: %s; retrying", self.stream, exc)
                 await self._drop()
+                self._to_save = point if self._to_save is None else max(self._to_save, point)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, _BACKOFF_MAX)
 
     async def close(self) -> None:
         if self._saver is not None:
