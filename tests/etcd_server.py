@@ -28,7 +28,7 @@ from typing import Any
 import attrs
 import pytest
 
-from ambrosia_py.testing.processes import free_port
+from ambrosia_py.testing.ports import free_port
 
 __all__ = ["EtcdServer", "EtcdTls", "etcd_server", "start_etcd"]
 

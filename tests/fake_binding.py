@@ -200,12 +200,6 @@ def _connect(port: int) -> socket.socket:
             time.sleep(0.005)  # polling a port that is about to open, with a deadline
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass
 class Coordinator:
     proc: subprocess.Popen[str]

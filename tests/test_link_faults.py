@@ -31,9 +31,9 @@ from ambrosia_py.coordinator.links.auth import (
 )
 from ambrosia_py.flow.constants import CONNECT_PACKET_LENGTH, FRAME_HEADER_LENGTH
 from ambrosia_py.testing import ImmortalRunner, RunningImmortal
+from ambrosia_py.testing.ports import free_port
 from examples.hello.server import HelloServer, Refused
 from tests.certs import mutual_tls, needs_openssl
-from tests.fake_binding import free_port
 from tests.fault_proxy import KINDS, FaultPlan, FaultProxy, Faults
 
 DEADLINE = 60.0

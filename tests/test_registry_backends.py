@@ -31,7 +31,8 @@ from ambrosia_py.coordinator.registry.interface import (
 from ambrosia_py.coordinator.registry.rules import PORT_RANGE
 from ambrosia_py.coordinator.registry.sqlite import SqliteRegistry
 from ambrosia_py.coordinator.storage.files import InstanceFiles
-from ambrosia_py.testing.processes import DEADLINE, free_port, readline_within, wait_for
+from ambrosia_py.testing.ports import free_port
+from ambrosia_py.testing.processes import DEADLINE, readline_within, wait_for
 from tests.etcd_server import EtcdServer, etcd_server
 
 __all__ = ["etcd_server"]  # the module-scoped fixture, used through request

@@ -19,7 +19,8 @@ from ambrosia_py.coordinator.registry.backends import (
 )
 from ambrosia_py.coordinator.registry.etcd import EtcdRegistry
 from ambrosia_py.coordinator.registry.interface import Addresses, Endpoint, RegistryError
-from ambrosia_py.testing.processes import free_port, wait_for
+from ambrosia_py.testing.ports import free_port
+from ambrosia_py.testing.processes import wait_for
 from tests.certs import mutual_tls, needs_openssl
 from tests.etcd_server import EtcdServer, EtcdTls, etcd_server, start_etcd
 from tests.test_registry_backends import until

@@ -5,7 +5,6 @@ what it sent meanwhile and after arrives, once, in order."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -16,6 +15,7 @@ from ambrosia_py.coordinator.links.config import LinkSettings
 from ambrosia_py.coordinator.registry.interface import Endpoint
 from ambrosia_py.coordinator.replicas import ReplicaTransport
 from ambrosia_py.coordinator.replication import Heartbeat, Message
+from ambrosia_py.testing.ports import free_port
 from tests.test_replica_transport import DEADLINE, INSTANCE, Group, _until, group, secret_file
 
 __all__ = ["group", "secret_file"]  # fixtures, used through their names
@@ -59,9 +59,7 @@ class Child:
 async def test_a_receiver_killed_and_restarted_gets_later_messages_once_in_order(
     group: Group, secret_file: Path, tmp_path: Path
 ) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     group.book[1] = Endpoint("127.0.0.1", port)
     sender = await group.add(0)
     first, second = Child(port, secret_file, tmp_path / "first"), None

@@ -17,7 +17,8 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from ambrosia_py.testing.processes import ServiceProcess, free_port, wait_for
+from ambrosia_py.testing.ports import free_port
+from ambrosia_py.testing.processes import ServiceProcess, wait_for
 from immortals.wallaroo.worker_client import request
 
 ROOT = Path(__file__).resolve().parents[1]

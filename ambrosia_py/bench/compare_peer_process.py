@@ -36,7 +36,6 @@ __all__ = [
     "PeerUnavailableError",
     "count_syncs",
     "descendants",
-    "free_ports",
     "group_gone",
 ]
 
@@ -52,16 +51,6 @@ _PR_SET_PDEATHSIG = 1
 class PeerUnavailableError(RuntimeError):
     """A peer that is not installed here or did not start: it is named on one line and
     skipped, and the rest of the run goes on."""
-
-
-def free_ports(n: int) -> list[int]:
-    """``n`` distinct TCP ports free on 127.0.0.1 right now (all bound at once, so no
-    two are the same)."""
-    with contextlib.ExitStack() as stack:
-        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [int(s.getsockname()[1]) for s in socks]
 
 
 def _die_with_parent() -> None:

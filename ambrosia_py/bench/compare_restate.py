@@ -39,8 +39,9 @@ from typing import Any
 
 import attrs
 
+from ..testing.ports import free_ports
 from .compare_callers import CallPlan, make_calls, measure_callers, median_gap_ms
-from .compare_peer_process import PeerProcess, PeerUnavailableError, count_syncs, free_ports
+from .compare_peer_process import PeerProcess, PeerUnavailableError, count_syncs
 
 __all__ = [
     "SERVER_ENV",

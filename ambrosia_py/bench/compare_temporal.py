@@ -41,8 +41,9 @@ from typing import Any, TypeVar
 
 import attrs
 
+from ..testing.ports import free_ports
 from .compare_callers import CallPlan, make_calls, measure_callers, median_gap_ms
-from .compare_peer_process import PeerProcess, PeerUnavailableError, count_syncs, free_ports
+from .compare_peer_process import PeerProcess, PeerUnavailableError, count_syncs
 
 __all__ = [
     "CLI_ENV",

@@ -22,7 +22,8 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from .compare_peer_process import PeerProcess, PeerUnavailableError, free_ports
+from ..testing.ports import free_ports
+from .compare_peer_process import PeerProcess, PeerUnavailableError
 
 __all__ = ["RAFT_TIMING", "EtcdProcess", "etcd_unavailable"]
 

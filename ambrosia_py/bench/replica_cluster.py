@@ -40,7 +40,8 @@ from ..coordinator.registry.backends import open_registry
 from ..coordinator.registry.interface import DEFAULT_CLUSTER, InstanceRegistry
 from ..coordinator.registry.primary import PrimaryElection, Term, open_election
 from ..testing import ServiceProcess, wait_for
-from .compare_peer_process import PeerProcess, free_ports, group_gone
+from ..testing.ports import free_ports
+from .compare_peer_process import PeerProcess, group_gone
 
 __all__ = ["GROUP_LEADER", "SERVICE", "ReplicaGroup", "ReplicaMachine"]
 

@@ -50,7 +50,8 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from ..testing.processes import ServiceProcess, free_port
+from ..testing.ports import free_port
+from ..testing.processes import ServiceProcess
 from .coordinator import measure_fsync_rate
 
 __all__ = [

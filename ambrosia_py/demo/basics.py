@@ -27,7 +27,8 @@ import click
 from ..binding.loading import load_service
 from ..client import Client
 from ..coordinator.storage.files import log_bytes_in
-from ..testing.processes import free_port, interruptible
+from ..testing.ports import free_port
+from ..testing.processes import interruptible
 from .output import Output
 
 __all__ = ["run_basics"]

@@ -38,7 +38,8 @@ from typing import Any
 import attrs
 
 from ..client.lines import ask
-from ..testing.processes import ServiceProcess, Victim, free_port
+from ..testing.ports import free_port
+from ..testing.processes import ServiceProcess, Victim
 from .producer import ProducerProcess
 from .view import PipelineView
 

@@ -8,7 +8,8 @@ an immortal as real processes (``ambrosia-py run`` and its coordinator) to SIGKI
 """
 
 from ..binding.replay import Divergence, ReplayResult, replay_instance
-from .processes import ServiceProcess, free_port, readline_within, wait_for
+from .ports import free_port, free_ports
+from .processes import ServiceProcess, readline_within, wait_for
 from .runner import ImmortalRunner, RunningImmortal
 
 __all__ = [
@@ -18,6 +19,7 @@ __all__ = [
     "RunningImmortal",
     "ServiceProcess",
     "free_port",
+    "free_ports",
     "readline_within",
     "replay_instance",
     "wait_for",

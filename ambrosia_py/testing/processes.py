@@ -19,7 +19,6 @@ import contextlib
 import os
 import queue
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -31,7 +30,6 @@ from typing import IO, Literal
 __all__ = [
     "ServiceProcess",
     "Victim",
-    "free_port",
     "interruptible",
     "process_gone",
     "readline_within",
@@ -71,13 +69,6 @@ def readline_within(stream: IO[str], timeout: float = DEADLINE) -> str:
         return lines.get(timeout=timeout)
     except queue.Empty:
         return ""
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now (for a service to listen on)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def process_gone(pid: int) -> bool:

@@ -37,7 +37,8 @@ from rich.table import Table
 from ambrosia_py import eventloop
 from ambrosia_py.bench.coordinator import measure_fsync_rate
 from ambrosia_py.binding.files import StateFiles, sync_written, use_state_files
-from ambrosia_py.testing.processes import ServiceProcess, free_port, wait_for
+from ambrosia_py.testing.ports import free_port
+from ambrosia_py.testing.processes import ServiceProcess, wait_for
 
 from .hub_client import OckamClient, Publisher
 from .hub_core import StreamHub
