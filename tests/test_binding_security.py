@@ -32,6 +32,7 @@ from ambrosia_py.coordinator.core.binding_link import MAX_UNPROVEN, Listener
 from ambrosia_py.coordinator.core.intake import Intake
 from ambrosia_py.coordinator.links.protocol import LinkError
 from ambrosia_py.testing import readline_within
+from ambrosia_py.testing.ports import free_port
 from ambrosia_py.testing.runner import ImmortalRunner, RunningImmortal
 from ambrosia_py.wire import (
     Checkpoint,
@@ -55,7 +56,6 @@ from tests.fake_binding import (
     checkpoint,
     coordinator,
     frame,
-    free_port,
     preamble,
     read_token,
     self_fork,

@@ -22,12 +22,12 @@ import pytest
 from ambrosia_py.coordinator.links.config import LinkSettings, LinkSetupError, load_secret
 from ambrosia_py.coordinator.storage.scan import LogScan
 from ambrosia_py.testing import ImmortalRunner
+from ambrosia_py.testing.ports import free_port
 from tests.fake_binding import (
     FakeBinding,
     checkpoint,
     coordinator,
     frame,
-    free_port,
     incoming_fork,
     zz,
 )
