@@ -8,7 +8,7 @@ an immortal as real processes (``ambrosia-py run`` and its coordinator) to SIGKI
 """
 
 from ..binding.replay import Divergence, ReplayResult, replay_instance
-from .ports import free_port, free_ports
+from .ports import free_port
 from .processes import ServiceProcess, readline_within, wait_for
 from .runner import ImmortalRunner, RunningImmortal
 
@@ -19,7 +19,6 @@ __all__ = [
     "RunningImmortal",
     "ServiceProcess",
     "free_port",
-    "free_ports",
     "readline_within",
     "replay_instance",
     "wait_for",
