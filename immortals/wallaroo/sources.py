@@ -65,6 +65,7 @@ log = logging.getLogger("immortals.wallaroo.sources")
 _MARK_EVERY: Final = 4096  # lines between the byte offsets a file source remembers
 _WORDS: Final = tuple(f"w{k:02d}".encode() for k in range(64))
 _POLL_SECONDS: Final = 0.02  # how often an idle Ockam stream is pulled again
+_BACKOFF_MIN: Final = 0.02  # the first wait after a failed connect or save, doubling
 _BACKOFF_MAX: Final = 1.0
 
 
@@ -353,7 +354,7 @@ class OckamSource:
 
     async def _connected(self) -> tuple[OckamClient, Stream]:
         async with self._lock:
-            delay = 0.02
+            delay = _BACKOFF_MIN
             while self._client is None or self._route is None:
                 client = None
                 try:
@@ -413,13 +414,13 @@ class OckamSource:
             self._saver = asyncio.get_running_loop().create_task(self._save())
 
     async def _save(self) -> None:
-        delay = 0.02
+        delay = _BACKOFF_MIN
         while self._to_save is not None:
             point, self._to_save = self._to_save, None
             try:
                 client, _ = await self._connected()
                 await client.save_index(self.client_id, self.stream, point)
-                delay = 0.02
+                delay = _BACKOFF_MIN
             except (OSError, TimeoutError, OckamError) as exc:
                 # Tried again (the newest point, if one came meanwhile): the last point
                 # of a stream is committed once, and a save lost with the hub would
