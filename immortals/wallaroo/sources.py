@@ -44,7 +44,7 @@ import attrs
 import xxhash
 
 from immortals.ockam.errors import OckamError
-from immortals.ockam.hub_client import OckamClient, Stream
+from immortals.ockam.hub_client import HubError, OckamClient, Stream
 
 from .errors import WallarooError
 
@@ -328,8 +328,10 @@ class OckamSource:
     second): a hub that crashes and recovers loses nothing, and reads go on from the
     index asked for. Acknowledged points are saved to the hub's index service coalesced
     (the worker, not the index service, is the system of record): one save in flight,
-    the newest point next, and a save that fails is tried again, with back-off, until
-    one succeeds or the source closes.
+    the newest point next. The protocol answers no save, and a hub can lose one it has
+    read (its service killed before the save was logged), so each save is read back on
+    the same connection, where the hub handles frames in order; one that did not hold
+    is tried again, with back-off, until one holds or the source closes.
     """
 
     def __init__(self, host: str, port: int, stream: str, *, client_id: str) -> None:
@@ -420,6 +422,9 @@ class OckamSource:
             try:
                 client, _ = await self._connected()
                 await client.save_index(self.client_id, self.stream, point)
+                held = await client.get_index(self.client_id, self.stream)
+                if (held or 0) < point:
+                    raise HubError(f"the index holds {held}, not {point}")
                 delay = _BACKOFF_MIN
             except (OSError, TimeoutError, OckamError) as exc:
                 # Tried again (the newest point, if one came meanwhile): the last point
