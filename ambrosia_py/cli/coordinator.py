@@ -20,7 +20,12 @@ import click
 from .. import eventloop
 from ..coordinator.core.binding_auth import BindingAuth
 from ..coordinator.core.checkpoint import StateFormatError
-from ..coordinator.core.config import DEFAULT_LOG_TRIGGER_MB, CoordinatorConfig, CoordinatorError
+from ..coordinator.core.config import (
+    DEFAULT_LOG_TRIGGER_MB,
+    DEFAULT_MAX_PENDING_MB,
+    CoordinatorConfig,
+    CoordinatorError,
+)
 from ..coordinator.core.process import run_coordinator
 from ..coordinator.links.config import (
     DEFAULT_HANDSHAKE_TIMEOUT_S,
@@ -359,6 +364,16 @@ binding_auth_option = click.option(
     show_envvar=True,
     help="Roll to a new log file and take a checkpoint when a log passes this size.",
 )
+@click.option(
+    "--max-pending-mb",
+    type=click.FloatRange(min=0.0, min_open=True),
+    default=DEFAULT_MAX_PENDING_MB,
+    show_default=True,
+    envvar="AMBROSIA_MAX_PENDING_MB",  # reaches the coordinator that `run` starts
+    show_envvar=True,
+    help="Stop reading the binding and links while this much input waits for the log (a "
+    "message read whole still goes in): bounds the coordinator's memory; TCP slows senders.",
+)
 @click.option("--upgrade-version", type=int, help="Recover, then upgrade to this version.")
 @binding_auth_option
 @registry_options
@@ -374,6 +389,7 @@ def coordinator(
     receive_port: int | None,
     send_port: int | None,
     log_trigger_mb: float,
+    max_pending_mb: float,
     upgrade_version: int | None,
     binding_auth: str,
     registry: str | None,
@@ -393,6 +409,7 @@ def coordinator(
         receive_port=receive_port,
         send_port=send_port,
         log_trigger_mb=log_trigger_mb,
+        max_pending_mb=max_pending_mb,
         upgrade_version=upgrade_version,
         binding_auth=BindingAuth(binding_auth),
         link_host=link_host,

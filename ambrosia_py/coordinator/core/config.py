@@ -14,6 +14,7 @@ from .binding_auth import BindingAuth
 __all__ = [
     "print_ready",
     "DEFAULT_LOG_TRIGGER_MB",
+    "DEFAULT_MAX_PENDING_MB",
     "DEFAULT_MAX_RECORD_BYTES",
     "CoordinatorConfig",
     "CoordinatorError",
@@ -22,6 +23,10 @@ __all__ = [
 
 DEFAULT_LOG_TRIGGER_MB = 1000  # the released coordinator's default
 DEFAULT_MAX_RECORD_BYTES = 16 * 1024 * 1024
+# Input pending for the log past which its readers wait (TCP then slows the senders): a
+# bound on memory, independent of the largest record, since a message read whole still
+# goes in past it.
+DEFAULT_MAX_PENDING_MB = 8.0
 
 
 class CoordinatorError(Exception):
@@ -46,6 +51,7 @@ class CoordinatorConfig:
     log_trigger_mb: float = DEFAULT_LOG_TRIGGER_MB
     upgrade_version: int | None = None
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
+    max_pending_mb: float = DEFAULT_MAX_PENDING_MB
     host: str = "127.0.0.1"
     # How the binding proves it was started for this coordinator (binding_auth.py).
     binding_auth: BindingAuth = BindingAuth.TOKEN
