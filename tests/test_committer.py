@@ -229,3 +229,98 @@ def test_a_failed_write_on_the_latency_path_stops_the_commit_loop_with_it(
         await committer.close()
 
     asyncio.run(main())
+
+
+class _Replicating:
+    """A replicated primary's log, every record committed at once; ``rolled`` says a
+    secondary was asked (or not) and notes where."""
+
+    def __init__(self, asks: bool) -> None:
+        self.asks = asks
+        self.rolls: list[int] = []
+
+    def appended(self, seq: int, disk_parts: list[Any], log_number: int, offset: int) -> None:
+        pass
+
+    def durable(self, seq: int, action: Any) -> None:
+        if action is not None:
+            action()
+
+    def forward(self, action: Any) -> None:
+        action()
+
+    def control(self, action: Any) -> None:
+        action()
+
+    def rolled(self, seq: int) -> bool:
+        self.rolls.append(seq)
+        return self.asks
+
+
+def test_a_replicated_primary_rolls_without_its_binding_and_keeps_a_good_taken_checkpoint(
+    tmp_path: Path,
+) -> None:
+    """Past the trigger the log rolls and a secondary is asked, not the binding (no
+    TakeCheckpoint is forwarded). Of what comes back, bytes that are no checkpoint, and
+    one of another seq, are not kept; the right one becomes checkpoint 2, with the link
+    senders this primary knows added, and is recorded."""
+    from ambrosia_py.coordinator.core.checkpoint import IcState
+
+    async def main() -> tuple[Committer, _Forwarder, _Registry, list[int]]:
+        committer, forwarder, registry = _committer(tmp_path, log_trigger_mb=1 / 1024)
+        replicating = _Replicating(asks=True)
+        committer.replication = replicating  # type: ignore[assignment]
+        committer.intake.inbox.incarnations["peer"] = 42
+        task = await _parked(committer)
+        committer.intake.receive_data(self_fork(3, b"x" * 2000))
+        committer.wake()
+        deadline = asyncio.get_running_loop().time() + 10
+        while not replicating.rolls:
+            assert asyncio.get_running_loop().time() < deadline, "the log never rolled"
+            await asyncio.sleep(0)
+        (seq,) = replicating.rolls
+        good = IcState(_COMMITTER_ID, seq, 0, 0, b"state", {}, {}, {"other": 7})
+        wrong_seq = IcState(_COMMITTER_ID, seq + 1, 0, 0, b"state")
+        for data in (b"no checkpoint", b"".join(wrong_seq.encode_parts())):
+            committer.checkpoint_taken(seq, data)
+            committer.wake()
+            while committer._taken is not None:
+                await asyncio.sleep(0)
+        committer.checkpoint_taken(seq, b"".join(good.encode_parts()))
+        while committer.files.checkpoint_numbers() != [2]:
+            assert asyncio.get_running_loop().time() < deadline, "checkpoint 2 never written"
+            await asyncio.sleep(0.01)
+        committer.end_input()
+        await asyncio.wait_for(task, 10)
+        await committer.close()
+        return committer, forwarder, registry, replicating.rolls
+
+    committer, forwarder, registry, rolls = asyncio.run(main())
+    assert [seq for seq, _ in forwarder.records] == [0]  # no TakeCheckpoint for the binding
+    assert rolls == [1]
+    kept = IcState.decode(committer.files.read_checkpoint(2), "checkpoint 2")
+    assert (kept.next_seq, bytes(kept.blob)) == (1, b"state")
+    assert kept.senders == {"other": 7, "peer": 42}
+    assert registry.committed == [2]
+
+
+def test_a_replicated_primary_with_no_secondary_to_ask_asks_its_binding(tmp_path: Path) -> None:
+    async def main() -> tuple[_Forwarder, list[int]]:
+        committer, forwarder, _ = _committer(tmp_path, log_trigger_mb=1 / 1024)
+        replicating = _Replicating(asks=False)
+        committer.replication = replicating  # type: ignore[assignment]
+        task = await _parked(committer)
+        committer.intake.receive_data(self_fork(3, b"x" * 2000))
+        committer.wake()
+        deadline = asyncio.get_running_loop().time() + 10
+        while len(forwarder.records) < 2:
+            assert asyncio.get_running_loop().time() < deadline, "nothing was asked"
+            await asyncio.sleep(0)
+        committer.end_input()
+        await asyncio.wait_for(task, 10)
+        await committer.close()
+        return forwarder, replicating.rolls
+
+    forwarder, rolls = asyncio.run(main())
+    assert rolls == [1]
+    assert [seq for seq, _ in forwarder.records] == [0, -1]  # TakeCheckpoint after record 0

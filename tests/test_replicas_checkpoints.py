@@ -231,3 +231,64 @@ def test_a_lagging_secondary_sent_a_checkpoint_reloads_its_binding(
     finally:
         callers.stop()
     counted_once(callers)
+
+
+KEPT = re.compile(r"checkpoint (\d+) committed \(taken by a secondary")
+ASKED = re.compile(r"rolled to log \d+; asking for checkpoint (\d+)")
+
+
+def test_the_primary_keeps_what_its_secondaries_take_and_recovers_from_it(
+    machines: list[Machine],
+) -> None:
+    """At its size trigger the primary rolls its log and asks a secondary for the state
+    there (its binding does not pause to take it); what comes back becomes its
+    checkpoint, recorded in its ``replica-state``. Killed and started again, it
+    recovers from such a checkpoint, and every call is counted once."""
+    env = {**os.environ, **TRIGGER}
+    for m in machines:
+        m.start(env)
+    registry = machines[0].registry
+    wait_for("a primary", lambda: current_term(registry) is not None, DEADLINE)
+    for m in machines[1:]:
+        wait_for(f"replica {m.replica} to follow", lambda m=m: installed(m), DEADLINE)
+    term = current_term(registry)
+    assert term is not None
+    primary = machines[term.replica]
+
+    def kept() -> set[int]:
+        return {int(n) for n in KEPT.findall(primary.process_output())}
+
+    callers = Callers(registry, machines[0].secret, 4)
+    callers.start()
+    try:
+        wait_for(
+            "the primary to recover from the third checkpoint its secondaries took",
+            lambda: len(kept()) >= 3 and own_checkpoint(primary) in kept(),
+            DEADLINE,
+            context=lambda: primary.process_output()[-3000:],
+        )
+    finally:
+        callers.stop()  # no more rolls: what the primary recovers from stays put
+    asked = ASKED.findall(primary.process_output())
+    print(f"the primary kept {len(kept())} checkpoints a secondary took; its binding took {asked}")
+    recover_from = own_checkpoint(primary)
+    assert recover_from in kept()
+    assert primary.process is not None
+    primary.process.kill("both")
+    wait_for("a new primary", lambda: newer_term(registry, term), DEADLINE)
+    primary.start(env)
+    wait_for(
+        f"replica {primary.replica} to follow again",
+        lambda: FOLLOWS.search(primary.process_output()),
+        DEADLINE,
+    )
+    found = FOLLOWS.search(primary.process_output())
+    assert found is not None and int(found.group(1)) == recover_from
+    later = Callers(registry, machines[0].secret, 4)
+    later.start()
+    try:
+        later.wait_answers(50)
+    finally:
+        later.stop()
+    later.answers += callers.answers
+    counted_once(later)

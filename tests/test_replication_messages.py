@@ -24,8 +24,10 @@ from ambrosia_py.coordinator.replication import (
     ReplicationProtocolError,
     ReplicationRuleError,
     Resend,
+    Roll,
     Silence,
     Sync,
+    TakenChunk,
     decode_frame,
     encode_frame,
     encode_parts,
@@ -60,6 +62,8 @@ VECTORS: list[tuple[Message, str]] = [
     (Probe(3, 300), "05 01 0b 03 ac02"),
     (Silence(3, 1, True), "05 01 0c 03 01 01"),
     (Silence(7, 2, False), "05 01 0c 07 02 00"),
+    (Roll(3, 300), "05 01 0d 03 ac02"),
+    (TakenChunk(2, 40, 5, 2, b"cd"), "08 01 0e 02 28 05 02 6364"),
 ]
 
 
@@ -130,6 +134,14 @@ messages = st.one_of(
         st.integers(0, 1000),
         st.integers(0, 1000),
     ),
+    st.builds(Roll, positions, positions),
+    st.builds(
+        lambda e, s, data, pre: TakenChunk(e, s, pre + len(data), pre, data),
+        positions,
+        positions,
+        st.binary(min_size=1, max_size=50),
+        st.integers(0, 1000),
+    ),
 )
 
 
@@ -190,6 +202,10 @@ MALFORMED = [
     ("05 01 0a 01 8120", "TRIM: field trim count is 4097, over 4096", 4),
     ("05 01 0c 03 01 02", "SILENCE: field silent is 2, not 0 or 1", 5),
     ("03 01 0b 03", "PROBE: field round: varint truncated", 4),
+    ("03 01 0d 03", "ROLL: field seq: varint truncated", 4),
+    ("05 01 0d 03 01 00", "ROLL: 1 trailing bytes", 5),
+    ("08 01 0e 02 28 03 02 6364", "TAKEN: 2 bytes at offset 2 run past total 3", 6),
+    ("06 01 0e 02 28 03 00", "TAKEN: a chunk without data", 6),
 ]
 
 

@@ -17,6 +17,12 @@ N+1, so the binding's answer is the state at the start of log N+1: it becomes
 it is durable, and only then committed in the registry, in the background
 (:mod:`.recording`: a registry that cannot be reached does not stop the coordinator).
 Until then recovery uses checkpoint N and replays both logs.
+
+A replicated primary does not ask its binding at the size trigger (its binding never
+pauses after its first checkpoint): it rolls, and one of its secondaries, whose binding
+replays the same log, takes the state at the roll and sends it back
+(``coordinator/replicas``); it becomes ``serverchkpt<N+1>`` the same way. Only when no
+secondary keeps up to be asked does the binding take it, as standalone.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ from ..links.peers import PeerLinks
 from ..registry.interface import InstanceRegistry
 from ..storage.files import InstanceFiles, LogWriter
 from .binding_link import BindingLink
-from .checkpoint import IcState
+from .checkpoint import IcState, StateFormatError
 from .commit import CommitPipeline
 from .config import CoordinatorConfig
 from .events import CheckpointArrived, RecordReady
@@ -86,6 +92,12 @@ class Replicating(Protocol):
         """Send a control message, behind every record held so far."""
         ...
 
+    def rolled(self, seq: int) -> bool:
+        """The log rolled to a new file at ``seq``, its end: whether a secondary was
+        asked for the state there (it comes to :meth:`Committer.checkpoint_taken`);
+        False: the binding is asked."""
+        ...
+
 
 class Committer:
     """One instance's log: its files, the log being written, and the commit loop.
@@ -118,7 +130,10 @@ class Committer:
         self._eof = False
         self._parked = False  # the commit loop waits for input
         self._roll_requested = False
+        self._binding_asked = False  # the roll requested is the binding's TakeCheckpoint
         self._awaiting_checkpoint: int | None = None  # the log it will pair with
+        self._taken: tuple[int, bytes] | None = None  # a secondary's, to keep (checkpoint_taken)
+        self._checkpointed = 0  # the newest checkpoint written
         self._arrived: CheckpointArrived | None = None  # answer not yet committed
         self._committing = False
         self._room = asyncio.Event()
@@ -282,7 +297,7 @@ class Committer:
 
     def request_roll(self) -> None:
         """The binding asked for a checkpoint (TakeCheckpoint)."""
-        self._roll_requested = True
+        self._roll_requested = self._binding_asked = True
 
     def checkpoint_arrived(self, event: CheckpointArrived) -> bool:
         """The binding's checkpoint after a roll, committed by the commit loop; False if
@@ -314,12 +329,47 @@ class Committer:
             dict(self.intake.inbox.incarnations),
             arrived.attached,
         )
+        await self._keep(n, state, f" ({len(arrived.blob)} bytes, next seq {start.next_seq})")
+
+    async def _keep(self, n: int, state: IcState, details: str) -> None:
+        """Write checkpoint ``n`` and commit it."""
         await asyncio.to_thread(self.files.write_checkpoint, n, state.encode_parts())
+        self._checkpointed = max(self._checkpointed, n)
         crashpoints.reach("ic.checkpoint.before_commit")
         if self.on_checkpoint is not None:
             self.on_checkpoint(n)
-        details = f" ({len(arrived.blob)} bytes, next seq {start.next_seq})"
         await self.recorder.record(self.files.version, n, details)
+
+    def checkpoint_taken(self, seq: int, data: bytes) -> None:
+        """A secondary's checkpoint for the roll at ``seq`` (:meth:`Replicating.rolled`):
+        the commit loop keeps it as the checkpoint of the log that starts there."""
+        self._taken = (seq, data)
+        self.wake()
+
+    async def _keep_taken(self, seq: int, data: bytes) -> None:
+        n = next((k for k, start in self._log_start.items() if start.next_seq == seq), None)
+        if n is None or n <= self._checkpointed:
+            log.info("a checkpoint taken for seq %d came after a newer one: not kept", seq)
+            return
+        where = f"the checkpoint a secondary took for seq {seq}"
+        try:
+            state = IcState.decode(data, where)
+        except StateFormatError as exc:
+            log.warning("%s: not kept", exc)
+            return
+        if state.next_seq != seq or state.committer_id != self.intake.committer_id:
+            log.warning(
+                "%s stands before seq %d of committer %d: not kept",
+                where,
+                state.next_seq,
+                state.committer_id,
+            )
+            return
+        # A secondary knows the incarnations of link senders only from the checkpoint it
+        # loaded; this primary's are the same and those linked since.
+        senders = {**state.senders, **self.intake.inbox.incarnations}
+        state = attrs.evolve(state, senders=senders)
+        await self._keep(n, state, f" (taken by a secondary, {len(data)} bytes, next seq {seq})")
 
     def move_to_version(self, version: int) -> None:
         """An upgrade: the instance's files of ``version``, emptied of what an earlier
@@ -335,12 +385,22 @@ class Committer:
         self.files = new
 
     async def _roll(self) -> None:
-        """Move to the next log and ask the binding for the checkpoint that pairs with it."""
+        """Move to the next log; the checkpoint that pairs with it comes from a secondary
+        (a replicated primary's size trigger) or, asked now, from the binding."""
         assert self._forwarder is not None
         self.open_log(self.log_number + 1)
         crashpoints.reach("ic.log.roll")  # the new log exists; no checkpoint registers it yet
-        self._awaiting_checkpoint = self.log_number
+        binding_asked, self._binding_asked = self._binding_asked, False
         self._roll_requested = False
+        replication = self.replication
+        if (
+            not binding_asked
+            and replication is not None
+            and replication.rolled(self.intake.next_seq)
+        ):
+            log.info("rolled to log %d; a secondary takes its checkpoint", self.log_number)
+            return
+        self._awaiting_checkpoint = self.log_number
         log.info("rolled to log %d; asking for checkpoint %d", self.log_number, self.log_number)
         # After the old log's records: put in order behind them.
         take = functools.partial(
@@ -379,6 +439,10 @@ class Committer:
                 await pipeline.wait_ready()
                 continue
             self._check_size()
+            if self._taken is not None:
+                (seq, data), self._taken = self._taken, None
+                await self._keep_taken(seq, data)
+                continue
             if self._arrived is not None and self._awaiting_checkpoint is not None:
                 arrived, self._arrived = self._arrived, None
                 await pipeline.flush()  # input before the checkpoint must be durable

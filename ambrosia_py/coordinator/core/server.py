@@ -287,6 +287,7 @@ class Coordinator:
         committed (``replicas/follow.py``); once the log before the term's start is
         committed, finish that replay and go on as primary (``coordinator/replicas``)."""
         self.committer.on_checkpoint = node.checkpoint_written
+        node.on_taken = self.committer.checkpoint_taken
         node.outbox_trims = self.intake.outbox_trims
         if node.replica == 0 and never_started and node.disk.state.checkpoint is None:
             term = await node.found()

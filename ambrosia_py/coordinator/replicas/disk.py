@@ -90,6 +90,17 @@ class ReplicaDisk:
             f.seek(offset)
             f.write(data)
 
+    def take_staged(self) -> bytes:
+        """The checkpoint kept aside, whole (a secondary's, taken for this primary's
+        roll): its bytes, and the temporary file gone."""
+        staged = self._staged
+        if staged is None:
+            raise StorageError("a checkpoint taken before any of it came in")
+        data = staged.read_bytes()
+        staged.unlink()
+        self._staged = None
+        return data
+
     def install(self, seq: int) -> int:
         """Install the checkpoint kept aside, the state before record ``seq``: written as
         the next checkpoint, committed in the state file, the older logs and checkpoints

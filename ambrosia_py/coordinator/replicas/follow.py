@@ -28,6 +28,11 @@ there, older files go) only once the replayed log holds every output the binding
 sent by then: a checkpoint's binding does not regenerate them, so until the log holds
 them they would be lost to a recovery from it. A log truncated below ``s`` first drops
 the plan.
+
+The primary takes no checkpoints of its own after its first: at its rolls it asks one
+secondary for the state at its roll point (:meth:`Follower.take_for`). That checkpoint
+is taken the same way, at the same moment in the replay and committed under the same
+rule, but is not kept here: it is handed over, to be sent back.
 """
 
 from __future__ import annotations
@@ -63,10 +68,13 @@ PACE_S = 0.01
 
 @attrs.define
 class _Planned:
-    """A checkpoint of the secondary's own: number ``n``, the state before ``seq``."""
+    """A checkpoint: of the secondary's own, number ``n``, or (``n`` None) for the
+    primary, handed to ``ship``; the state before ``seq``."""
 
-    n: int
+    n: int | None
     seq: int
+    ship: Callable[[bytes], None] | None = None
+    data: bytes = b""  # for the primary: the checkpoint's bytes, once written
     logged_outputs: int = 0  # the intake's, and the inbox, as the replay reached seq
     inbox: dict[str, int] = attrs.field(factory=dict)
     asked: bool = False  # TakeCheckpoint went to the binding
@@ -145,6 +153,16 @@ class Follower:
         if self._plan is None and self.state is not None and seq >= self.next_seq:
             self._plan = _Planned(n, seq)
             self._wake.set()
+
+    def take_for(self, seq: int, ship: Callable[[bytes], None]) -> None:
+        """The primary rolled its log at ``seq``: take the state there for it, and hand
+        its bytes to ``ship`` once it is safe to recover from. Nothing if another
+        checkpoint is under way or the replay is past ``seq`` (the primary asks again)."""
+        if self._plan is None and self.state is not None and seq >= self.next_seq:
+            self._plan = _Planned(None, seq, ship)
+            self._wake.set()
+        else:
+            log.info("no checkpoint at seq %d for the primary: the replay is elsewhere", seq)
 
     def checkpoint_arrived(self, event: CheckpointArrived) -> bool:
         """The binding's answer to a TakeCheckpoint of the replay's; False: none was
@@ -285,7 +303,7 @@ class Follower:
         rlog = self._disk.log
         state = self.state
         assert state is not None
-        if rlog is None or rlog.log_start(plan.n) != plan.seq:
+        if plan.n is not None and (rlog is None or rlog.log_start(plan.n) != plan.seq):
             log.info("checkpoint %d given up: the log was cut below seq %d", plan.n, plan.seq)
             self._plan = None
             return
@@ -308,8 +326,11 @@ class Follower:
             dict(state.senders),
             answer.attached,
         )
-        files = self._disk.files
-        await asyncio.to_thread(files.write_checkpoint, plan.n, written.encode_parts())
+        if plan.n is None:
+            plan.data = b"".join(written.encode_parts())
+        else:
+            files = self._disk.files
+            await asyncio.to_thread(files.write_checkpoint, plan.n, written.encode_parts())
         plan.written = written
 
     def _try_commit(self) -> None:
@@ -320,8 +341,17 @@ class Follower:
             return
         if self._intake.logged_outputs < plan.written.binding_outputs:
             return
-        crashpoints.reach("ic.replica.checkpoint.before_commit")
         self._plan = None
+        if plan.n is None:
+            assert plan.ship is not None
+            log.info(
+                "checkpoint for the primary taken (%d bytes, next seq %d): sending it",
+                len(plan.written.blob),
+                plan.seq,
+            )
+            plan.ship(plan.data)
+            return
+        crashpoints.reach("ic.replica.checkpoint.before_commit")
         self._commit(plan.n, plan.seq)
         log.info(
             "checkpoint %d taken as a secondary (%d bytes, next seq %d)",

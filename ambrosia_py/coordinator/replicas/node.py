@@ -22,6 +22,7 @@ or when nobody holds the role.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections import deque
@@ -34,6 +35,7 @@ from ..links.config import LinkSettings
 from ..registry.interface import Endpoint
 from ..registry.primary import PrimaryElection, Term
 from ..replication import (
+    CheckpointTaken,
     CommitAdvanced,
     Established,
     Event,
@@ -53,6 +55,7 @@ from ..replication import (
     SendCheckpoint,
     SteppedDown,
     StoreCheckpointChunk,
+    TakeCheckpointFor,
     Timing,
     TrimOutboxes,
     TruncateLog,
@@ -145,6 +148,8 @@ class ReplicaNode(Leading):
         # outboxes' trim points, once the coordinator gives them.
         self.follower: Follower | None = None
         self.outbox_trims: Callable[[], tuple[tuple[str, int], ...]] | None = None
+        # A primary's: given each checkpoint a secondary took for its rolls (seq, bytes).
+        self.on_taken: Callable[[int, bytes], None] | None = None
         self._trims_shared: tuple[tuple[str, int], ...] = ()
         self._trims_at = 0.0
         # A secondary rolls its log for a checkpoint of its own past this many bytes.
@@ -267,6 +272,25 @@ class ReplicaNode(Leading):
     def control(self, action: Callable[[], None]) -> None:
         assert self.gate is not None
         self.gate.control(action)
+
+    def rolled(self, seq: int) -> bool:
+        """The primary's log rolled to a new file at ``seq``: whether a secondary was
+        asked for the state there (it comes back through :attr:`on_taken`)."""
+        core = self.core
+        if not isinstance(core, Primary) or self.on_taken is None:
+            return False
+        asked = core.rolled(seq, time.monotonic())
+        self._pump()
+        if asked is not None:
+            log.info("asked replica %d for the checkpoint at seq %d", asked, seq)
+        return asked is not None
+
+    def _send_taken(self, seq: int, data: bytes) -> None:
+        """The follower took the checkpoint a ROLL asked for: back to the primary."""
+        core = self.core
+        if isinstance(core, Secondary):
+            core.checkpoint_taken(seq, data)
+            self._pump()
 
     def checkpoint_written(self, n: int) -> None:
         """The committer wrote checkpoint ``n``: recovery starts there from now on."""
@@ -450,6 +474,13 @@ class ReplicaNode(Leading):
                 self._later(self._try_lead(event))
             case StoreCheckpointChunk(_, _, offset, data, starts_over):
                 self.disk.store_chunk(offset, data, starts_over)
+            case TakeCheckpointFor(seq):
+                if self.follower is not None:
+                    self.follower.take_for(seq, functools.partial(self._send_taken, seq))
+            case CheckpointTaken(seq):
+                data = self.disk.take_staged()
+                if self.on_taken is not None:
+                    self.on_taken(seq, data)
             case InstallCheckpoint(seq):
                 n = self.disk.install(seq)
                 log.info("installed a shipped checkpoint as checkpoint %d (seq %d)", n, seq)

@@ -19,6 +19,7 @@ from .history import History
 from .messages import Buffer, Message
 
 __all__ = [
+    "CheckpointTaken",
     "CommitAdvanced",
     "Established",
     "Event",
@@ -34,6 +35,7 @@ __all__ = [
     "SendCheckpoint",
     "SteppedDown",
     "StoreCheckpointChunk",
+    "TakeCheckpointFor",
     "Timing",
     "TrimOutboxes",
     "TruncateLog",
@@ -160,6 +162,15 @@ class SendCheckpoint:
 
 
 @attrs.frozen
+class CheckpointTaken:
+    """Durably: the checkpoint kept aside (:class:`StoreCheckpointChunk`), which a
+    secondary took for this primary's roll at ``seq``, is the state before record
+    ``seq``: keep it as the checkpoint of the log that starts there."""
+
+    seq: int
+
+
+@attrs.frozen
 class SteppedDown:
     """This replica is primary no more: it met ``epoch`` (higher than its own), could
     not gather its quorum, or is outranked (``better``: the replica with the most
@@ -218,6 +229,16 @@ class PrimaryLost:
 
 
 @attrs.frozen
+class TakeCheckpointFor:
+    """The primary rolled its log at ``seq``: have the binding, once it has replayed
+    record ``seq - 1``, take its checkpoint, and hand it over with
+    ``Secondary.checkpoint_taken``; or nothing, if the replay is past ``seq`` already or
+    another checkpoint is under way (the primary asks again at its next roll)."""
+
+    seq: int
+
+
+@attrs.frozen
 class StoreCheckpointChunk:
     """Keep bytes ``offset ..`` of the checkpoint at ``seq`` (``total`` in all) aside,
     at their offset (chunks come in any order); ``starts_over``: drop whatever was kept
@@ -254,6 +275,8 @@ Event = (
     | PrimaryLost
     | StoreCheckpointChunk
     | InstallCheckpoint
+    | TakeCheckpointFor
+    | CheckpointTaken
 )
 
 

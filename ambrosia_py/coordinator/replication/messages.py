@@ -23,6 +23,8 @@ Every message travels in one frame::
    10 TRIM        primary -> replica    epoch | count | (uvarint size | name | seq) * count
    11 PROBE       secondary -> others   epoch | round
    12 SILENCE     replica -> prober     epoch | round | silent (0 or 1)
+   13 ROLL        primary -> replica    epoch | seq
+   14 TAKEN       replica -> primary    epoch | seq | total | offset | data (to the end)
 
 An APPEND's records are in their on-disk form (:mod:`ambrosia_py.wire.records`: header
 with the length as ``-length-1``, messages, watermarks), numbered ``first_seq``,
@@ -42,6 +44,12 @@ has heard nothing from the primary for ``failover_after`` asks the others, in a 
 ``round``, whether they find it silent too, and takes the role only once enough of them
 say so. Their ``epoch`` is the sender's, for the record only: neither is refused for it,
 nor makes anyone adopt it (a probe must not disturb a term that is alive).
+
+ROLL and TAKEN keep the primary from pausing to checkpoint: at its size trigger the
+primary rolls its log at ``seq`` and asks one secondary (ROLL) for the state before
+``seq``; that secondary's binding, which replays the log, takes it, and the secondary
+sends it back in chunks (TAKEN, laid out as CHECKPOINT) for the primary to keep as the
+checkpoint of the log it started at ``seq``.
 """
 
 from __future__ import annotations
@@ -79,8 +87,10 @@ __all__ = [
     "Probe",
     "Refuse",
     "Resend",
+    "Roll",
     "Silence",
     "Sync",
+    "TakenChunk",
     "decode_frame",
     "encode_frame",
     "append_size",
@@ -110,6 +120,8 @@ class Kind(enum.IntEnum):
     TRIM = 10
     PROBE = 11
     SILENCE = 12
+    ROLL = 13
+    TAKEN = 14
 
 
 @attrs.frozen
@@ -252,6 +264,29 @@ class Silence:
     silent: bool
 
 
+@attrs.frozen
+class Roll:
+    """The primary rolled its log at ``seq``: take the state before record ``seq`` (the
+    binding's checkpoint, once it has replayed record ``seq - 1``) and send it back."""
+
+    KIND: ClassVar = Kind.ROLL
+    epoch: int
+    seq: int
+
+
+@attrs.frozen
+class TakenChunk:
+    """Bytes ``offset ..`` of the checkpoint a secondary took for a :class:`Roll` at
+    ``seq``, ``total`` bytes in all."""
+
+    KIND: ClassVar = Kind.TAKEN
+    epoch: int
+    seq: int
+    total: int
+    offset: int
+    data: Buffer = attrs.field(repr=lambda d: f"<{len(d)} bytes>")
+
+
 Message = (
     NewTerm
     | Position
@@ -265,6 +300,8 @@ Message = (
     | OutboxTrim
     | Probe
     | Silence
+    | Roll
+    | TakenChunk
 )
 
 
@@ -326,7 +363,7 @@ def encode_parts(msg: Message) -> list[Buffer]:
             head += _uint(msg.durable_end, "durable_end") + _uint(msg.log_end, "log_end")
         case Resend():
             head += _uint(msg.from_seq, "from_seq")
-        case CheckpointChunk():
+        case CheckpointChunk() | TakenChunk():
             head += _uint(msg.seq, "seq") + _uint(msg.total, "total")
             head += _uint(msg.offset, "offset")
             tail.append(msg.data)
@@ -334,6 +371,8 @@ def encode_parts(msg: Message) -> list[Buffer]:
             head += _trims(msg.points)
         case Probe():
             head += _uint(msg.round, "round")
+        case Roll():
+            head += _uint(msg.seq, "seq")
         case Silence():
             head += _uint(msg.round, "round") + encode_uvarint(int(msg.silent))
     size = len(head) + sum(len(t) for t in tail)
@@ -410,7 +449,7 @@ def decode_body(body: memoryview, base: int = 0) -> Message:
             msg = Ack(epoch, durable_end, log_end)
         case Kind.RESEND:
             msg = Resend(epoch, f.uint("from_seq"))
-        case Kind.CHECKPOINT:
+        case Kind.CHECKPOINT | Kind.TAKEN:
             seq = f.uint("seq")
             total = f.uint("total")
             at = f.pos
@@ -420,13 +459,16 @@ def decode_body(body: memoryview, base: int = 0) -> Message:
                 f.fail(f"{len(data)} bytes at offset {offset} run past total {total}", at)
             if not data and total:
                 f.fail("a chunk without data", at)
-            msg = CheckpointChunk(epoch, seq, total, offset, data)
+            chunk = CheckpointChunk if kind is Kind.CHECKPOINT else TakenChunk
+            msg = chunk(epoch, seq, total, offset, data)
         case Kind.TRIM:
             msg = OutboxTrim(epoch, f.trims())
         case Kind.PROBE:
             msg = Probe(epoch, f.uint("round"))
         case Kind.SILENCE:
             msg = Silence(epoch, f.uint("round"), f.flag("silent"))
+        case Kind.ROLL:
+            msg = Roll(epoch, f.uint("seq"))
     f.end()
     return msg
 

@@ -22,6 +22,14 @@ point: the highest seq ``c`` such that the primary's own log is durable below ``
 ``group.k - 1`` replicas have acknowledged the same in this epoch, and ``c`` is at least
 the term start (records of earlier terms are committed by the first commit of this one,
 never by counting them: the Raft rule).
+
+It never pauses to checkpoint: when the adapter rolls its log (:meth:`Primary.rolled`),
+the streaming secondary that has acknowledged the most is asked (ROLL) for the state
+before the roll point, which its binding takes as it replays; the chunks it sends back
+(TAKEN) are kept aside (:class:`~.events.StoreCheckpointChunk`) and, once whole, kept
+as the checkpoint of the log that starts there (:class:`~.events.CheckpointTaken`).
+Only the last roll's checkpoint is taken; one that never comes is asked for again at
+the next roll.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ from ...wire.errors import ProtocolError
 from ...wire.records import parse_header
 from .errors import ReplicationRuleError
 from .events import (
+    CheckpointTaken,
     CommitAdvanced,
     Established,
     EventQueue,
@@ -42,6 +51,7 @@ from .events import (
     Send,
     SendCheckpoint,
     SteppedDown,
+    StoreCheckpointChunk,
     Timing,
 )
 from .history import History, agreement
@@ -58,11 +68,13 @@ from .messages import (
     Probe,
     Refuse,
     Resend,
+    Roll,
     Silence,
     Sync,
+    TakenChunk,
     append_size,
 )
-from .secondary import LogState
+from .secondary import ChunkTransfer, LogState
 from .states import FEED, TERM, FeedEvent, FeedState, TermEvent, TermState, step
 
 __all__ = ["Primary", "record_seqs"]
@@ -166,6 +178,8 @@ class Primary(EventQueue):
         self.state = TermState.GATHERING
         self._started = now
         self._feeds = {r: _Feed(now) for r in sorted(group.replicas) if r != replica}
+        self._rolled: tuple[int, int] | None = None  # (seq, replica) asked at the last roll
+        self._taken: ChunkTransfer | None = None  # what came of that checkpoint so far
         self._events.append(SaveEpoch(epoch))
         if commit_end > log_end:
             self._step_down(
@@ -224,7 +238,7 @@ class Primary(EventQueue):
             )
             return
         match msg:
-            case Position() | Ack() | Resend() if msg.epoch < self.epoch:
+            case Position() | Ack() | Resend() | TakenChunk() if msg.epoch < self.epoch:
                 return  # from before the replica took this term
             case Refuse():
                 return  # of a lower epoch than this term's: not about it
@@ -241,6 +255,9 @@ class Primary(EventQueue):
             case Resend():
                 self.state = step("primary", TERM, self.state, TermEvent.RESEND)
                 self._resend(sender, msg.from_seq, now)
+            case TakenChunk():
+                self.state = step("primary", TERM, self.state, TermEvent.TAKEN)
+                self._taken_chunk(sender, msg)
             case _:
                 if msg.epoch == self.epoch:
                     raise ReplicationRuleError(
@@ -264,6 +281,41 @@ class Primary(EventQueue):
             else:
                 feed.state = step("feed", FEED, feed.state, FeedEvent.BEHIND)
                 self._pump(r)
+
+    def rolled(self, seq: int, now: float) -> int | None:
+        """The adapter rolled its log at ``seq``, its end (the records below are in older
+        files), and would keep the state there as its checkpoint: the streaming
+        secondary that has acknowledged the most (the lowest number of those tied) is
+        asked for it. Returns that replica; None if none can be asked now (the term not
+        established, or no secondary keeping up), and the adapter asks at its next roll."""
+        if self.state is not TermState.ESTABLISHED:
+            return None
+        self.state = step("primary", TERM, self.state, TermEvent.ROLL)
+        if seq != self.log_end:
+            raise ReplicationRuleError(f"rolled at {seq}, not at the log's end {self.log_end}")
+        keeping_up = [
+            (feed.match, -r) for r, feed in self._feeds.items() if feed.state is FeedState.STREAMING
+        ]
+        if not keeping_up:
+            return None
+        chosen = -max(keeping_up)[1]
+        self._rolled, self._taken = (seq, chosen), None
+        self._send(chosen, Roll(self.epoch, seq), now)
+        return chosen
+
+    def _taken_chunk(self, replica: int, msg: TakenChunk) -> None:
+        if self._rolled != (msg.seq, replica):
+            return  # for an earlier roll, or not asked of this replica: not kept
+        key = (msg.epoch, msg.seq, msg.total)
+        held = self._taken if self._taken is not None and self._taken.key == key else None
+        transfer = self._taken = held or ChunkTransfer(key)
+        if transfer.add(msg.offset, len(msg.data)):
+            self._events.append(
+                StoreCheckpointChunk(msg.seq, msg.total, msg.offset, msg.data, held is None)
+            )
+        if transfer.missing_after(0, 0) == 0:
+            self._rolled = self._taken = None
+            self._events.append(CheckpointTaken(msg.seq))
 
     def records_durable(self, end: int) -> None:
         """The log is durable (fdatasync'ed) below ``end``."""

@@ -29,6 +29,10 @@ the first message of its epoch. It moves through :data:`~.states.SECONDARY`:
 - A checkpoint comes in chunks (INSTALLING) when the primary's log no longer holds where
   this log ends; the last chunk installs it (:class:`~.events.InstallCheckpoint`) and the
   log starts over, empty, at the checkpoint's seq.
+- A ROLL asks it, STREAMING, for the state before the primary's roll point
+  (:class:`~.events.TakeCheckpointFor`); what its binding takes there it sends back in
+  chunks (TAKEN, :meth:`Secondary.checkpoint_taken`), so the primary never pauses to
+  checkpoint. Asked in another state it does nothing: the primary asks at its next roll.
 
 :meth:`Secondary.tick` watches the primary. Nothing from it (message of any kind) for
 ``timing.failover_after`` is not yet enough to take the role: a secondary cut off from
@@ -59,6 +63,7 @@ from .events import (
     SaveHistory,
     Send,
     StoreCheckpointChunk,
+    TakeCheckpointFor,
     Timing,
     TrimOutboxes,
     TruncateLog,
@@ -77,12 +82,14 @@ from .messages import (
     Probe,
     Refuse,
     Resend,
+    Roll,
     Silence,
     Sync,
+    TakenChunk,
 )
 from .states import SECONDARY, SecondaryEvent, SecondaryState, step
 
-__all__ = ["LogState", "Secondary"]
+__all__ = ["ChunkTransfer", "LogState", "Secondary"]
 
 SE = SecondaryEvent
 
@@ -161,8 +168,9 @@ class Secondary(EventQueue):
         self._round = 0  # the last probe round asked
         self._probe: _Round | None = None  # the round under way, if any
         self._asked: tuple[type[Message], int, float] | None = None
-        self._checkpoint: _Transfer | None = None
+        self._checkpoint: ChunkTransfer | None = None
         self._checkpoint_heard = now
+        self._roll: tuple[int, int] | None = None  # (epoch, seq) of the last ROLL taken
         self._replay()
 
     @classmethod
@@ -216,7 +224,7 @@ class Secondary(EventQueue):
 
     def receive(self, sender: int, msg: Message, now: float) -> None:
         """A message from replica ``sender``."""
-        if isinstance(msg, Position | Ack | Resend | Refuse):
+        if isinstance(msg, Position | Ack | Resend | Refuse | TakenChunk):
             return  # meant for a primary: this replica is not one
         if isinstance(msg, Probe):
             silent = now - self._heard >= self.timing.failover_after / 2
@@ -266,6 +274,24 @@ class Secondary(EventQueue):
             case OutboxTrim():
                 self.state = step("secondary", SECONDARY, before, SE.TRIM)
                 self._events.append(TrimOutboxes(msg.points))
+            case Roll():
+                self.state = step("secondary", SECONDARY, before, SE.ROLL)
+                if before is SecondaryState.STREAMING:
+                    self._roll = (msg.epoch, msg.seq)
+                    self._events.append(TakeCheckpointFor(msg.seq))
+
+    def checkpoint_taken(self, seq: int, data: bytes | memoryview) -> None:
+        """The checkpoint a :class:`TakeCheckpointFor` asked for, the state before record
+        ``seq``: sent to the primary that asked, in chunks of ``timing.checkpoint_chunk``
+        bytes, if this replica still follows it (no higher epoch since)."""
+        if self._roll != (self.epoch, seq) or self.primary is None:
+            return
+        self._roll = None
+        view = memoryview(data)
+        size = self.timing.checkpoint_chunk
+        for offset in range(0, max(len(view), 1), size):
+            chunk = TakenChunk(self.epoch, seq, len(view), offset, view[offset : offset + size])
+            self._events.append(Send(self.primary, chunk))
 
     def records_durable(self, end: int) -> None:
         """The log is durable (fdatasync'ed) below ``end``."""
@@ -408,7 +434,7 @@ class Secondary(EventQueue):
         if msg.seq <= self.log_end:
             kind = SE.CHUNK_STALE
         else:
-            gained = (held or _Transfer(key)).missing_after(msg.offset, len(msg.data))
+            gained = (held or ChunkTransfer(key)).missing_after(msg.offset, len(msg.data))
             kind = SE.CHUNK_LAST if gained == 0 else SE.CHUNK
         self.state = step("secondary", SECONDARY, state, kind)
         if self.state is SecondaryState.JOINING:
@@ -418,7 +444,7 @@ class Secondary(EventQueue):
         if kind is SE.CHUNK_STALE:
             return
         self._checkpoint_heard = now
-        transfer = held or _Transfer(key)
+        transfer = held or ChunkTransfer(key)
         self._checkpoint = transfer
         if transfer.add(msg.offset, len(msg.data)):
             self._events.append(
@@ -442,7 +468,7 @@ class _Round:
         self.agreed: set[int] = set()
 
 
-class _Transfer:
+class ChunkTransfer:
     """The byte ranges of one checkpoint (``key``: epoch, seq, total) come in so far."""
 
     def __init__(self, key: tuple[int, int, int]) -> None:

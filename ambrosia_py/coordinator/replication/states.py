@@ -77,6 +77,9 @@ class SecondaryEvent(enum.Enum):
     TRIM = "TRIM"
     """Trim points for the outboxes: taken in every state (they are facts about the
     destinations, whatever this log holds)."""
+    ROLL = "ROLL"
+    """A checkpoint asked for: taken while STREAMING (the replay follows the primary's
+    log), ignored otherwise (the primary asks again at its next roll)."""
     CHUNK = "CHUNK"
     """A chunk of a checkpoint this log needs (it ends below the checkpoint's seq) that
     leaves the checkpoint incomplete."""
@@ -108,6 +111,10 @@ class TermEvent(enum.Enum):
     """The adapter hands the primary records or checkpoint bytes it asked for."""
     DURABLE = "DURABLE"
     TICK = "TICK"
+    ROLL = "ROLL"
+    """The adapter rolled the log: a secondary is asked for the checkpoint there."""
+    TAKEN = "TAKEN"
+    """A chunk of the checkpoint a secondary took for a roll."""
 
 
 class FeedState(enum.Enum):
@@ -139,6 +146,7 @@ def _table(rows: dict[_S, dict[_E, _S]]) -> Mapping[_S, Mapping[_E, _S]]:
 SECONDARY: Final = _table(
     {
         SS.JOINING: {
+            SE.ROLL: SS.JOINING,
             SE.NEW_TERM: SS.JOINING,
             SE.SYNC: SS.STREAMING,
             SE.APPEND: SS.JOINING,
@@ -150,6 +158,7 @@ SECONDARY: Final = _table(
             SE.HIGHER_EPOCH: SS.JOINING,
         },
         SS.STREAMING: {
+            SE.ROLL: SS.STREAMING,
             SE.NEW_TERM: SS.STREAMING,
             SE.SYNC: SS.STREAMING,
             SE.APPEND: SS.STREAMING,
@@ -161,6 +170,7 @@ SECONDARY: Final = _table(
             SE.HIGHER_EPOCH: SS.JOINING,
         },
         SS.INSTALLING: {
+            SE.ROLL: SS.INSTALLING,
             SE.NEW_TERM: SS.JOINING,
             SE.SYNC: SS.STREAMING,
             SE.APPEND: SS.INSTALLING,
@@ -198,6 +208,8 @@ TERM: Final = _table(
             TE.RESEND: TS.ESTABLISHED,
             TE.APPEND: TS.ESTABLISHED,
             TE.READ: TS.ESTABLISHED,
+            TE.ROLL: TS.ESTABLISHED,
+            TE.TAKEN: TS.ESTABLISHED,
             TE.HIGHER_EPOCH: TS.DEPOSED,
         },
         TS.DEPOSED: {},
