@@ -104,18 +104,7 @@ def test_nobody_is_asked_before_the_term_is_established_or_with_none_keeping_up(
     p.events()
     assert p.rolled(10, 0.01) is None
     assert p.events() == []
-    alone = Primary(
-        replica=0,
-        group=Group.of({0, 1, 2}, k=3),
-        epoch=5,
-        history=ONE,
-        log_base=0,
-        log_end=10,
-        durable_end=10,
-        commit_end=0,
-        now=0.0,
-        timing=TIMING,
-    )
+    alone = primary(Group.of({0, 1, 2}, k=3))
     alone.events()
     assert alone.state.name == "ESTABLISHED"  # k = n: a term needs itself alone
     assert alone.rolled(10, 0.01) is None  # no secondary has answered: none streams

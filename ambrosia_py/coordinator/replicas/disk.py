@@ -91,11 +91,10 @@ class ReplicaDisk:
             f.write(data)
 
     def take_staged(self) -> bytes:
-        """The checkpoint kept aside, whole (a secondary's, taken for this primary's
-        roll): its bytes, and the temporary file gone."""
+        """The checkpoint kept aside, whole: its bytes, and the temporary file gone."""
         staged = self._staged
         if staged is None:
-            raise StorageError("a checkpoint taken before any of it came in")
+            raise StorageError("a checkpoint taken whole before any of it came in")
         data = staged.read_bytes()
         staged.unlink()
         self._staged = None
@@ -105,12 +104,7 @@ class ReplicaDisk:
         """Install the checkpoint kept aside, the state before record ``seq``: written as
         the next checkpoint, committed in the state file, the older logs and checkpoints
         dropped; the log starts over, empty, at ``seq``. Returns its number."""
-        staged = self._staged
-        if staged is None:
-            raise StorageError("a checkpoint installed before any of it came in")
-        data = staged.read_bytes()
-        staged.unlink()
-        self._staged = None
+        data = self.take_staged()
         log = self.log
         if log is not None:
             n = max(self.state.checkpoint or 0, log.log_number) + 1
