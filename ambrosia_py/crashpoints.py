@@ -67,6 +67,8 @@ POINTS: Final[Mapping[str, str]] = MappingProxyType(
         "registry is ignored: recovery replays from the one before",
         "ic.replica.checkpoint.before_commit": "a secondary's own checkpoint written but "
         "not committed in its state file is ignored: it restarts from the one before",
+        "ic.replica.checkpoint.before_ship": "a checkpoint a secondary took for the "
+        "primary's roll, not yet sent back: the primary asks again at its next roll",
         "ic.forward.mid_send": "half a record sent to the binding is never applied",
         "ic.link.mid_send": "half a frame sent to a peer coordinator is dropped; the link "
         "resends from where the receiver asks",

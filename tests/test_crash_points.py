@@ -124,7 +124,10 @@ TRIGGER_MB = "0.001"
 
 
 # Points of a replica, walked where replicas run (the file named).
-WALKED_ELSEWHERE = {"ic.replica.checkpoint.before_commit": "test_replicas_checkpoints.py"}
+WALKED_ELSEWHERE = {
+    "ic.replica.checkpoint.before_commit": "test_replicas_checkpoints.py",
+    "ic.replica.checkpoint.before_ship": "test_replicas_checkpoints.py",
+}
 
 
 def test_every_point_is_walked() -> None:

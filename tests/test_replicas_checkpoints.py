@@ -292,3 +292,63 @@ def test_the_primary_keeps_what_its_secondaries_take_and_recovers_from_it(
         later.stop()
     later.answers += callers.answers
     counted_once(later)
+
+
+SHIP = "ic.replica.checkpoint.before_ship"
+
+
+def test_a_secondary_killed_before_sending_the_primary_its_checkpoint_is_asked_again(
+    machines: list[Machine], tmp_path: Path
+) -> None:
+    """Both secondaries are armed to SIGKILL their coordinator the first time they have
+    taken a checkpoint for the primary and not yet sent it. Each that dies is started
+    again, unarmed; the primary goes on, asks again at a later roll, keeps what comes,
+    and every call is counted once."""
+    env = {**os.environ, **TRIGGER}
+    markers = {r: tmp_path / f"crash-marker-{r}" for r in (1, 2)}
+    machines[0].start(env)
+    for r in (1, 2):
+        armed = {**env, "AMBROSIA_CRASH_AT": f"{SHIP}:1", "AMBROSIA_CRASH_MARKER": str(markers[r])}
+        machines[r].start(armed)
+    registry = machines[0].registry
+    wait_for("a primary", lambda: current_term(registry) is not None, DEADLINE)
+    term = current_term(registry)
+    assert term is not None and term.replica == 0  # replica 0 founds the instance
+    primary = machines[0]
+    for m in machines[1:]:
+        wait_for(f"replica {m.replica} to follow", lambda m=m: installed(m), DEADLINE)
+    crashed: dict[int, int] = {}  # replica -> checkpoints the primary had kept then
+
+    def restart_the_crashed() -> None:
+        for r, marker in markers.items():
+            if r in crashed or not marker.exists() or SHIP not in marker.read_text():
+                continue
+            pid = re.search(
+                rf"{re.escape(SHIP)} reached \(time 1\) in pid (\d+)", marker.read_text()
+            )
+            assert pid is not None
+            gone = int(pid[1])
+            wait_for(f"replica {r}'s coordinator to be gone", lambda p=gone: process_gone(p), 30)
+            crashed[r] = len(KEPT.findall(primary.process_output()))
+            machines[r].stop()
+            machines[r].start(env)
+
+    def kept_after_a_crash() -> bool:
+        restart_the_crashed()
+        kept = len(KEPT.findall(primary.process_output()))
+        return bool(crashed) and kept > min(crashed.values())
+
+    callers = Callers(registry, primary.secret, 4)
+    callers.start()
+    try:
+        wait_for(
+            "the primary to keep a checkpoint after a secondary died before sending one",
+            kept_after_a_crash,
+            DEADLINE,
+            context=lambda: primary.process_output()[-3000:],
+        )
+        callers.wait_answers(50)
+        assert current_term(registry) == term  # the primary served throughout
+    finally:
+        callers.stop()
+    counted_once(callers)

@@ -344,6 +344,7 @@ class Follower:
         self._plan = None
         if plan.n is None:
             assert plan.ship is not None
+            crashpoints.reach("ic.replica.checkpoint.before_ship")
             log.info(
                 "checkpoint for the primary taken (%d bytes, next seq %d): sending it",
                 len(plan.written.blob),
