@@ -27,6 +27,7 @@ import pytest
 
 from ambrosia_py.coordinator.replication import (
     Ack,
+    CheckpointTaken,
     CommitAdvanced,
     Established,
     Event,
@@ -45,6 +46,7 @@ from ambrosia_py.coordinator.replication import (
     SendCheckpoint,
     SteppedDown,
     StoreCheckpointChunk,
+    TakeCheckpointFor,
     Timing,
     TruncateLog,
     WriteRecords,
@@ -181,6 +183,13 @@ class Sim:
                 assert len(records) == seq and records == self.committed[:seq]
                 self.stats["installs"] += 1
                 node.log, node.d_log, node.d_base = records, list(records), seq
+            case TakeCheckpointFor(seq):
+                until = self.now + 0.3
+                self.schedule(0.001, lambda: self.take_for(node, core, seq, until))
+            case CheckpointTaken(seq):
+                records = checkpoint_records(bytes(node.staged))
+                assert records == self.committed[:seq], "a checkpoint kept is not committed"
+                self.stats["taken"] += 1
             case SteppedDown(epoch, _, better):
                 self.step_down(node, core, epoch, better)
             case PrimaryLost(epoch, _):
@@ -199,6 +208,24 @@ class Sim:
             return
         data = checkpoint_bytes(node.log[: node.d_base])
         core.checkpoint_read(replica, node.d_base, data, self.now)
+        self.drain(node)
+
+    def take_for(self, node: Node, core: Core, seq: int, until: float) -> None:
+        """A secondary's binding takes the state before ``seq`` once it has replayed
+        that far (or the request is given up), and it goes back to the primary."""
+        if node.core is not core or not isinstance(core, Secondary):
+            return
+        if core.replayed_end < seq:
+            if self.now < until:
+                self.schedule(0.002, lambda: self.take_for(node, core, seq, until))
+            return
+        core.checkpoint_taken(seq, checkpoint_bytes(node.log[:seq]))
+        self.drain(node)
+
+    def roll(self, node: Node) -> None:
+        core = node.core
+        assert isinstance(core, Primary)
+        core.rolled(core.log_end, self.now)
         self.drain(node)
 
     def commit(self, node: Node, end: int) -> None:
@@ -377,6 +404,8 @@ class Sim:
             and self.rng.random() < (0.5 if chaos else 0.05)
         ):
             self.client(primary)
+            if self.rng.random() < 0.05:
+                self.roll(primary)
         if not chaos:
             for node in self.nodes:
                 if not node.up:
@@ -506,6 +535,6 @@ def test_random_runs_keep_the_invariants(
             raise AssertionError(f"Sim({seed}, {n}, {k}).run(): {exc!r}") from exc
         totals += sim.stats
     # The runs went down every path the invariants are about.
-    for what in ("crashes", "partitions", "lapses", "refusals", *paths):
+    for what in ("crashes", "partitions", "lapses", "refusals", "taken", *paths):
         assert totals[what] > 0, (what, totals)
     assert totals["terms"] > runs
