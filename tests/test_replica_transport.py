@@ -35,10 +35,12 @@ from ambrosia_py.coordinator.replication import (
     History,
     Message,
     NewTerm,
+    OutboxTrim,
     Position,
     Refuse,
     Resend,
     Sync,
+    TakenChunk,
     encode_frame,
 )
 from ambrosia_py.wire import IncomingRpc, RpcType, encode_message
@@ -422,6 +424,16 @@ async def test_tampered_bytes_are_refused_and_later_messages_flow_after_the_redi
 # --- bounds ----------------------------------------------------------------------------------
 
 
+def _filler(seq: int) -> OutboxTrim:
+    """A frame of one size for seqs 128..16383 (a name of 1000 bytes)."""
+    return OutboxTrim(1, (("x" * 1000, seq),))
+
+
+def _big_trim() -> OutboxTrim:
+    """A frame of about 1 MiB."""
+    return OutboxTrim(1, tuple((f"{k:04d}" + "x" * 1020, 1) for k in range(1024)))
+
+
 async def test_a_queue_to_an_unreachable_replica_is_dropped_counted_and_bounded(
     group: Group, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -432,9 +444,9 @@ async def test_a_queue_to_an_unreachable_replica_is_dropped_counted_and_bounded(
         nothing.bind(("127.0.0.1", 0))
         group.book[0] = Endpoint("127.0.0.1", nothing.getsockname()[1])
         sender = await group.add(1, max_queue_bytes=64 << 10)
-        frame_size = len(encode_frame(CheckpointChunk(1, 1000, 1000, 0, bytes(1000))))
+        frame_size = len(encode_frame(_filler(1000)))
         for i in range(1000):
-            sender.send(0, CheckpointChunk(1, 1000 + i, 1000, 0, bytes(1000)))  # one size
+            sender.send(0, _filler(1000 + i))  # one size
             assert sender.queued_bytes(0) <= 64 << 10
             if i % 100 == 0:
                 await asyncio.sleep(0)  # the dialing coroutine runs, and fails
@@ -446,11 +458,44 @@ async def test_a_queue_to_an_unreachable_replica_is_dropped_counted_and_bounded(
     group.book[0] = reachable  # asked again at the next dial
     sender.send(0, NewTerm(7))
     await _until("the message after", lambda: (1, NewTerm(7)) in group.inboxes[0])
-    kept = [CheckpointChunk(1, 1000 + i, 1000, 0, bytes(1000)) for i in range(1000 - queued, 1000)]
+    kept = [_filler(1000 + i) for i in range(1000 - queued, 1000)]
     assert group.of(0, 1) == [*kept, NewTerm(7)]
     await _until("the end of the drops said", lambda: _said(caplog, "takes frames again"))
     sender.forget(0)  # a replica that left: its connection and queue go
     assert not sender.connected(0) and sender.queued_bytes(0) == 0
+
+
+async def test_a_checkpoint_larger_than_the_queue_bound_arrives_whole(group: Group) -> None:
+    """All the chunks of a checkpoint are sent at once, 16 times the queue's bound: they
+    wait as messages and are queued as it drains, so none is dropped. A chunk of another
+    transfer replaces what is left of the one before."""
+    await group.add(0)
+    sender = await group.add(1, max_queue_bytes=256 << 10)
+    data = os.urandom(4 << 20)
+    size = 64 << 10
+    chunks = [
+        TakenChunk(3, 50, len(data), offset, data[offset : offset + size])
+        for offset in range(0, len(data), size)
+    ]
+    for chunk in chunks:
+        sender.send(0, chunk)
+        assert sender.queued_bytes(0) <= 256 << 10
+    assert sender.paced_chunks(0) > 0  # most of them wait
+    await _until("every chunk", lambda: len(group.inboxes[0]) >= len(chunks))
+    assert group.of(0, 1) == chunks and sender.dropped_frames == 0
+    # Unreachable now: a transfer waits, and a new one replaces it.
+    with socket.socket() as nothing:
+        nothing.bind(("127.0.0.1", 0))
+        group.book[0] = Endpoint("127.0.0.1", nothing.getsockname()[1])
+        await group.transports[0].close()
+        for chunk in chunks:
+            sender.send(0, chunk)
+        waiting = sender.paced_chunks(0)
+        assert waiting > 0
+        newer = [CheckpointChunk(4, 60, 3, 0, b"abc")]
+        sender.send(0, newer[0])
+        assert sender.paced_chunks(0) == 1  # the older transfer's rest is gone, abc waits
+        assert sender.queued_bytes(0) <= 256 << 10
 
 
 async def test_a_peer_that_reads_nothing_holds_no_more_than_the_bounds(group: Group) -> None:
@@ -474,10 +519,10 @@ async def test_a_peer_that_reads_nothing_holds_no_more_than_the_bounds(group: Gr
     group.book[0] = Endpoint("127.0.0.1", sock.getsockname()[1])
     limit, total = 4 << 20, 0
     sender = await group.add(1, max_queue_bytes=limit)
+    big = _big_trim()
     for i in range(64):
-        chunk = CheckpointChunk(1, i, 1 << 20, 0, bytes(1 << 20))
-        sender.send(0, chunk)
-        total += len(encode_frame(chunk))
+        sender.send(0, big)
+        total += len(encode_frame(big))
         assert sender.queued_bytes(0) <= limit
         await asyncio.sleep(0)  # the writing coroutine takes its turn
         if i == 0:

@@ -22,6 +22,13 @@ once per episode. What the process holds for one destination is then at most tha
 plus the transport's write buffer (:data:`WRITE_HIGH_WATER`) and one batch being written
 (:data:`WRITE_BATCH_BYTES`, or one larger frame).
 
+Checkpoint chunks (CHECKPOINT, TAKEN) are paced instead: a checkpoint may be larger than
+any queue bound, and all its chunks are sent at once. They wait as messages, views of
+the checkpoint's bytes, and are encoded into the queue only while it holds less than
+:data:`PACED_QUEUE_BYTES` (or half ``max_queue_bytes``, if that is less: a chunk at
+most that large keeps within the bound); one transfer per destination waits so, and a
+chunk of another replaces it (what is left of the older one is not wanted any more).
+
 Queued frames go out in batches, each frame followed by its tag, in one write of many
 buffers: the primary's commit path sends every record through here, and a write per
 frame would cost a system call each. Messages sent within one turn of the event loop
@@ -48,13 +55,20 @@ from ..links.config import SECRET_ENV, LinkSettings, load_secret, tls_contexts
 from ..registry.interface import Endpoint
 from ..registry.port_users import PortTakenError
 from ..replication.errors import ReplicationProtocolError
-from ..replication.messages import DEFAULT_MAX_FRAME, Message, encode_frame
+from ..replication.messages import (
+    DEFAULT_MAX_FRAME,
+    CheckpointChunk,
+    Message,
+    TakenChunk,
+    encode_frame,
+)
 from .transport_auth import MAX_REPLICA, Accepting, Dialing
 from .transport_conns import Accepted, Dialed
 
 __all__ = [
     "BACKOFF_MAX_S",
     "BACKOFF_MIN_S",
+    "PACED_QUEUE_BYTES",
     "WRITE_BATCH_BYTES",
     "WRITE_HIGH_WATER",
     "ReplicaTransport",
@@ -69,6 +83,8 @@ _BATCH_FRAMES: Final = IOV_MAX // 2  # each frame and its tag: two buffers of a 
 # The transport's write buffer, past which frames stay in the queue (where they count
 # against max_queue_bytes) rather than in the transport (where nothing bounds them).
 WRITE_HIGH_WATER: Final = 1 << 20
+# Checkpoint chunks are moved into a destination's queue only while it holds less.
+PACED_QUEUE_BYTES: Final = 4 << 20
 _WHAT: Final = "the replica connection"
 
 OnMessage = Callable[[int, Message], None]
@@ -87,6 +103,9 @@ class _Destination:
         self.conn: Dialed | None = None
         self.task: asyncio.Task[None] | None = None
         self.dropping = False  # in an episode of drops: said once, at its start
+        # The chunks of one checkpoint transfer waiting to be queued, and its key.
+        self.paced: collections.deque[CheckpointChunk | TakenChunk] = collections.deque()
+        self.paced_key: tuple[int, int, int, int] | None = None
 
 
 class ReplicaTransport:
@@ -173,6 +192,9 @@ class ReplicaTransport:
         ``to`` this replica itself)."""
         if to == self.replica or not 0 <= to <= MAX_REPLICA:
             raise ValueError(f"replica {self.replica} cannot send to replica {to}")
+        if isinstance(message, CheckpointChunk | TakenChunk):
+            self._pace(to, message)
+            return
         frame = encode_frame(message)
         if len(frame) > self.max_frame_bytes:
             raise ValueError(
@@ -181,16 +203,56 @@ class ReplicaTransport:
             )
         if self._closed:
             return
-        dest = self._out.get(to)
-        if dest is None:
-            dest = self._out[to] = _Destination(to)
-            dest.task = asyncio.get_running_loop().create_task(self._run(dest))
+        dest = self._destination(to)
         if dest.queued + len(frame) > self.max_queue_bytes:
             self._overflow(dest, len(frame))
             return
         dest.frames.append(frame)
         dest.queued += len(frame)
         dest.wake.set()
+
+    def _destination(self, to: int) -> _Destination:
+        dest = self._out.get(to)
+        if dest is None:
+            dest = self._out[to] = _Destination(to)
+            dest.task = asyncio.get_running_loop().create_task(self._run(dest))
+        return dest
+
+    def _pace(self, to: int, chunk: CheckpointChunk | TakenChunk) -> None:
+        """Keep a checkpoint chunk until the queue has room for it (see the module)."""
+        if len(chunk.data) + 64 > self.max_frame_bytes:  # 64: more than the fields take
+            raise ValueError(
+                f"a {type(chunk).__name__} of {len(chunk.data)} bytes, over the frame limit "
+                f"of {self.max_frame_bytes} (cut it in smaller ones)"
+            )
+        if self._closed:
+            return
+        dest = self._destination(to)
+        key = (int(chunk.KIND), chunk.epoch, chunk.seq, chunk.total)
+        if dest.paced_key != key:
+            dest.paced.clear()
+            dest.paced_key = key
+        dest.paced.append(chunk)
+        self._refill(dest)
+
+    def _refill(self, dest: _Destination) -> None:
+        """Move waiting checkpoint chunks into the queue while it holds little."""
+        moved = False
+        below = min(PACED_QUEUE_BYTES, self.max_queue_bytes // 2)
+        while dest.paced and dest.queued < below:
+            frame = encode_frame(dest.paced.popleft())
+            dest.frames.append(frame)
+            dest.queued += len(frame)
+            moved = True
+        if not dest.paced:
+            dest.paced_key = None
+        if moved:
+            dest.wake.set()
+
+    def paced_chunks(self, to: int) -> int:
+        """The checkpoint chunks waiting to be queued for replica ``to``."""
+        dest = self._out.get(to)
+        return 0 if dest is None else len(dest.paced)
 
     def flush(self) -> None:
         """Write what is queued now, to every replica connected and keeping up, instead
@@ -224,6 +286,7 @@ class ReplicaTransport:
             dest.task.cancel()
         dest.frames.clear()
         dest.queued = 0
+        dest.paced.clear()
 
     async def close(self) -> None:
         """Stop listening, close every connection, drop every queue."""
@@ -366,6 +429,7 @@ class ReplicaTransport:
             size += len(frame)
         dest.queued -= size
         conn.write(batch)
+        self._refill(dest)
         if not frames and dest.dropping:
             dest.dropping = False
             log.info("replica %d of %r takes frames again", dest.replica, self.instance)
