@@ -274,8 +274,7 @@ class Committer:
         """While the commit loop runs, the readers of the binding (once links are open)
         and of links wait while more than ``max_pending_mb`` of input is pending; TCP
         then slows their senders down. Records written and not yet synced do not count:
-        the next record must fill while one syncs (counting them measurably slowed
-        64 KiB forks between two instances)."""
+        the next record must fill while one syncs."""
         while not self.has_room():
             self._room.clear()
             await self._room.wait()
