@@ -74,7 +74,6 @@ class _Planned:
     n: int | None
     seq: int
     ship: Callable[[bytes], None] | None = None
-    data: bytes = b""  # for the primary: the checkpoint's bytes, once written
     logged_outputs: int = 0  # the intake's, and the inbox, as the replay reached seq
     inbox: dict[str, int] = attrs.field(factory=dict)
     asked: bool = False  # TakeCheckpoint went to the binding
@@ -326,9 +325,7 @@ class Follower:
             dict(state.senders),
             answer.attached,
         )
-        if plan.n is None:
-            plan.data = b"".join(written.encode_parts())
-        else:
+        if plan.n is not None:  # one for the primary is sent once safe (_try_commit)
             files = self._disk.files
             await asyncio.to_thread(files.write_checkpoint, plan.n, written.encode_parts())
         plan.written = written
@@ -350,7 +347,7 @@ class Follower:
                 len(plan.written.blob),
                 plan.seq,
             )
-            plan.ship(plan.data)
+            plan.ship(b"".join(plan.written.encode_parts()))
             return
         crashpoints.reach("ic.replica.checkpoint.before_commit")
         self._commit(plan.n, plan.seq)

@@ -55,7 +55,7 @@ checkpoint of the log it started at ``seq``.
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import ClassVar, Final
 
 import attrs
@@ -94,6 +94,7 @@ __all__ = [
     "decode_frame",
     "encode_frame",
     "append_size",
+    "checkpoint_pieces",
     "decode_body",
     "encode_parts",
 ]
@@ -544,6 +545,14 @@ class FrameReader:
         del buf[: pos + length]
         self._consumed += pos + length
         return decode_body(memoryview(frame), base)
+
+
+def checkpoint_pieces(data: Buffer, size: int) -> Iterator[tuple[int, memoryview]]:
+    """A checkpoint's bytes cut for CHECKPOINT or TAKEN chunks of at most ``size`` bytes:
+    ``(offset, piece)``, views of ``data``; one empty piece for an empty checkpoint."""
+    view = memoryview(data)
+    for offset in range(0, max(len(view), 1), size):
+        yield offset, view[offset : offset + size]
 
 
 def append_size(records: Sequence[Buffer]) -> int:

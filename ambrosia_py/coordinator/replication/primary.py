@@ -73,6 +73,7 @@ from .messages import (
     Sync,
     TakenChunk,
     append_size,
+    checkpoint_pieces,
 )
 from .secondary import ChunkTransfer, LogState
 from .states import FEED, TERM, FeedEvent, FeedState, TermEvent, TermState, step
@@ -362,13 +363,8 @@ class Primary(EventQueue):
             raise ReplicationRuleError(
                 f"checkpoint at {seq}: the log holds {self.log_base}..{self.log_end}"
             )
-        view = memoryview(data)
-        size = self.timing.checkpoint_chunk
-        for offset in range(0, max(len(view), 1), size):
-            chunk = CheckpointChunk(
-                self.epoch, seq, len(view), offset, view[offset : offset + size]
-            )
-            self._send(replica, chunk, now)
+        for offset, piece in checkpoint_pieces(data, self.timing.checkpoint_chunk):
+            self._send(replica, CheckpointChunk(self.epoch, seq, len(data), offset, piece), now)
         feed.sent_end = seq
         feed.checkpoint_sent = now
 

@@ -86,6 +86,7 @@ from .messages import (
     Silence,
     Sync,
     TakenChunk,
+    checkpoint_pieces,
 )
 from .states import SECONDARY, SecondaryEvent, SecondaryState, step
 
@@ -287,10 +288,8 @@ class Secondary(EventQueue):
         if self._roll != (self.epoch, seq) or self.primary is None:
             return
         self._roll = None
-        view = memoryview(data)
-        size = self.timing.checkpoint_chunk
-        for offset in range(0, max(len(view), 1), size):
-            chunk = TakenChunk(self.epoch, seq, len(view), offset, view[offset : offset + size])
+        for offset, piece in checkpoint_pieces(data, self.timing.checkpoint_chunk):
+            chunk = TakenChunk(self.epoch, seq, len(data), offset, piece)
             self._events.append(Send(self.primary, chunk))
 
     def records_durable(self, end: int) -> None:
