@@ -10,17 +10,12 @@ import pytest
 from ambrosia_py.coordinator.replication import (
     Ack,
     CheckpointTaken,
-    Event,
     Group,
     History,
-    Message,
     NewTerm,
-    Position,
-    Primary,
     ReplicationRuleError,
     Roll,
     Secondary,
-    Send,
     StoreCheckpointChunk,
     Sync,
     TakeCheckpointFor,
@@ -28,56 +23,15 @@ from ambrosia_py.coordinator.replication import (
     Timing,
 )
 from ambrosia_py.coordinator.replication.states import UnexpectedEventError
-from ambrosia_py.wire.records import encode_disk_record
+from tests.test_replication_rules import ONE, established, primary, recs, secondary, sent
 
-TIMING = Timing(checkpoint_chunk=4)
-ONE = History.of([(1, 0)])
-
-
-def recs(first: int, end: int) -> list[bytes]:
-    return [encode_disk_record(1, s, f"r{s}".encode()) for s in range(first, end)]
-
-
-def sent(events: list[Event]) -> list[tuple[int, Message]]:
-    return [(e.to, e.message) for e in events if isinstance(e, Send)]
-
-
-def primary(group: Group | None = None) -> Primary:
-    return Primary(
-        replica=0,
-        group=group or Group.of({0, 1, 2}),
-        epoch=5,
-        history=ONE,
-        log_base=0,
-        log_end=10,
-        durable_end=10,
-        commit_end=0,
-        now=0.0,
-        timing=TIMING,
-    )
-
-
-def established() -> Primary:
-    """Primary of epoch 5, both others synced and caught up at 10."""
-    p = primary()
-    for r in (1, 2):
-        p.receive(r, Position(5, 10, ONE), 0.01)
-    p.events()
-    return p
+TIMING = Timing(checkpoint_chunk=4)  # a secondary's: its checkpoints go in 4-byte chunks
 
 
 def streaming(epoch: int = 5) -> Secondary:
     """Replica 1, synced to replica 0, primary of ``epoch`` since seq 10."""
-    s = Secondary(
-        replica=1,
-        epoch=epoch,
-        history=ONE,
-        log_base=0,
-        log_end=10,
-        commit_end=0,
-        now=0.0,
-        timing=TIMING,
-    )
+    s = secondary(epoch, ONE, 10)
+    s.timing = TIMING
     s.receive(0, Sync(epoch, History.of([(1, 0), (epoch, 10)])), 0.0)
     s.events()
     return s
@@ -104,7 +58,7 @@ def test_nobody_is_asked_before_the_term_is_established_or_with_none_keeping_up(
     p.events()
     assert p.rolled(10, 0.01) is None
     assert p.events() == []
-    alone = primary(Group.of({0, 1, 2}, k=3))
+    alone = primary(group=Group.of({0, 1, 2}, k=3))
     alone.events()
     assert alone.state.name == "ESTABLISHED"  # k = n: a term needs itself alone
     assert alone.rolled(10, 0.01) is None  # no secondary has answered: none streams
