@@ -155,23 +155,19 @@ def test_damage_before_the_tail_stops_recovery(tmp_path: Path) -> None:
     assert log1.read_bytes() == bytes(data)  # nothing was cut
 
 
-def test_an_upgrade_of_a_replica_is_refused_saying_why(tmp_path: Path) -> None:
-    """A replica's new version would be followed by replicas still running the old code:
-    refused before anything starts, naming both options."""
-    secret = tmp_path / "secret"
-    secret.write_bytes(bytes(range(32)))
-    secret.chmod(0o600)
+def test_an_upgrade_to_the_version_the_instance_has_is_refused(tmp_path: Path) -> None:
+    """Its binding would replay that version's records with the old code (a supervisor
+    starting an upgraded replica again with the same options): refused, saying how to
+    start it instead."""
     done = subprocess.run(
         [
             *(sys.executable, "-m", "ambrosia_py.cli", "coordinator", "--instance", "svc"),
-            *("--data-dir", str(tmp_path / "d"), "--registry", str(tmp_path / "r.sqlite3")),
-            *("--secret-file", str(secret), "--replica", "0", "--replicas", "3"),
-            *("--upgrade-version", "1"),
+            *("--data-dir", str(tmp_path / "d"), "--upgrade-version", "0"),
         ],
         capture_output=True,
         text=True,
         timeout=DEADLINE,
     )
     assert done.returncode == 2
-    assert "--upgrade-version with --replica" in done.stderr
-    assert "cannot be upgraded yet" in done.stderr
+    assert "instance 'svc' is at version 0 already" in done.stderr
+    assert "start it without --upgrade-version and --upgrade-from" in done.stderr

@@ -30,11 +30,11 @@ from tests.test_replicas_failover import (
     DEADLINE,
     Callers,
     Machine,
-    Registry,
     counted_once,
     current_term,
     installed,
     newer_term,
+    sqlite_machines,
 )
 
 pytestmark = pytest.mark.timeout(300)
@@ -59,11 +59,7 @@ def log_numbers(machine: Machine) -> list[int]:
 @pytest.fixture
 def machines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Machine]]:
     monkeypatch.syspath_prepend(str(COUNTER.parent))
-    registry = Registry(str(tmp_path / "registry.sqlite3"), "ambrosia", tmp_path)
-    secret = tmp_path / "secret"
-    secret.write_bytes(os.urandom(32))
-    secret.chmod(0o600)
-    group = [Machine(tmp_path, r, registry, secret) for r in range(3)]
+    group = sqlite_machines(tmp_path)
     try:
         yield group
     finally:

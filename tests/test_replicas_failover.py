@@ -60,7 +60,7 @@ class Machine:
         self.instance = instance
         self.process: ServiceProcess | None = None
 
-    def start(self, env: dict[str, str] | None = None) -> None:
+    def start(self, env: dict[str, str] | None = None, extra: tuple[str, ...] = ()) -> None:
         args = [
             "--registry",
             self.registry.spec,
@@ -76,6 +76,7 @@ class Machine:
             str(free_port()),
             "--send-port",
             str(free_port()),
+            *extra,
         ]
         self.process = ServiceProcess(
             str(self.service), self.instance, self.data_dir, args, log=self.log, env=env
@@ -129,6 +130,15 @@ def installed(machine: Machine) -> bool:
     assert machine.process is not None
     machine.process.check_alive()
     return "installed a shipped checkpoint" in machine.process.output()
+
+
+def sqlite_machines(tmp_path: Path) -> list[Machine]:
+    """Three replicas' machines (not started) sharing a SQLite registry and a secret."""
+    registry = Registry(str(tmp_path / "registry.sqlite3"), "ambrosia", tmp_path)
+    secret = tmp_path / "secret"
+    secret.write_bytes(os.urandom(32))
+    secret.chmod(0o600)
+    return [Machine(tmp_path, r, registry, secret) for r in range(3)]
 
 
 @pytest.fixture(params=["sqlite", "etcd"])

@@ -51,7 +51,8 @@ VECTORS: list[tuple[Message, str]] = [
     (Resend(1, 0), "04 01 07 01 00"),
     (Position(4, 20, History.of([(1, 0), (3, 15)])), "09 01 02 04 14 02 0100 030f"),
     (Position(4, 0, History()), "05 01 02 04 00 00"),
-    (Sync(4, History.of([(1, 0), (4, 20)])), "08 01 03 04 02 0100 0414"),
+    # ... then version 2 of the instance from seq 300
+    (Sync(4, History.of([(1, 0), (4, 20)]), 2, 300), "0b 01 03 04 02 0100 0414 02 ac02"),
     (CheckpointChunk(2, 40, 5, 2, b"cd"), "08 01 09 02 28 05 02 6364"),
     (CheckpointChunk(2, 40, 0, 0, b""), "06 01 09 02 28 00 00"),
     (Append(2, 7, 6, (EMPTY_RECORD_7,)), "21 01 04 02 07 06 01 1a" + EMPTY_RECORD_7.hex()),
@@ -118,9 +119,13 @@ messages = st.one_of(
         st.integers(0, 100),
     ),
     st.builds(
-        lambda e, h: Sync(e, h.extended(e, h.entries[-1].start if h.entries else 0)),
+        lambda e, h, v, since: Sync(
+            e, h.extended(e, h.entries[-1].start if h.entries else 0), v, since
+        ),
         st.integers(2**21, 2**40),
         sorted_history(),
+        st.integers(0, 2**31 - 1),
+        positions,
     ),
     appends(),
     st.builds(lambda a, b, e: Heartbeat(e, max(a, b), min(a, b)), positions, positions, positions),
@@ -177,6 +182,7 @@ MALFORMED = [
     ("08 01 02 04 14 83800400", "POSITION: field history count is 65539, over 65536", 5),
     ("07 01 02 04 02 01 0103", "POSITION: history starts an epoch past log_end 2", 4),
     ("06 01 03 04 01 0300", "SYNC: history does not end in the sender's epoch 4", 4),
+    ("07 01 03 04 01 0400 02", "SYNC: field since: varint truncated", 8),
     ("05 01 05 02 04 05", "HEARTBEAT: commit_end 5 past log_end 4", 5),
     ("05 01 06 03 0d 0c", "ACK: durable_end 13 past log_end 12", 5),
     ("08 01 09 02 28 03 02 6364", "CHECKPOINT: 2 bytes at offset 2 run past total 3", 6),

@@ -376,12 +376,14 @@ class Committer:
         new = InstanceFiles(self.config.data_dir, self.config.instance, version)
         new.create()
         new.acquire_lock()
-        for n in new.log_numbers():  # an earlier upgrade attempt that never committed
-            new.log_path(n).unlink()
-        for n in new.checkpoint_numbers():
-            new.checkpoint_path(n).unlink()
-        self.files.release_lock()
-        self.files = new
+        new.clear()  # an earlier upgrade attempt that never committed
+        self.adopt_files(new)
+
+    def adopt_files(self, files: InstanceFiles) -> None:
+        """Go on in ``files`` (locked by the caller), another version's."""
+        if files is not self.files:
+            self.files.release_lock()
+            self.files = files
 
     async def _roll(self) -> None:
         """Move to the next log; the checkpoint that pairs with it comes from a secondary

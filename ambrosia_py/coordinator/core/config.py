@@ -94,6 +94,14 @@ def resolve_start(
             f"instance {config.instance!r} is at version {info.current_version}, not "
             f"{config.version}; use --upgrade-version to move to a new version"
         )
+    upgrade = config.upgrade_version
+    if upgrade is not None and upgrade <= info.current_version:
+        # Its binding would replay the records of that version with the old code.
+        raise CoordinatorError(
+            f"instance {config.instance!r} is at version {info.current_version} already: "
+            f"--upgrade-version {upgrade} is done (or older); start it without "
+            "--upgrade-version and --upgrade-from"
+        )
     return (
         info.current_version,
         config.receive_port or info.receive_port,

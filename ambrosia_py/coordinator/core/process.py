@@ -158,12 +158,6 @@ async def _start_replica(
     from ..storage.replica_state import ReplicaState, load_replica_state
 
     assert config.replica is not None
-    if config.upgrade_version is not None:
-        raise CoordinatorError(
-            "--upgrade-version with --replica: a replicated instance cannot be upgraded "
-            "yet (its replicas would replay the new version's records with the old code); "
-            "run the replicas with the code they have"
-        )
     if config.replica >= config.replicas:
         raise CoordinatorError(
             f"replica {config.replica} is not one of the {config.replicas} replicas "
@@ -184,6 +178,7 @@ async def _start_replica(
         state=state,
         election=election,
         settings=config.link_settings,
+        upgrade_to=config.upgrade_version,
     )
     published = advertised_host(config.link_host, config.advertise_host)
     await node.start(config.link_host, config.replication_port, published)

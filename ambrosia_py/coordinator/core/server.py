@@ -258,7 +258,11 @@ class Coordinator:
         assert self.binding is not None
         intake = self.intake
         self._startup_checkpoint = asyncio.get_running_loop().create_future()
+        node = self.replicas
+        # A replica's binding may have upgraded already, following (replicas/follow.py).
         upgrade = self.config.upgrade_version
+        if node is not None and not node.upgrade_pending:
+            upgrade = None
         if upgrade is not None:
             await self.binding.control(intake.committer_id, UpgradeTakeCheckpoint())
         else:
@@ -271,8 +275,12 @@ class Coordinator:
         )
         if upgrade is not None:
             self.committer.move_to_version(upgrade)
+            if node is not None:
+                node.moved_to(self.committer.files, intake.committer_id, intake.next_seq)
             self.committer.open_log(1)
         else:
+            if node is not None:  # in the files it follows in (a version's it moved to)
+                self.committer.adopt_files(node.disk.files)
             self.committer.open_log(last_log + 1)
         await self.committer.commit_checkpoint(self.committer.log_number, arrived)
         if upgrade is not None:
@@ -302,7 +310,8 @@ class Coordinator:
             return
         assert self.binding is not None
         follower = Follower(self.binding, self.intake, node.disk, node.commit_checkpoint)
-        self._follower = node.follower = follower
+        self._follower = follower
+        node.attach(follower)
         node.trigger_bytes = self.committer.trigger_bytes
         self._reader_task = asyncio.create_task(self.read_binding())
         if node.disk.state.checkpoint is not None:

@@ -7,6 +7,10 @@ the registry's checkpoint, which is the instance's and shared by its replicas. T
 (``storage/replica_log.py``) starts at that checkpoint. A checkpoint shipped in chunks is
 kept in a temporary file beside the log until it is whole, then installed: written as
 the next checkpoint, committed in the state file, and the older files dropped.
+
+An upgrade moves the replica to the new version's files (``InstanceFiles`` of that
+version, beside the old ones), where checkpoint 1 is the upgraded state: the state file
+there, saved last, makes them the ones to recover from.
 """
 
 from __future__ import annotations
@@ -22,13 +26,21 @@ from ..storage.files import INCOMING_PREFIX, InstanceFiles
 from ..storage.replica_log import ReplicaLog
 from ..storage.replica_state import ReplicaState, save_replica_state
 
-__all__ = ["ReplicaDisk", "read_checkpoint"]
+__all__ = ["ReplicaDisk", "first_of_version", "read_checkpoint"]
 
 
 def read_checkpoint(files: InstanceFiles, n: int) -> tuple[IcState, bytes]:
     """Checkpoint ``n`` of ``files``: its state and its bytes."""
     data = files.read_checkpoint(n)
     return IcState.decode(data, str(files.checkpoint_path(n))), data
+
+
+def first_of_version(files: InstanceFiles, state: IcState) -> None:
+    """Write ``state`` as checkpoint 1 of ``files``, a version's files made anew (what an
+    earlier attempt left is removed first)."""
+    files.create()
+    files.clear()
+    files.write_checkpoint(1, state.encode_parts())
 
 
 class ReplicaDisk:
@@ -69,6 +81,37 @@ class ReplicaDisk:
             s.checkpoint if checkpoint is None else checkpoint,
         )
         save_replica_state(self.files, self.state)
+
+    def moved_to(self, files: InstanceFiles, committer_id: int, seq: int) -> None:
+        """A primary upgrading: go on in ``files`` (created and locked), whose log 1, not
+        yet written, starts at ``seq``; its checkpoint 1 comes next (the committer's)."""
+        self.state = ReplicaState(self.state.replica, self.state.epoch, self.state.history, None)
+        save_replica_state(files, self.state)
+        if self.log is not None:
+            self.log.close()
+        self.files = files
+        self.log = ReplicaLog.open(files, first_log=1, committer_id=committer_id, base_seq=seq)
+
+    def switch_to(self, files: InstanceFiles, seq: int) -> ReplicaLog:
+        """A secondary upgraded in place: go on in ``files``, whose checkpoint 1, written,
+        stands before ``seq``; the records this log holds from ``seq`` on are copied to
+        its log 1 and made durable before the state file there commits it."""
+        old = self.log
+        if old is None:
+            raise StorageError("a replica with no log cannot move to another version")
+        files.acquire_lock()
+        new = ReplicaLog.open(files, first_log=1, committer_id=old.committer_id, base_seq=seq)
+        at = seq
+        while at < old.end:
+            records = old.read(at, 1 << 20)
+            new.append(at, records)
+            at += len(records)
+        new.sync()
+        self.state = ReplicaState(self.state.replica, self.state.epoch, self.state.history, 1)
+        save_replica_state(files, self.state)
+        old.close()
+        self.files, self.log = files, new
+        return new
 
     def latest_checkpoint(self) -> tuple[int, bytes]:
         """The committed checkpoint, to ship: the seq it stands before, and its bytes."""

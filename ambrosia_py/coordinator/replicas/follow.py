@@ -29,6 +29,13 @@ sent by then: a checkpoint's binding does not regenerate them, so until the log 
 them they would be lost to a recovery from it. A log truncated below ``s`` first drops
 the plan.
 
+An upgrade comes as a seq from which the log is of another version of the instance
+(:meth:`Follower.version_at`): the replay stops before it. A replica started to upgrade
+to that version sends its binding UpgradeService there (the binding switches to the new
+code, converting its state), takes a checkpoint at once and replays on with the new code;
+the checkpoint, committed under the rule above, starts the new version's files. Any
+other replica stops once a record from there on is committed: its code cannot replay it.
+
 The primary takes no checkpoints of its own after its first: at its rolls it asks one
 secondary for the state at its roll point (:meth:`Follower.take_for`). That checkpoint
 is taken the same way, at the same moment in the replay and committed under the same
@@ -44,15 +51,17 @@ from collections.abc import Callable
 import attrs
 
 from ... import crashpoints
-from ...wire import CHECKPOINT_SEQ, Checkpoint, TakeCheckpoint
+from ...wire import CHECKPOINT_SEQ, Checkpoint, TakeCheckpoint, UpgradeService
 from ...wire.records import coalesce_parts, encode_record_parts
 from ..core.binding_link import BindingLink
 from ..core.checkpoint import IcState
+from ..core.config import CoordinatorError
 from ..core.events import CheckpointArrived
 from ..core.intake import Intake
 from ..storage.errors import StorageError
+from ..storage.files import InstanceFiles
 from ..storage.replay import replay_forms
-from .disk import ReplicaDisk, read_checkpoint
+from .disk import ReplicaDisk, first_of_version, read_checkpoint
 
 __all__ = ["PACE_S", "READ_BYTES", "Follower"]
 
@@ -67,6 +76,22 @@ PACE_S = 0.01
 
 
 @attrs.define
+class _Upgrade:
+    """Records from ``seq`` on are of version ``version``: the binding upgrades there
+    (``files``: the version's, where its first checkpoint goes; ``started(version)`` is
+    called once the binding was told, ``done(files, seq)`` once the checkpoint is
+    committed), or, with ``files`` None, the replay stops there with ``why``."""
+
+    version: int
+    seq: int
+    files: InstanceFiles | None
+    why: str = ""
+    started: Callable[[int], None] | None = None
+    done: Callable[[InstanceFiles, int], None] | None = None
+    sent: bool = False  # UpgradeService went to the binding
+
+
+@attrs.define
 class _Planned:
     """A checkpoint: of the secondary's own, number ``n``, or (``n`` None) for the
     primary, handed to ``ship``; the state before ``seq``."""
@@ -74,6 +99,7 @@ class _Planned:
     n: int | None
     seq: int
     ship: Callable[[bytes], None] | None = None
+    upgrade: _Upgrade | None = None  # an upgrade's first checkpoint, in its files
     logged_outputs: int = 0  # the intake's, and the inbox, as the replay reached seq
     inbox: dict[str, int] = attrs.field(factory=dict)
     asked: bool = False  # TakeCheckpoint went to the binding
@@ -110,6 +136,7 @@ class Follower:
         self._moved = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._fence: asyncio.Future[CheckpointArrived] | None = None
+        self._upgrade: _Upgrade | None = None
 
     @property
     def task(self) -> asyncio.Task[None] | None:
@@ -118,8 +145,29 @@ class Follower:
 
     @property
     def planning(self) -> bool:
-        """Whether a checkpoint of its own is under way."""
-        return self._plan is not None
+        """Whether a checkpoint of its own (or an upgrade) is under way."""
+        return self._plan is not None or self._upgrade is not None
+
+    def version_at(
+        self,
+        version: int,
+        seq: int,
+        upgrade: tuple[InstanceFiles, Callable[[int], None], Callable[[InstanceFiles, int], None]]
+        | None,
+        why: str = "",
+    ) -> None:
+        """Records from ``seq`` on are of ``version``: with ``upgrade`` (the version's
+        files, and the calls for when the binding was told and when the checkpoint is
+        committed) the binding upgrades there; without, the replay stops there, raising
+        ``why`` once a record from ``seq`` on is committed."""
+        if self._upgrade is not None and self._upgrade.sent:
+            return  # upgraded already (a later term says it again)
+        if upgrade is None:
+            self._upgrade = _Upgrade(version, seq, None, why)
+        else:
+            files, started, done = upgrade
+            self._upgrade = _Upgrade(version, seq, files, why, started, done)
+        self._wake.set()
 
     def start(self) -> None:
         """Load the binding from the replica's committed checkpoint (again, after an
@@ -227,6 +275,18 @@ class Follower:
     async def _run(self) -> None:
         while True:
             plan = self._plan
+            upgrade = self._upgrade
+            if upgrade is not None and not upgrade.sent and self.next_seq == upgrade.seq:
+                if upgrade.files is None:
+                    if self._target > upgrade.seq:  # a record of the new version is committed
+                        raise CoordinatorError(upgrade.why)
+                elif plan is None or not plan.asked or plan.answer is not None:
+                    # A checkpoint of the old version not yet committed would wait for
+                    # records the old code must not replay: given up (an answer still to
+                    # come is waited for first, as it comes before any other).
+                    if plan is not None:
+                        log.info("checkpoint at seq %d given up: the binding upgrades", plan.seq)
+                    self._plan = plan = _Planned(1, upgrade.seq, upgrade=upgrade)
             if self._reload:
                 self._reload = False
                 self._loading = True
@@ -242,6 +302,8 @@ class Follower:
                 end = self._target
                 if plan is not None and not plan.asked:
                     end = min(end, plan.seq)  # TakeCheckpoint goes right after seq - 1
+                if upgrade is not None and not upgrade.sent:
+                    end = min(end, upgrade.seq)  # nothing of the new version with old code
                 if self.next_seq >= end:
                     self._wake.clear()
                     await self._wake.wait()
@@ -302,7 +364,14 @@ class Follower:
         rlog = self._disk.log
         state = self.state
         assert state is not None
-        if plan.n is not None and (rlog is None or rlog.log_start(plan.n) != plan.seq):
+        upgrade = plan.upgrade
+        if upgrade is not None:
+            await self._binding.control(state.committer_id, UpgradeService())
+            upgrade.sent = True
+            assert upgrade.started is not None
+            upgrade.started(upgrade.version)
+            log.info("the binding upgrades to version %d at seq %d", upgrade.version, plan.seq)
+        elif plan.n is not None and (rlog is None or rlog.log_start(plan.n) != plan.seq):
             log.info("checkpoint %d given up: the log was cut below seq %d", plan.n, plan.seq)
             self._plan = None
             return
@@ -325,7 +394,10 @@ class Follower:
             dict(state.senders),
             answer.attached,
         )
-        if plan.n is not None:  # one for the primary is sent once safe (_try_commit)
+        if plan.upgrade is not None:
+            assert plan.upgrade.files is not None
+            await asyncio.to_thread(first_of_version, plan.upgrade.files, written)
+        elif plan.n is not None:  # one for the primary is sent once safe (_try_commit)
             files = self._disk.files
             await asyncio.to_thread(files.write_checkpoint, plan.n, written.encode_parts())
         plan.written = written
@@ -339,6 +411,13 @@ class Follower:
         if self._intake.logged_outputs < plan.written.binding_outputs:
             return
         self._plan = None
+        upgrade = plan.upgrade
+        if upgrade is not None:
+            assert upgrade.files is not None and upgrade.done is not None
+            self._upgrade = None
+            upgrade.done(upgrade.files, plan.seq)
+            log.info("version %d's first checkpoint taken (next seq %d)", upgrade.version, plan.seq)
+            return
         if plan.n is None:
             assert plan.ship is not None
             crashpoints.reach("ic.replica.checkpoint.before_ship")

@@ -17,6 +17,8 @@ started (its first start, numbered from seq 1 so that the founding checkpoint st
 past every empty log and is shipped to each new replica); every other term is taken
 from the registry when the term it saw falls silent (:class:`~..replication.PrimaryLost`)
 or when nobody holds the role.
+
+Versions, and an upgrade as the replicas see it, are :class:`.versions.Versions`'s.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ from ..replication import (
     Timing,
     TrimOutboxes,
     TruncateLog,
+    VersionFrom,
     WriteRecords,
 )
 from ..storage.errors import StorageError
@@ -68,6 +71,7 @@ from .disk import ReplicaDisk
 from .gate import CommitGate
 from .leading import Leading
 from .transport import ReplicaTransport
+from .versions import Versions
 
 if TYPE_CHECKING:
     from .follow import Follower
@@ -95,7 +99,7 @@ class SteppedDownError(CoordinatorError):
     acted on records that were never committed)."""
 
 
-class ReplicaNode(Leading):
+class ReplicaNode(Leading, Versions):
     """See the module. ``state`` is what ``replica-state`` held at start (or a fresh one)."""
 
     def __init__(
@@ -108,9 +112,12 @@ class ReplicaNode(Leading):
         election: PrimaryElection,
         settings: LinkSettings,
         timing: Timing | None = None,
+        upgrade_to: int | None = None,
     ) -> None:
         self.instance = instance
         self.replica = state.replica
+        self.version = files.version  # the instance's version the binding runs
+        self.upgrade_to = upgrade_to
         self.group = group
         self.disk = ReplicaDisk(files, state)
         self.election = election
@@ -156,6 +163,7 @@ class ReplicaNode(Leading):
         self.trigger_bytes: int | None = None
         self._deferred: deque[Callable[[], None]] = deque()  # disk steps after a sync
         self._published = -1  # the log position last registered
+        self._version_said: VersionFrom | None = None  # before a follower was attached
 
     # --- start and stop -------------------------------------------------------------------
 
@@ -173,6 +181,7 @@ class ReplicaNode(Leading):
             now=time.monotonic(),
             timing=self.timing,
             group=self.group,
+            version=self.version,
         )
 
     async def start(self, host: str, port: int, advertised: str) -> None:
@@ -202,8 +211,18 @@ class ReplicaNode(Leading):
         core = self.core
         if not isinstance(core, Secondary):
             raise SteppedDownError("a new term for a replica already primary")
+        upgrading = self.upgrade_pending
+        assert not upgrading or self.upgrade_to is not None
         self.core = Primary.taking_over(
-            core, group=self.group, epoch=term.epoch, now=time.monotonic(), timing=self.timing
+            core,
+            group=self.group,
+            epoch=term.epoch,
+            now=time.monotonic(),
+            timing=self.timing,
+            # Upgrading, it ships the new version from its term's start (it upgrades
+            # before it writes a record); else its version, all of its log.
+            version=self.upgrade_to if upgrading and self.upgrade_to else self.version,
+            since=core.log_end if upgrading else None,
         )
         self.term = term
         self.gate = CommitGate(self._durable_here)
@@ -482,6 +501,12 @@ class ReplicaNode(Leading):
                 if self.on_taken is not None:
                     self.on_taken(seq, data)
             case InstallCheckpoint(seq):
+                if self.disk.files.version != self.version:
+                    raise CoordinatorError(
+                        f"replica {self.replica} is sent a checkpoint while it upgrades to "
+                        f"version {self.version}: it stops, and rejoins from a checkpoint "
+                        "of that version when started again with its code"
+                    )
                 n = self.disk.install(seq)
                 log.info("installed a shipped checkpoint as checkpoint %d (seq %d)", n, seq)
                 if self.follower is not None:
@@ -503,6 +528,8 @@ class ReplicaNode(Leading):
                 self.core.checkpoint_read(replica, seq, data, time.monotonic())
             case SteppedDown(epoch, reason, _):
                 self._deposed(epoch, reason)
+            case VersionFrom():
+                self._version_from(event)
 
     def _deposed(self, epoch: int, reason: str) -> None:
         """This replica's term is over: it stops once its binding was given the log (see
@@ -531,7 +558,12 @@ class ReplicaNode(Leading):
             # adopting one does (a history naming it is saved only under it).
             self.disk.save(epoch=epoch)
         self.core = Secondary.following(
-            core, epoch=epoch, now=time.monotonic(), timing=self.timing, group=self.group
+            core,
+            epoch=epoch,
+            now=time.monotonic(),
+            timing=self.timing,
+            group=self.group,
+            version=self.version,
         )
         self.term = self.gate = None
         self.established.clear()
@@ -577,15 +609,22 @@ class ReplicaNode(Leading):
         self._pump()
 
     async def _read(self, replica: int, from_seq: int) -> None:
-        rlog = self.disk.log
         core = self.core
-        assert rlog is not None
         try:
             # The log holds a record of the commit path once it is durable (durable()).
-            while rlog.durable_end <= from_seq and self.core is core:
+            # Looked up each time: an upgrade moves it to the new version's files.
+            while (rlog := self.disk.log) is not None and rlog.durable_end <= from_seq:
+                if self.core is not core:
+                    return
                 self._durable_moved.clear()
                 await self._durable_moved.wait()
-            records = await asyncio.to_thread(rlog.read, from_seq, self.timing.max_append_bytes)
+            assert rlog is not None
+            try:
+                records = await asyncio.to_thread(rlog.read, from_seq, self.timing.max_append_bytes)
+            except (StorageError, OSError):
+                if self.disk.log is rlog:
+                    raise
+                records = []  # the log moved to an upgrade's files: from the checkpoint
             if self.core is core and isinstance(core, Primary):
                 core.records_read(replica, from_seq, records, time.monotonic())
                 self._pump()

@@ -114,6 +114,7 @@ from .events import (
     Timing,
     TrimOutboxes,
     TruncateLog,
+    VersionFrom,
     WriteRecords,
 )
 from .history import EpochStart, History, agreement
@@ -185,6 +186,7 @@ __all__ = [
     "Timing",
     "TrimOutboxes",
     "TruncateLog",
+    "VersionFrom",
     "WriteRecords",
     "agreement",
     "decode_frame",

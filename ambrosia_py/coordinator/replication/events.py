@@ -39,6 +39,7 @@ __all__ = [
     "Timing",
     "TrimOutboxes",
     "TruncateLog",
+    "VersionFrom",
     "WriteRecords",
 ]
 
@@ -259,6 +260,22 @@ class InstallCheckpoint:
     seq: int
 
 
+@attrs.frozen
+class VersionFrom:
+    """The term of ``epoch`` ships the instance's ``version``, not the one this replica's
+    binding runs, from record ``since`` on: the binding must replay nothing from there
+    with its code. It upgrades in place there (a replica started to upgrade to
+    ``version``, holding the log up to ``since``) or this replica stops. ``offered``:
+    the primary offers a checkpoint of that version, at ``since``, which the binding
+    cannot load (the primary's log no longer holds the records this one lacks), so no
+    upgrade in place can follow; it is not installed."""
+
+    epoch: int
+    version: int
+    since: int
+    offered: bool = False
+
+
 Event = (
     Send
     | SaveEpoch
@@ -277,6 +294,7 @@ Event = (
     | InstallCheckpoint
     | TakeCheckpointFor
     | CheckpointTaken
+    | VersionFrom
 )
 
 

@@ -14,6 +14,7 @@ Every message travels in one frame::
     1 NEW_TERM    primary -> all        epoch
     2 POSITION    replica -> primary    epoch | log_end | history (its effective part)
     3 SYNC        primary -> replica    epoch | history (the primary's, ending in epoch)
+                                        | version | since
     4 APPEND      primary -> replica    epoch | first_seq | commit_end | records
     5 HEARTBEAT   primary -> replica    epoch | log_end | commit_end
     6 ACK         replica -> primary    epoch | durable_end | log_end
@@ -38,6 +39,12 @@ range value, a history out of order, trailing bytes: each is a
 A TRIM's names are instance names in UTF-8 (at most :data:`MAX_NAME_BYTES` bytes each,
 at most :data:`MAX_TRIMS` of them, no name twice); each ``seq`` says that instance has
 durably every message below it that this instance sent it.
+
+A SYNC's ``version`` is the instance's version (``run --upgrade-version``) of the records
+and checkpoints the term ships from seq ``since`` on; those below ``since``, if it ships
+any, are of the version before. A term is of one version: a replica started to upgrade
+takes its term at the old version's end and upgrades before it writes a record, so
+``since`` is that term's start; any other term says its log's base.
 
 PROBE and SILENCE are the check before a take-over (Raft's pre-vote): a secondary that
 has heard nothing from the primary for ``failover_after`` asks the others, in a numbered
@@ -155,11 +162,14 @@ class Position:
 @attrs.frozen
 class Sync:
     """The established primary of ``epoch`` gives a replica its history: the replica
-    truncates what disagrees with it (:func:`~.history.agreement`) and takes it."""
+    truncates what disagrees with it (:func:`~.history.agreement`) and takes it. What the
+    term ships from ``since`` on is of the instance's ``version``."""
 
     KIND: ClassVar = Kind.SYNC
     epoch: int
     history: History
+    version: int = 0
+    since: int = 0
 
 
 @attrs.frozen
@@ -350,7 +360,8 @@ def encode_parts(msg: Message) -> list[Buffer]:
         case Position():
             head += _uint(msg.log_end, "log_end") + _history(msg.history)
         case Sync():
-            head += _history(msg.history)
+            head += _history(msg.history) + _uint(msg.version, "version")
+            head += _uint(msg.since, "since")
         case Append():
             if len(msg.records) > MAX_RECORDS:
                 raise ReplicationRuleError(f"{len(msg.records)} records, over {MAX_RECORDS}")
@@ -427,7 +438,7 @@ def decode_body(body: memoryview, base: int = 0) -> Message:
             history = f.history("history")
             if not history.entries or history.entries[-1].epoch != epoch:
                 f.fail(f"history does not end in the sender's epoch {epoch}", at)
-            msg = Sync(epoch, history)
+            msg = Sync(epoch, history, f.uint("version"), f.uint("since"))
         case Kind.APPEND:
             first_seq = f.uint("first_seq")
             commit_end = f.uint("commit_end")

@@ -132,7 +132,10 @@ def _batches(records: Sequence[Buffer], limit: int) -> Iterator[tuple[int, Seque
 class Primary(EventQueue):
     """The primary of one term (see the module). ``history``, ``log_base`` (the first
     seq the log holds), ``log_end``, ``durable_end`` and ``commit_end`` are the
-    replica's as it takes the role; ``epoch`` must exceed every epoch it has seen."""
+    replica's as it takes the role; ``epoch`` must exceed every epoch it has seen.
+    ``version`` is the instance's version of what the term ships from ``since`` on (its
+    SYNC says so; ``since`` defaults to ``log_base``): a replica that upgrades as it
+    takes the role passes the new version and its log's end."""
 
     def __init__(
         self,
@@ -147,6 +150,8 @@ class Primary(EventQueue):
         commit_end: int,
         now: float,
         timing: Timing | None = None,
+        version: int = 0,
+        since: int | None = None,
     ) -> None:
         if replica not in group.replicas:
             raise ReplicationRuleError(f"replica {replica} is not one of {sorted(group.replicas)}")
@@ -158,11 +163,16 @@ class Primary(EventQueue):
             raise ReplicationRuleError(
                 f"log base {log_base}, durable end {durable_end} and end {log_end} out of order"
             )
+        since = log_base if since is None else since
+        if not log_base <= since <= log_end:
+            raise ReplicationRuleError(f"version {version} from {since}, outside the log")
         super().__init__()
         self.replica = replica
         self.group = group
         self.epoch = epoch
         self.timing = timing or Timing()
+        self.version = version
+        self.since = since
         own = history.effective(log_end)
         self.rank_at_start = own.rank(log_end)
         """The log's rank as the term began: what the replicas' positions are held to."""
@@ -200,6 +210,8 @@ class Primary(EventQueue):
         epoch: int,
         now: float,
         timing: Timing | None = None,
+        version: int = 0,
+        since: int | None = None,
     ) -> Primary:
         """The term of ``epoch`` for a replica whose core (a secondary, or the primary of
         an earlier term) is ``core``, with the log as that core left it."""
@@ -216,6 +228,8 @@ class Primary(EventQueue):
             commit_end=core.commit_end,
             now=now,
             timing=timing,
+            version=version,
+            since=since,
         )
 
     # --- the adapter's calls -------------------------------------------------------------
@@ -466,7 +480,7 @@ class Primary(EventQueue):
         assert feed.position is not None
         pos = feed.position
         agreed = agreement(pos.history, pos.log_end, self.history, self.log_end)
-        self._send(replica, Sync(self.epoch, self.history), now)
+        self._send(replica, Sync(self.epoch, self.history, self.version, self.since), now)
         self._feed_from(replica, agreed)
 
     def _feed_from(self, replica: int, seq: int) -> None:

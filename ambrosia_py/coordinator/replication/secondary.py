@@ -29,6 +29,14 @@ the first message of its epoch. It moves through :data:`~.states.SECONDARY`:
 - A checkpoint comes in chunks (INSTALLING) when the primary's log no longer holds where
   this log ends; the last chunk installs it (:class:`~.events.InstallCheckpoint`) and the
   log starts over, empty, at the checkpoint's seq.
+- A SYNC also says which version of the instance the term ships from which seq on
+  (:class:`~.messages.Sync`). When that is not the version its binding runs
+  (``version``), it says so (:class:`~.events.VersionFrom`): the binding must replay
+  nothing from there with its code, and either upgrades in place there or the replica
+  stops (the adapter's choice). The records themselves are bytes to it and are still
+  written and acknowledged. A checkpoint of another version than its binding's is never
+  installed: one of an older version (below the term's ``since``, its version the
+  binding's) is waited past, one of the term's is reported.
 - A ROLL asks it, STREAMING, for the state before the primary's roll point
   (:class:`~.events.TakeCheckpointFor`); what its binding takes there it sends back in
   chunks (TAKEN, :meth:`Secondary.checkpoint_taken`), so the primary never pauses to
@@ -67,6 +75,7 @@ from .events import (
     Timing,
     TrimOutboxes,
     TruncateLog,
+    VersionFrom,
     WriteRecords,
 )
 from .history import History, agreement
@@ -124,7 +133,8 @@ class Secondary(EventQueue):
     checkpoint's, after a restart; a primary stepping down passes its own);
     ``replayed_end`` how much of it the binding has (``log_base`` if not given: it
     reloads from the checkpoint). ``group``: the replicas it asks before reporting the
-    primary lost (see the module)."""
+    primary lost (see the module). ``version``: the instance's version its binding
+    runs."""
 
     def __init__(
         self,
@@ -141,6 +151,7 @@ class Secondary(EventQueue):
         durable_end: int | None = None,
         replayed_end: int | None = None,
         group: Group | None = None,
+        version: int = 0,
     ) -> None:
         if history.entries and history.entries[-1].epoch > epoch:
             raise ReplicationRuleError(
@@ -172,6 +183,10 @@ class Secondary(EventQueue):
         self._checkpoint: ChunkTransfer | None = None
         self._checkpoint_heard = now
         self._roll: tuple[int, int] | None = None  # (epoch, seq) of the last ROLL taken
+        self.version = version
+        # What the SYNC of this epoch said: the version the term ships from a seq on.
+        self.term_version: tuple[int, int] | None = None
+        self._offered_said = False  # a checkpoint of another version was reported
         self._replay()
 
     @classmethod
@@ -183,6 +198,7 @@ class Secondary(EventQueue):
         now: float,
         timing: Timing | None = None,
         group: Group | None = None,
+        version: int = 0,
     ) -> Secondary:
         """The secondary a replica goes on as when its primary core steps down
         (:class:`~.events.SteppedDown`: ``epoch`` is the one it names), with the log as
@@ -199,6 +215,7 @@ class Secondary(EventQueue):
             now=now,
             timing=timing,
             group=group,
+            version=version,
         )
 
     # --- the adapter's calls -------------------------------------------------------------
@@ -292,6 +309,11 @@ class Secondary(EventQueue):
             chunk = TakenChunk(self.epoch, seq, len(data), offset, piece)
             self._events.append(Send(self.primary, chunk))
 
+    def upgraded(self, version: int) -> None:
+        """The binding upgraded in place to ``version`` (where a
+        :class:`~.events.VersionFrom` said): it runs that version from now on."""
+        self.version = version
+
     def records_durable(self, end: int) -> None:
         """The log is durable (fdatasync'ed) below ``end``."""
         end = min(end, self.log_end)
@@ -357,6 +379,8 @@ class Secondary(EventQueue):
         self.state = step("secondary", SECONDARY, self.state, SE.HIGHER_EPOCH)
         self._checkpoint = None
         self._asked = None
+        self.term_version = None
+        self._offered_said = False
         self._events.append(SaveEpoch(epoch))
 
     def _ack(self) -> Ack:
@@ -397,6 +421,9 @@ class Secondary(EventQueue):
         if msg.history != self.history:
             self.history = msg.history
             self._events.append(SaveHistory(msg.history))
+        self.term_version = (msg.version, msg.since)
+        if msg.version != self.version:
+            self._events.append(VersionFrom(msg.epoch, msg.version, msg.since))
         self._ask(Resend, self.log_end, now, force=True)
         assert self.primary is not None
         self._events.append(Send(self.primary, self._ack()))
@@ -430,7 +457,7 @@ class Secondary(EventQueue):
         state = self.state
         key = (msg.epoch, msg.seq, msg.total)
         held = self._checkpoint if self._checkpoint and self._checkpoint.key == key else None
-        if msg.seq <= self.log_end:
+        if msg.seq <= self.log_end or not self._loadable(msg):
             kind = SE.CHUNK_STALE
         else:
             gained = (held or ChunkTransfer(key)).missing_after(msg.offset, len(msg.data))
@@ -456,6 +483,21 @@ class Secondary(EventQueue):
             self.commit_end = max(self.commit_end, msg.seq)
             self.replayed_end = msg.seq  # the binding reloads from the checkpoint
             self._ask(Resend, self.log_end, now, force=True)
+
+    def _loadable(self, msg: CheckpointChunk) -> bool:
+        """Whether the binding can load the checkpoint ``msg`` is a chunk of: one of the
+        term's version, or (below its ``since``) of the version before it; if the term's
+        and not the binding's, that is said (once per term)."""
+        if self.term_version is None:
+            return True  # no SYNC of this epoch yet: the chunk is not taken (JOINING)
+        version, since = self.term_version
+        ours = version == self.version
+        if (msg.seq >= since) == ours:
+            return True
+        if not ours and not self._offered_said:
+            self._offered_said = True
+            self._events.append(VersionFrom(msg.epoch, version, msg.seq, offered=True))
+        return False
 
 
 class _Round:

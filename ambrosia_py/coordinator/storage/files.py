@@ -407,6 +407,17 @@ class InstanceFiles:
             repair=repair,
         )
 
+    def clear(self) -> None:
+        """Remove every log and checkpoint: what an earlier attempt to start these files
+        (an upgrade's, never committed) left."""
+        doomed = [self.log_path(n) for n in self.log_numbers()]
+        doomed += [self.checkpoint_path(n) for n in self.checkpoint_numbers()]
+        for path in doomed:
+            path.unlink()
+            drop_index(path)
+        if doomed:
+            fsync_dir(self.path)
+
     def prune(self, keep: int, *, committed: int | None = None) -> list[Path]:
         """Remove all but the newest ``keep`` checkpoints and the logs before the oldest kept.
 

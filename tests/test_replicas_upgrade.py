@@ -1,0 +1,177 @@
+"""A live upgrade of an instance with replicas, under a load of ingress calls: three
+replicas of the counter run version 0 (``examples/counter.py``); its secondaries are
+started again, one at a time, with the new code told to upgrade (``--upgrade-from
+counter.py --upgrade-version 1``), and replay with the old code meanwhile. The primary
+is stopped: an upgrading secondary takes the role and upgrades (its binding's state is
+converted, checkpointed as version 1's first checkpoint, the registry moves to version
+1), the other upgrades in place where the log turns to version 1, and a replica of the
+old code stops there. Calls go on throughout, and every one is counted exactly once,
+also after the upgraded primary's machine is lost.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ambrosia_py.coordinator.registry.backends import open_registry
+from ambrosia_py.coordinator.storage.files import InstanceFiles
+from ambrosia_py.coordinator.storage.replica_state import load_replica_state
+from ambrosia_py.testing import wait_for
+from tests.test_replicas_failover import (
+    COUNTER,
+    DEADLINE,
+    Callers,
+    Machine,
+    Registry,
+    counted_once,
+    current_term,
+    installed,
+    newer_term,
+    sqlite_machines,
+)
+
+pytestmark = pytest.mark.timeout(300)
+
+# Version 1 keeps the count as "total" and counts the adds made since the upgrade.
+COUNTER_V1 = """
+from typing import Any
+
+from ambrosia_py import Immortal, rpc
+
+
+class Counter(Immortal):
+    version = 1
+
+    def __init__(self) -> None:
+        self.total = 0
+        self.adds = 0
+
+    @classmethod
+    def upgrade_state(cls, state: dict[str, Any], from_version: int) -> dict[str, Any]:
+        return {"total": state["count"], "adds": 0}
+
+    @rpc
+    def add(self, n: int) -> int:
+        self.total += n
+        self.adds += 1
+        return self.total
+
+    @rpc
+    def get(self) -> int:
+        return self.total
+
+    @rpc
+    def adds_since_upgrade(self) -> int:
+        return self.adds
+"""
+UPGRADING = ("--upgrade-from", str(COUNTER), "--upgrade-version", "1")
+IN_PLACE = re.compile(r"replica (\d+) upgraded to version 1 at seq (\d+)")
+
+
+@pytest.fixture
+def machines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Machine]]:
+    monkeypatch.syspath_prepend(str(COUNTER.parent))
+    group = sqlite_machines(tmp_path)
+    try:
+        for m in group:
+            m.start()
+        wait_for("a primary", lambda: current_term(group[0].registry) is not None, DEADLINE)
+        yield group
+    finally:
+        for m in group:
+            m.stop()
+
+
+def registry_version(registry: Registry) -> int:
+    reg = open_registry(registry.spec, registry.root, registry.cluster)
+    try:
+        info = reg.get("counter")
+        assert info is not None
+        return info.current_version
+    finally:
+        reg.close()
+
+
+def follows(machine: Machine) -> bool:
+    """Whether a replica's binding replays the log (it is a secondary keeping up)."""
+    assert machine.process is not None
+    machine.process.check_alive()
+    return "the binding follows the log from checkpoint" in machine.process_output()
+
+
+def restart_upgrading(machine: Machine, v1: Path) -> None:
+    machine.stop()
+    machine.service = v1
+    machine.start(extra=UPGRADING)
+    wait_for(f"replica {machine.replica} to follow", lambda: follows(machine), DEADLINE)
+
+
+def test_a_live_upgrade_goes_on_through_the_loss_of_the_upgraded_primary(
+    machines: list[Machine], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    v1 = tmp_path / "counter_v1.py"
+    v1.write_text(COUNTER_V1)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    registry = machines[0].registry
+    callers = Callers(registry, machines[0].secret, 4)
+    callers.start()
+    try:
+        callers.wait_answers(50)
+        term = current_term(registry)
+        assert term is not None
+        old_primary = machines[term.replica]
+        secondaries = [m for m in machines if m is not old_primary]
+        for m in secondaries:  # one at a time: the other two commit meanwhile
+            restart_upgrading(m, v1)
+            callers.wait_answers(20)
+        assert registry_version(registry) == 0
+
+        # The primary stops; an upgrading secondary takes over, and upgrades.
+        old_primary.stop()
+        wait_for("a new primary", lambda: newer_term(registry, term), DEADLINE)
+        callers.wait_answers(50)
+        upgraded = current_term(registry)
+        assert upgraded is not None
+        taker = machines[upgraded.replica]
+        other = next(m for m in secondaries if m is not taker)
+        assert "upgraded to version 1" in taker.process_output()
+        assert registry_version(registry) == 1
+
+        # The other upgraded in place where the log turned to version 1: its own first
+        # checkpoint of version 1 there, its log going on in version 1's files.
+        def in_place() -> re.Match[str] | None:
+            assert other.process is not None
+            other.process.check_alive()
+            return IN_PLACE.search(other.process_output())
+
+        wait_for(f"replica {other.replica} to upgrade in place", in_place, DEADLINE)
+        found = in_place()
+        assert found is not None and int(found[1]) == other.replica
+        state = load_replica_state(InstanceFiles(other.data_dir, "counter", 1))
+        assert state is not None and state.checkpoint is not None
+
+        # The old primary comes back with the new code alone: it rejoins from a
+        # checkpoint of version 1.
+        old_primary.service = v1
+        old_primary.start()
+        wait_for("the old primary to rejoin", lambda: installed(old_primary), DEADLINE)
+        callers.wait_answers(30)
+
+        # The upgraded primary's machine is lost: the replica upgraded in place (or the
+        # one that rejoined) takes over with version 1's state, and calls go on.
+        taker.lose()
+        wait_for("a primary after the loss", lambda: newer_term(registry, upgraded), DEADLINE)
+        callers.wait_answers(50)
+    finally:
+        callers.stop()
+    counted_once(callers)
+    from counter_v1 import Counter  # written above, on sys.path
+
+    with callers._client() as client:
+        adds = client.call(Counter.adds_since_upgrade)
+    # Every add since the upgrade was counted by version 1's code, and only those.
+    assert 0 < adds < len(callers.answers)
