@@ -50,8 +50,10 @@ class Machine:
         secret: Path,
         service: Path = COUNTER,
         instance: str = "counter",
+        group: tuple[str, ...] = (),
     ) -> None:
         self.replica = replica
+        self.group = group  # options every replica of the group is started with
         self.data_dir = root / f"{instance}{replica}"
         self.log = root / f"{instance}{replica}.log"
         self.registry = registry
@@ -76,6 +78,7 @@ class Machine:
             str(free_port()),
             "--send-port",
             str(free_port()),
+            *self.group,
             *extra,
         ]
         self.process = ServiceProcess(
@@ -132,13 +135,14 @@ def installed(machine: Machine) -> bool:
     return "installed a shipped checkpoint" in machine.process.output()
 
 
-def sqlite_machines(tmp_path: Path) -> list[Machine]:
-    """Three replicas' machines (not started) sharing a SQLite registry and a secret."""
+def sqlite_machines(tmp_path: Path, n: int = 3, *group: str) -> list[Machine]:
+    """``n`` replicas' machines (not started) sharing a SQLite registry and a secret,
+    each started with ``group`` (the group's options: ``--replicas`` and the like)."""
     registry = Registry(str(tmp_path / "registry.sqlite3"), "ambrosia", tmp_path)
     secret = tmp_path / "secret"
     secret.write_bytes(os.urandom(32))
     secret.chmod(0o600)
-    return [Machine(tmp_path, r, registry, secret) for r in range(3)]
+    return [Machine(tmp_path, r, registry, secret, group=group) for r in range(n)]
 
 
 @pytest.fixture(params=["sqlite", "etcd"])

@@ -1,12 +1,14 @@
-"""A live upgrade of an instance with replicas, under a load of ingress calls: three
-replicas of the counter run version 0 (``examples/counter.py``); its secondaries are
-started again, one at a time, with the new code told to upgrade (``--upgrade-from
-counter.py --upgrade-version 1``), and replay with the old code meanwhile. The primary
-is stopped: an upgrading secondary takes the role and upgrades (its binding's state is
-converted, checkpointed as version 1's first checkpoint, the registry moves to version
-1), the other upgrades in place where the log turns to version 1, and a replica of the
-old code stops there. Calls go on throughout, and every one is counted exactly once,
-also after the upgraded primary's machine is lost.
+"""A live upgrade of an instance with replicas, under a load of ingress calls: four
+replicas of the counter run version 0 (``examples/counter.py``), committing on 2
+(``--replication-ack 2``). Two secondaries are started again, one at a time, with the
+new code told to upgrade (``--upgrade-from counter.py --upgrade-version 1``); they
+replay with the old code meanwhile. Once both hold the whole log and ask for the role,
+the primary hands it to one of them and stops: that one upgrades as it takes the role
+(its binding's state converted, checkpointed as version 1's first checkpoint, the
+registry moved to version 1), the other upgrades in place where the log turns to
+version 1, and the secondary left on the old code stops there. Calls go on throughout,
+and every one is counted exactly once, also after the upgraded primary's machine is
+lost.
 """
 
 from __future__ import annotations
@@ -72,14 +74,25 @@ UPGRADING = ("--upgrade-from", str(COUNTER), "--upgrade-version", "1")
 IN_PLACE = re.compile(r"replica (\d+) upgraded to version 1 at seq (\d+)")
 
 
+GROUP = ("--replicas", "4", "--replication-ack", "2")
+
+
 @pytest.fixture
 def machines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Machine]]:
     monkeypatch.syspath_prepend(str(COUNTER.parent))
-    group = sqlite_machines(tmp_path)
+    group = sqlite_machines(tmp_path, 4, *GROUP)
     try:
         for m in group:
             m.start()
-        wait_for("a primary", lambda: current_term(group[0].registry) is not None, DEADLINE)
+        registry = group[0].registry
+        wait_for("a primary", lambda: current_term(registry) is not None, DEADLINE)
+        primary = current_term(registry)
+        assert primary is not None
+        for m in group:
+            if m.replica != primary.replica:
+                wait_for(
+                    f"replica {m.replica} to hold a checkpoint", lambda m=m: installed(m), DEADLINE
+                )
         yield group
     finally:
         for m in group:
@@ -110,7 +123,14 @@ def restart_upgrading(machine: Machine, v1: Path) -> None:
     wait_for(f"replica {machine.replica} to follow", lambda: follows(machine), DEADLINE)
 
 
-def test_a_live_upgrade_goes_on_through_the_loss_of_the_upgraded_primary(
+def stopped_saying(machine: Machine, words: str) -> None:
+    process = machine.process
+    assert process is not None
+    wait_for(f"replica {machine.replica} to stop", lambda: not process.alive(), DEADLINE)
+    assert words in process.output()
+
+
+def test_a_live_upgrade_hands_the_role_over_and_loses_no_call(
     machines: list[Machine], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     v1 = tmp_path / "counter_v1.py"
@@ -124,22 +144,27 @@ def test_a_live_upgrade_goes_on_through_the_loss_of_the_upgraded_primary(
         term = current_term(registry)
         assert term is not None
         old_primary = machines[term.replica]
-        secondaries = [m for m in machines if m is not old_primary]
-        for m in secondaries:  # one at a time: the other two commit meanwhile
-            restart_upgrading(m, v1)
-            callers.wait_answers(20)
-        assert registry_version(registry) == 0
+        first, second, old = (m for m in machines if m is not old_primary)
 
-        # The primary stops; an upgrading secondary takes over, and upgrades.
-        old_primary.stop()
-        wait_for("a new primary", lambda: newer_term(registry, term), DEADLINE)
+        # One replica started to upgrade asks for the role alone: not enough of them
+        # would follow version 1 to commit (k = 2), so the primary keeps it.
+        restart_upgrading(first, v1)
+        callers.wait_answers(30)
+        assert current_term(registry) == term and registry_version(registry) == 0
+
+        # A second one: the primary hands the role over to one of the two and stops.
+        restart_upgrading(second, v1)
+        wait_for("the role handed over", lambda: newer_term(registry, term), DEADLINE)
         callers.wait_answers(50)
         upgraded = current_term(registry)
-        assert upgraded is not None
+        assert upgraded is not None and upgraded.replica in (first.replica, second.replica)
         taker = machines[upgraded.replica]
-        other = next(m for m in secondaries if m is not taker)
-        assert "upgraded to version 1" in taker.process_output()
+        other = second if taker is first else first
+        out = taker.process_output()
+        assert f"(replica {old_primary.replica} handed it over)" in out
+        assert "upgraded to version 1" in out
         assert registry_version(registry) == 1
+        stopped_saying(old_primary, f"handed the role to replica {taker.replica}")
 
         # The other upgraded in place where the log turned to version 1: its own first
         # checkpoint of version 1 there, its log going on in version 1's files.
@@ -154,15 +179,21 @@ def test_a_live_upgrade_goes_on_through_the_loss_of_the_upgraded_primary(
         state = load_replica_state(InstanceFiles(other.data_dir, "counter", 1))
         assert state is not None and state.checkpoint is not None
 
-        # The old primary comes back with the new code alone: it rejoins from a
-        # checkpoint of version 1.
-        old_primary.service = v1
-        old_primary.start()
-        wait_for("the old primary to rejoin", lambda: installed(old_primary), DEADLINE)
+        # The replica left on the old code stopped where the log turned, saying why.
+        stopped_saying(old, "runs version 0 of 'counter'")
+        assert "Start it with version 1's code" in old.process_output()
+
+        # Both come back with the new code alone: they rejoin from a checkpoint of
+        # version 1, as replicas with an empty data dir do.
+        for m in (old_primary, old):
+            m.service = v1
+            m.start()
+        for m in (old_primary, old):
+            wait_for(f"replica {m.replica} to rejoin", lambda m=m: installed(m), DEADLINE)
         callers.wait_answers(30)
 
-        # The upgraded primary's machine is lost: the replica upgraded in place (or the
-        # one that rejoined) takes over with version 1's state, and calls go on.
+        # The upgraded primary's machine is lost: another takes over with version 1's
+        # state, and calls go on.
         taker.lose()
         wait_for("a primary after the loss", lambda: newer_term(registry, upgraded), DEADLINE)
         callers.wait_answers(50)

@@ -11,8 +11,10 @@ from hypothesis import strategies as st
 from ambrosia_py.coordinator.replication import (
     Ack,
     Append,
+    AskRole,
     CheckpointChunk,
     FrameReader,
+    Handover,
     Heartbeat,
     History,
     Message,
@@ -64,6 +66,8 @@ VECTORS: list[tuple[Message, str]] = [
     (Silence(3, 1, True), "05 01 0c 03 01 01"),
     (Silence(7, 2, False), "05 01 0c 07 02 00"),
     (Roll(3, 300), "05 01 0d 03 ac02"),
+    (AskRole(3, 300), "05 01 0f 03 ac02"),
+    (Handover(3, 2, 300), "06 01 10 03 02 ac02"),
     (TakenChunk(2, 40, 5, 2, b"cd"), "08 01 0e 02 28 05 02 6364"),
 ]
 
@@ -140,6 +144,8 @@ messages = st.one_of(
         st.integers(0, 1000),
     ),
     st.builds(Roll, positions, positions),
+    st.builds(AskRole, positions, positions),
+    st.builds(Handover, positions, st.integers(0, 2**31 - 1), positions),
     st.builds(
         lambda e, s, data, pre: TakenChunk(e, s, pre + len(data), pre, data),
         positions,
@@ -210,6 +216,8 @@ MALFORMED = [
     ("03 01 0b 03", "PROBE: field round: varint truncated", 4),
     ("03 01 0d 03", "ROLL: field seq: varint truncated", 4),
     ("05 01 0d 03 01 00", "ROLL: 1 trailing bytes", 5),
+    ("04 01 0f 03 81", "ASK_ROLE: field log_end: varint truncated", 4),
+    ("04 01 10 03 02", "HANDOVER: field log_end", 5),
     ("08 01 0e 02 28 03 02 6364", "TAKEN: 2 bytes at offset 2 run past total 3", 6),
     ("06 01 0e 02 28 03 00", "TAKEN: a chunk without data", 6),
 ]

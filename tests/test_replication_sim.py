@@ -39,6 +39,7 @@ from ambrosia_py.coordinator.replication import (
     ReadLog,
     Refuse,
     Replayable,
+    RoleHandedOver,
     SaveEpoch,
     SaveHistory,
     Secondary,
@@ -111,6 +112,8 @@ class Sim:
         self.p_drop = self.rng.choice((0.0, 0.02, 0.1))
         self.p_crash = self.rng.choice((0.0, 0.004, 0.012))
         self.p_partition = self.rng.choice((0.0, 0.01, 0.03))
+        # Replicas that ask for the role as ones started to upgrade do (ASK_ROLE).
+        self.p_ask = self.rng.choice((0.0, 0.5))
         self.chaos = True
         for node in self.nodes:
             node.core = self.fresh_secondary(node)
@@ -119,17 +122,23 @@ class Sim:
     # --- the adapter ---------------------------------------------------------------------
 
     def fresh_secondary(self, node: Node) -> Secondary:
-        return Secondary(
-            replica=node.rid,
-            epoch=node.d_epoch,
-            history=node.d_history,
-            log_base=node.d_base,
-            log_end=len(node.d_log),
-            commit_end=node.d_base,
-            now=self.now,
-            timing=TIMING,
-            group=self.group,
+        return self.asking(
+            Secondary(
+                replica=node.rid,
+                epoch=node.d_epoch,
+                history=node.d_history,
+                log_base=node.d_base,
+                log_end=len(node.d_log),
+                commit_end=node.d_base,
+                now=self.now,
+                timing=TIMING,
+                group=self.group,
+            )
         )
+
+    def asking(self, core: Secondary) -> Secondary:
+        core.wants_role = self.rng.random() < self.p_ask
+        return core
 
     def schedule(self, delay: float, action: Callable[[], None]) -> None:
         self.order += 1
@@ -190,10 +199,14 @@ class Sim:
                 records = checkpoint_records(bytes(node.staged))
                 assert records == self.committed[:seq], "a checkpoint kept is not committed"
                 self.stats["taken"] += 1
-            case SteppedDown(epoch, _, better):
-                self.step_down(node, core, epoch, better)
+            case SteppedDown(epoch, _, better, handed):
+                self.step_down(node, core, epoch, None if handed else better)
             case PrimaryLost(epoch, _):
                 self.take_over(node, epoch)
+            case RoleHandedOver(epoch, _):
+                if self.term[0] == epoch:  # as the registry would let it take the role
+                    self.stats["role-handed"] += 1
+                    self.grant(node.rid)
 
     def read(self, node: Node, core: Core, replica: int, from_seq: int) -> None:
         if node.core is not core or not isinstance(core, Primary):
@@ -311,8 +324,8 @@ class Sim:
     def step_down(self, node: Node, core: Core, epoch: int, better: int | None) -> None:
         assert isinstance(core, Primary)
         self.stats["step-downs"] += 1
-        node.core = Secondary.following(
-            core, epoch=epoch, now=self.now, timing=TIMING, group=self.group
+        node.core = self.asking(
+            Secondary.following(core, epoch=epoch, now=self.now, timing=TIMING, group=self.group)
         )
         if better is not None and self.term == (core.epoch, node.rid) and self.nodes[better].up:
             self.stats["handed-over"] += 1
@@ -516,8 +529,8 @@ ALL_PATHS = ("truncations", "installs", "step-downs", "deposed-checked")
 @pytest.mark.parametrize(
     ("n", "k", "runs", "paths"),
     [
-        (3, None, 1000, ALL_PATHS),
-        (5, None, 400, ALL_PATHS),
+        (3, None, 1000, (*ALL_PATHS, "role-handed")),
+        (5, None, 400, (*ALL_PATHS, "role-handed")),
         (5, 2, 200, ("installs", "step-downs")),  # a term needs 4 of 5
         (5, 4, 200, ALL_PATHS),  # a term needs 2 of 5
         (3, 1, 200, ("installs", "step-downs")),  # every replica's position is needed

@@ -342,22 +342,20 @@ class Coordinator:
         reader = self._reader_task
         assert reader is not None
         try:
-            while True:
-                watched: list[asyncio.Future[Any]] = [waiting, reader]
-                if follower.task is not None:
-                    watched.append(follower.task)
-                await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
-                if waiting.done():
-                    return waiting.result()
-                if reader.done():
-                    if self._failure is not None:
-                        raise self._failure
-                    raise BindingLeftError(
-                        f"the binding left while replica {node.replica} was a secondary"
-                    )
-                if follower.task is not None and follower.task.done():
-                    follower.task.result()
-                    raise CoordinatorError("the binding's replay stopped")
+            # The replay's end, also of one started after this began (a new replica's,
+            # once a checkpoint is installed).
+            watched: list[asyncio.Future[Any]] = [waiting, reader, follower.ended]
+            await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
+            if waiting.done():
+                return waiting.result()
+            if reader.done():
+                if self._failure is not None:
+                    raise self._failure
+                raise BindingLeftError(
+                    f"the binding left while replica {node.replica} was a secondary"
+                )
+            follower.ended.result()  # raises what stopped it
+            raise CoordinatorError("the binding's replay stopped")
         finally:
             waiting.cancel()
 

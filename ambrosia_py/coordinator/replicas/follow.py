@@ -135,6 +135,8 @@ class Follower:
         self._wake = asyncio.Event()
         self._moved = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        # Done once the replay, started, has ended: with what stopped it, if anything.
+        self.ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._fence: asyncio.Future[CheckpointArrived] | None = None
         self._upgrade: _Upgrade | None = None
 
@@ -179,7 +181,18 @@ class Follower:
         self._plan = None  # of the log it reloads from no longer
         if self._task is None:
             self._task = asyncio.create_task(self._run())
+            self._task.add_done_callback(self._end)
         self._wake.set()
+
+    def _end(self, task: asyncio.Task[None]) -> None:
+        if self.ended.done():
+            return
+        if task.cancelled():
+            self.ended.set_result(None)
+        elif (error := task.exception()) is not None:
+            self.ended.set_exception(error)
+        else:
+            self.ended.set_result(None)
 
     def replayable(self, end: int) -> None:
         """The records below ``end`` are committed and in the log."""

@@ -1,7 +1,8 @@
 """A replica's dealings with the registry: where it listens and how far its log
 reaches (published for ``instances`` and for the other replicas to dial), the terms the
 registry names (followed), and taking the primary role: founding an instance nobody has
-started, taking over from a term found silent, or taking the role when nobody holds it.
+started, taking over from a term found silent, taking the role when nobody holds it, or
+taking it from a live primary that handed it over (an upgrade's).
 
 :class:`Leading` is a part of :class:`~.node.ReplicaNode`, apart by concern: the node
 drives the replication cores; this talks to the registry (its calls, blocking, run in
@@ -17,7 +18,7 @@ from typing import Any
 
 from ..registry.interface import Endpoint, RegistryError
 from ..registry.primary import PrimaryElection, Term
-from ..replication import Group, Primary, PrimaryLost, Secondary
+from ..replication import Group, Primary, PrimaryLost, RoleHandedOver, Secondary
 from .disk import ReplicaDisk
 
 __all__ = ["POSITION_EVERY", "Leading"]
@@ -25,6 +26,10 @@ __all__ = ["POSITION_EVERY", "Leading"]
 log = logging.getLogger("ambrosia_py.coordinator")
 
 POSITION_EVERY = 1.0  # seconds between updates of the log position the registry shows
+# Handed the role, a replica tries to take it this long (the old primary gives it up in
+# the registry as it steps down), this often.
+HANDED_WITHIN = 2.0
+HANDED_RETRY = 0.02
 
 
 class Leading:
@@ -97,35 +102,18 @@ class Leading:
 
     async def _try_lead(self, lost: PrimaryLost | None) -> None:
         """Take the role: from the silent term seen, or when nobody holds it."""
+        core = self.core
+        now = time.monotonic()
         if (
             self._campaigning
             or self.term is not None
             or self.disk.state.checkpoint is None
             or self._won.done()
-            or time.monotonic() < self._retry_at
+            or now < self._retry_at
+            or (isinstance(core, Secondary) and core.leaves_role(now))
         ):
             return
-        self._campaigning = True
-        try:
-            end = self._end()
-            current = await asyncio.to_thread(self.election.current, self.instance)
-            if current is None:
-                term = await asyncio.to_thread(
-                    self.election.campaign, self.instance, self.replica, end
-                )
-            elif lost is not None and current.epoch <= lost.epoch:
-                # Only from the term found silent: a newer one is alive as far as this
-                # replica knows (it may have begun while this lookup was on its way).
-                term = await asyncio.to_thread(
-                    self.election.take_over, self.instance, self.replica, current, end
-                )
-            else:
-                term = None
-        except RegistryError as exc:
-            log.warning("replica %d could not take the primary role: %s", self.replica, exc)
-            term = None
-        finally:
-            self._campaigning = False
+        term, _ = await self._take(None if lost is None else lost.epoch)
         if term is not None and not self._won.done():
             if lost is None:
                 why = "nobody held it"
@@ -135,6 +123,56 @@ class Leading:
                 why = f"replica {lost.primary} fell silent"
             log.info("replica %d is primary from epoch %d (%s)", self.replica, term.epoch, why)
             self._won.set_result(term)
+
+    async def _take(self, seen: int | None) -> tuple[Term | None, bool]:
+        """One try at the role: campaign if nobody holds it; else take it over from the
+        current term if its epoch is at most ``seen`` (the term found silent, or handed
+        over: a newer one is alive as far as this replica knows, and it may have begun
+        while the lookup was on its way). The term won, if any, and whether a newer
+        term holds the role."""
+        self._campaigning = True
+        try:
+            end = self._end()
+            current = await asyncio.to_thread(self.election.current, self.instance)
+            if current is None:
+                term = await asyncio.to_thread(
+                    self.election.campaign, self.instance, self.replica, end
+                )
+                return term, False
+            if seen is None or current.epoch > seen:
+                return None, True
+            term = await asyncio.to_thread(
+                self.election.take_over, self.instance, self.replica, current, end
+            )
+            return term, False
+        except RegistryError as exc:
+            log.warning("replica %d could not take the primary role: %s", self.replica, exc)
+            return None, False
+        finally:
+            self._campaigning = False
+
+    async def _take_handed(self, handed: RoleHandedOver) -> None:
+        """The primary of ``handed.epoch`` stepped down for this replica: take the role
+        from that term as soon as the registry lets it (the old primary gives it up as
+        it steps down), unless a newer term comes first."""
+        deadline = time.monotonic() + HANDED_WITHIN
+        while not self._won.done() and self.term is None and time.monotonic() < deadline:
+            if self._campaigning:
+                await asyncio.sleep(HANDED_RETRY)
+                continue
+            term, newer = await self._take(handed.epoch)
+            if newer:
+                return  # a newer term: not this replica's to take
+            if term is not None and not self._won.done():
+                log.info(
+                    "replica %d is primary from epoch %d (replica %d handed it over)",
+                    self.replica,
+                    term.epoch,
+                    handed.primary,
+                )
+                self._won.set_result(term)
+                return
+            await asyncio.sleep(HANDED_RETRY)
 
     async def found(self) -> Term:
         """Take the first term of an instance never started (replica 0 only), once enough

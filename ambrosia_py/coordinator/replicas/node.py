@@ -50,6 +50,7 @@ from ..replication import (
     ReadLog,
     Replayable,
     ReplicationError,
+    RoleHandedOver,
     SaveEpoch,
     SaveHistory,
     Secondary,
@@ -70,6 +71,7 @@ from ..storage.replica_state import ReplicaState
 from .disk import ReplicaDisk
 from .gate import CommitGate
 from .leading import Leading
+from .log_work import LogWork
 from .transport import ReplicaTransport
 from .versions import Versions
 
@@ -99,7 +101,7 @@ class SteppedDownError(CoordinatorError):
     acted on records that were never committed)."""
 
 
-class ReplicaNode(Leading, Versions):
+class ReplicaNode(LogWork, Leading, Versions):
     """See the module. ``state`` is what ``replica-state`` held at start (or a fresh one)."""
 
     def __init__(
@@ -171,7 +173,7 @@ class ReplicaNode(Leading, Versions):
         """The secondary this replica is, from its files as they are now."""
         log, state = self.disk.log, self.disk.state
         base, end = (0, 0) if log is None else (log.base, log.end)
-        return Secondary(
+        core = Secondary(
             replica=self.replica,
             epoch=state.epoch,
             history=History.of(state.history),
@@ -183,6 +185,8 @@ class ReplicaNode(Leading, Versions):
             group=self.group,
             version=self.version,
         )
+        core.wants_role = self.upgrade_pending
+        return core
 
     async def start(self, host: str, port: int, advertised: str) -> None:
         """Listen for the other replicas, register in the registry, and follow its terms."""
@@ -402,23 +406,6 @@ class ReplicaNode(Leading, Versions):
         # before the commit path syncs it on the event loop, an acknowledgement at once.
         self.transport.flush()
 
-    def _drain_backlog(self) -> None:
-        try:
-            while self._backlog and not self._syncing:
-                self._do(self._backlog.popleft())
-            while self._deferred and not self._syncing:
-                self._deferred.popleft()()
-        except Exception as exc:
-            self._fail(exc)
-
-    def _when_not_syncing(self, step: Callable[[], None]) -> None:
-        """Run ``step`` (it closes or removes log files) now, or once the sync in
-        flight ends."""
-        if self._syncing or self._deferred:
-            self._deferred.append(step)
-        else:
-            step()
-
     # --- a secondary's checkpoints of its own (follow.py) ---------------------------------
 
     def _roll_if_due(self) -> None:
@@ -526,14 +513,19 @@ class ReplicaNode(Leading, Versions):
                 assert isinstance(self.core, Primary)
                 seq, data = self.disk.latest_checkpoint()
                 self.core.checkpoint_read(replica, seq, data, time.monotonic())
-            case SteppedDown(epoch, reason, _):
-                self._deposed(epoch, reason)
+            case SteppedDown(epoch, reason, _, handed):
+                self._deposed(epoch, reason, handed=handed)
+            case RoleHandedOver():
+                self._later(self._take_handed(event))
             case VersionFrom():
                 self._version_from(event)
 
-    def _deposed(self, epoch: int, reason: str) -> None:
+    def _deposed(self, epoch: int, reason: str, *, handed: bool = False) -> None:
         """This replica's term is over: it stops once its binding was given the log (see
-        :class:`SteppedDownError`), else it follows again."""
+        :class:`SteppedDownError`), else it follows again. Handed over, it gives the role
+        up in the registry at once, for the replica it handed it to."""
+        if handed and self.term is not None:
+            self._later(asyncio.to_thread(self.election.resign, self.term))
         if self.serving:
             self._fail(
                 SteppedDownError(
@@ -565,6 +557,7 @@ class ReplicaNode(Leading, Versions):
             group=self.group,
             version=self.version,
         )
+        self.core.wants_role = self.upgrade_pending
         self.term = self.gate = None
         self.established.clear()
         self._won = asyncio.get_running_loop().create_future()
@@ -579,54 +572,3 @@ class ReplicaNode(Leading, Versions):
         task = asyncio.ensure_future(work)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
-
-    def _sync_soon(self) -> None:
-        if not self._syncing:
-            self._syncing = True
-            self._later(self._sync())
-
-    async def _sync(self) -> None:
-        """fdatasync the log in a worker thread, again while records came in meanwhile
-        (appends go on during a sync: :meth:`LogWriter.sync` runs without the write
-        lock, and :meth:`ReplicaLog.sync` claims only the end it read as it began)."""
-        try:
-            while True:
-                rlog = self.disk.log
-                assert rlog is not None
-                target = rlog.end
-                end = await asyncio.to_thread(rlog.sync)
-                core = self.core
-                if isinstance(core, Secondary):
-                    core.records_durable(end)
-                    self._pump()  # the acknowledgement: out now, not after the next sync
-                if self.disk.log is not rlog or rlog.end <= target:
-                    break
-        except Exception as exc:
-            self._fail(exc)
-        finally:
-            self._syncing = False
-        self._drain_backlog()
-        self._pump()
-
-    async def _read(self, replica: int, from_seq: int) -> None:
-        core = self.core
-        try:
-            # The log holds a record of the commit path once it is durable (durable()).
-            # Looked up each time: an upgrade moves it to the new version's files.
-            while (rlog := self.disk.log) is not None and rlog.durable_end <= from_seq:
-                if self.core is not core:
-                    return
-                self._durable_moved.clear()
-                await self._durable_moved.wait()
-            assert rlog is not None
-            try:
-                records = await asyncio.to_thread(rlog.read, from_seq, self.timing.max_append_bytes)
-            except (StorageError, OSError):
-                if self.disk.log is rlog:
-                    raise
-                records = []  # the log moved to an upgrade's files: from the checkpoint
-            if self.core is core and isinstance(core, Primary):
-                core.records_read(replica, from_seq, records, time.monotonic())
-                self._pump()
-        except Exception as exc:
-            self._fail(exc)

@@ -104,6 +104,7 @@ from .events import (
     PrimaryLost,
     ReadLog,
     Replayable,
+    RoleHandedOver,
     SaveEpoch,
     SaveHistory,
     Send,
@@ -117,12 +118,14 @@ from .events import (
     VersionFrom,
     WriteRecords,
 )
+from .frames import FrameReader, decode_frame
 from .history import EpochStart, History, agreement
 from .messages import (
     Ack,
     Append,
+    AskRole,
     CheckpointChunk,
-    FrameReader,
+    Handover,
     Heartbeat,
     Message,
     NewTerm,
@@ -135,7 +138,6 @@ from .messages import (
     Silence,
     Sync,
     TakenChunk,
-    decode_frame,
     encode_frame,
     encode_parts,
 )
@@ -145,6 +147,7 @@ from .secondary import LogState, Secondary
 __all__ = [
     "Ack",
     "Append",
+    "AskRole",
     "CheckpointChunk",
     "CheckpointTaken",
     "CommitAdvanced",
@@ -153,6 +156,7 @@ __all__ = [
     "Event",
     "FrameReader",
     "Group",
+    "Handover",
     "Heartbeat",
     "History",
     "InstallCheckpoint",
@@ -167,6 +171,7 @@ __all__ = [
     "ReadLog",
     "Refuse",
     "Replayable",
+    "RoleHandedOver",
     "ReplicationError",
     "ReplicationProtocolError",
     "ReplicationRuleError",

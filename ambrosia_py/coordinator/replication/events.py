@@ -29,6 +29,7 @@ __all__ = [
     "PrimaryLost",
     "ReadLog",
     "Replayable",
+    "RoleHandedOver",
     "SaveEpoch",
     "SaveHistory",
     "Send",
@@ -175,12 +176,14 @@ class CheckpointTaken:
 class SteppedDown:
     """This replica is primary no more: it met ``epoch`` (higher than its own), could
     not gather its quorum, or is outranked (``better``: the replica with the most
-    up-to-date log it heard of, the one to take over, when it knows one). Carry on as a
-    secondary holding ``epoch``."""
+    up-to-date log it heard of, the one to take over, when it knows one), or handed the
+    role to ``better`` (``handed``: it asked, and holds the whole log shipped). Carry on
+    as a secondary holding ``epoch``."""
 
     epoch: int
     reason: str
     better: int | None = None
+    handed: bool = False
 
 
 # --- the secondary's -------------------------------------------------------------------
@@ -227,6 +230,15 @@ class PrimaryLost:
 
     epoch: int
     primary: int | None
+
+
+@attrs.frozen
+class RoleHandedOver:
+    """The primary of ``epoch`` (replica ``primary``) stepped down for this replica,
+    which asked: take the role from that term now."""
+
+    epoch: int
+    primary: int
 
 
 @attrs.frozen
@@ -295,6 +307,7 @@ Event = (
     | TakeCheckpointFor
     | CheckpointTaken
     | VersionFrom
+    | RoleHandedOver
 )
 
 

@@ -34,7 +34,7 @@ watermarks end exactly at its size, so a secondary writes nothing it could not s
 Decoding is strict: a wrong version or kind, a field cut short or too long, an out of
 range value, a history out of order, trailing bytes: each is a
 :class:`~.errors.ReplicationProtocolError` naming the message, the field and the offset
-(from the frame's first byte, or from the stream's in :class:`FrameReader`).
+(from the frame's first byte, or from the stream's in :class:`.frames.FrameReader`).
 
 A TRIM's names are instance names in UTF-8 (at most :data:`MAX_NAME_BYTES` bytes each,
 at most :data:`MAX_TRIMS` of them, no name twice); each ``seq`` says that instance has
@@ -57,6 +57,12 @@ primary rolls its log at ``seq`` and asks one secondary (ROLL) for the state bef
 ``seq``; that secondary's binding, which replays the log, takes it, and the secondary
 sends it back in chunks (TAKEN, laid out as CHECKPOINT) for the primary to keep as the
 checkpoint of the log it started at ``seq``.
+
+ASK_ROLE and HANDOVER hand the role over to a replica started to upgrade, without a
+failover's wait: once it holds the primary's whole log it asks (ASK_ROLE, its log's
+end); the primary ships nothing more, commits nothing past what it had shipped, and once
+that replica has acknowledged all of it durable tells every replica (HANDOVER: to whom,
+and where its log ends) and steps down. The others leave the role to ``to`` for a while.
 """
 
 from __future__ import annotations
@@ -68,10 +74,9 @@ from typing import ClassVar, Final
 import attrs
 
 from ...wire import records as wrecords
-from ...wire.errors import ProtocolError, TruncatedInputError
-from ...wire.varint import decode_uvarint, encode_uvarint, uvarint_size
+from ...wire.varint import encode_uvarint, uvarint_size
 from .errors import ReplicationProtocolError, ReplicationRuleError
-from .fields import MAX_HISTORY, MAX_NAME_BYTES, MAX_RECORDS, MAX_TRIMS, MAX_VARINT, Fields
+from .fields import MAX_HISTORY, MAX_NAME_BYTES, MAX_RECORDS, MAX_TRIMS, Fields
 from .history import MAX_POSITION, History
 
 __all__ = [
@@ -83,8 +88,9 @@ __all__ = [
     "VERSION",
     "Ack",
     "Append",
+    "AskRole",
     "CheckpointChunk",
-    "FrameReader",
+    "Handover",
     "Heartbeat",
     "Kind",
     "Message",
@@ -98,7 +104,6 @@ __all__ = [
     "Silence",
     "Sync",
     "TakenChunk",
-    "decode_frame",
     "encode_frame",
     "append_size",
     "checkpoint_pieces",
@@ -130,6 +135,8 @@ class Kind(enum.IntEnum):
     SILENCE = 12
     ROLL = 13
     TAKEN = 14
+    ASK_ROLE = 15
+    HANDOVER = 16
 
 
 @attrs.frozen
@@ -298,6 +305,27 @@ class TakenChunk:
     data: Buffer = attrs.field(repr=lambda d: f"<{len(d)} bytes>")
 
 
+@attrs.frozen
+class AskRole:
+    """A replica started to upgrade holds the primary's log to ``log_end``, durably:
+    hand it the role."""
+
+    KIND: ClassVar = Kind.ASK_ROLE
+    epoch: int
+    log_end: int
+
+
+@attrs.frozen
+class Handover:
+    """The primary of ``epoch`` steps down for replica ``to``, which holds its log to
+    ``log_end``: leave the role to it."""
+
+    KIND: ClassVar = Kind.HANDOVER
+    epoch: int
+    to: int
+    log_end: int
+
+
 Message = (
     NewTerm
     | Position
@@ -313,6 +341,8 @@ Message = (
     | Silence
     | Roll
     | TakenChunk
+    | AskRole
+    | Handover
 )
 
 
@@ -385,6 +415,10 @@ def encode_parts(msg: Message) -> list[Buffer]:
             head += _uint(msg.round, "round")
         case Roll():
             head += _uint(msg.seq, "seq")
+        case AskRole():
+            head += _uint(msg.log_end, "log_end")
+        case Handover():
+            head += _uint(msg.to, "to") + _uint(msg.log_end, "log_end")
         case Silence():
             head += _uint(msg.round, "round") + encode_uvarint(int(msg.silent))
     size = len(head) + sum(len(t) for t in tail)
@@ -481,81 +515,12 @@ def decode_body(body: memoryview, base: int = 0) -> Message:
             msg = Silence(epoch, f.uint("round"), f.flag("silent"))
         case Kind.ROLL:
             msg = Roll(epoch, f.uint("seq"))
+        case Kind.ASK_ROLE:
+            msg = AskRole(epoch, f.uint("log_end"))
+        case Kind.HANDOVER:
+            msg = Handover(epoch, f.uint("to"), f.uint("log_end"))
     f.end()
     return msg
-
-
-def decode_frame(frame: Buffer, max_frame: int = DEFAULT_MAX_FRAME) -> Message:
-    """The message in ``frame``, exactly one whole frame (length prefix included)."""
-    reader = FrameReader(max_frame)
-    reader.receive_data(frame)
-    msg = reader.next_message()
-    if msg is None:
-        raise ReplicationProtocolError(
-            f"frame cut short: {len(frame)} bytes hold no whole frame", offset=len(frame)
-        )
-    if reader.buffered:
-        raise ReplicationProtocolError(
-            f"{reader.buffered} bytes after the frame", offset=len(frame) - reader.buffered
-        )
-    return msg
-
-
-class FrameReader:
-    """Frames from a byte stream, sans-IO: :meth:`receive_data` what arrived,
-    :meth:`next_message` until it returns None. A declared length over ``max_frame`` is
-    refused as soon as its varint is in, before any of the frame is buffered. After an
-    error the reader refuses everything: the connection is to be closed."""
-
-    def __init__(self, max_frame: int = DEFAULT_MAX_FRAME) -> None:
-        self.max_frame = max_frame
-        self._buf = bytearray()
-        self._consumed = 0  # stream offset of self._buf[0]
-        self._broken: ReplicationProtocolError | None = None
-
-    @property
-    def buffered(self) -> int:
-        return len(self._buf)
-
-    def receive_data(self, data: Buffer) -> None:
-        if self._broken is not None:
-            raise self._broken
-        self._buf += data
-
-    def next_message(self) -> Message | None:
-        if self._broken is not None:
-            raise self._broken
-        try:
-            return self._next()
-        except ReplicationProtocolError as exc:
-            self._broken = exc
-            raise
-
-    def _next(self) -> Message | None:
-        buf = self._buf
-        if not buf:
-            return None
-        try:
-            length, pos = decode_uvarint(buf, 0, None, MAX_VARINT)
-        except TruncatedInputError:
-            return None  # fewer than 10 bytes, the last with its high bit set
-        except ProtocolError as exc:
-            raise ReplicationProtocolError(
-                f"frame length: {exc.reason}", offset=self._consumed
-            ) from None
-        if length > self.max_frame:
-            raise ReplicationProtocolError(
-                f"frame of {length} bytes, over the limit of {self.max_frame}",
-                offset=self._consumed,
-            )
-        if len(buf) - pos < length:
-            return None
-        with memoryview(buf) as view:
-            frame = bytes(view[pos : pos + length])  # the one copy: records are views of it
-        base = self._consumed + pos
-        del buf[: pos + length]
-        self._consumed += pos + length
-        return decode_body(memoryview(frame), base)
 
 
 def checkpoint_pieces(data: Buffer, size: int) -> Iterator[tuple[int, memoryview]]:

@@ -30,14 +30,22 @@ before the roll point, which its binding takes as it replays; the chunks it send
 as the checkpoint of the log that starts there (:class:`~.events.CheckpointTaken`).
 Only the last roll's checkpoint is taken; one that never comes is asked for again at
 the next roll.
+
+A replica started to upgrade that holds the whole log asks for the role (ASK_ROLE, again
+while it does). Once ``group.k`` replicas have asked within ``timing.failover_after``
+(so the new version's primary has enough replicas that follow it to commit), the primary
+picks the one that acknowledged the most (the lowest number on a tie), ships nothing
+appended after that moment and commits nothing past it; once that replica has
+acknowledged all of it durable, it tells every replica (HANDOVER) and steps down naming
+it (:class:`~.events.SteppedDown`, ``handed``). The records appended
+meanwhile were never committed: their callers ask the new primary again. If that
+replica does not catch up within ``timing.establish_within``, the primary ships on.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
-from ...wire.errors import ProtocolError
-from ...wire.records import parse_header
 from .errors import ReplicationRuleError
 from .events import (
     CheckpointTaken,
@@ -54,12 +62,15 @@ from .events import (
     StoreCheckpointChunk,
     Timing,
 )
+from .feeds import Feed, batches, record_seqs
 from .history import History, agreement
 from .messages import (
     Ack,
     Append,
+    AskRole,
     Buffer,
     CheckpointChunk,
+    Handover,
     Heartbeat,
     Message,
     NewTerm,
@@ -72,61 +83,12 @@ from .messages import (
     Silence,
     Sync,
     TakenChunk,
-    append_size,
     checkpoint_pieces,
 )
 from .secondary import ChunkTransfer, LogState
 from .states import FEED, TERM, FeedEvent, FeedState, TermEvent, TermState, step
 
-__all__ = ["Primary", "record_seqs"]
-
-
-class _Feed:
-    """What the primary knows of one secondary."""
-
-    __slots__ = (
-        "checkpoint_sent",
-        "last_sent",
-        "match",
-        "position",
-        "reading",
-        "sent_end",
-        "state",
-    )
-
-    def __init__(self, now: float) -> None:
-        self.state = FeedState.UNKNOWN
-        self.position: Position | None = None
-        self.match = 0  # acknowledged durable in this epoch
-        self.sent_end = 0  # the next seq to send it
-        self.reading = False  # a ReadLog for it is out
-        self.last_sent = now
-        self.checkpoint_sent: float | None = None  # when the last transfer went out
-
-
-def record_seqs(records: Sequence[Buffer], first_seq: int) -> None:
-    """Check that ``records`` are on-disk records numbered ``first_seq`` on."""
-    for i, record in enumerate(records):
-        try:
-            seq = parse_header(record, 0, on_disk=True).seq
-        except ProtocolError as exc:
-            raise ReplicationRuleError(f"record {i} of a batch: {exc}") from None
-        if seq != first_seq + i:
-            raise ReplicationRuleError(f"record {i} of a batch has seq {seq}, not {first_seq + i}")
-
-
-def _batches(records: Sequence[Buffer], limit: int) -> Iterator[tuple[int, Sequence[Buffer]]]:
-    """``records`` cut into runs of at most ``limit`` bytes (a larger record alone):
-    ``(index of the first, run)``."""
-    start = 0
-    while start < len(records):
-        stop = start + 1
-        size = append_size(records[start:stop])
-        while stop < len(records) and size + append_size(records[stop : stop + 1]) <= limit:
-            size += append_size(records[stop : stop + 1])
-            stop += 1
-        yield start, records[start:stop]
-        start = stop
+__all__ = ["Primary"]
 
 
 class Primary(EventQueue):
@@ -188,9 +150,13 @@ class Primary(EventQueue):
         self.commit_end = min(commit_end, log_end)
         self.state = TermState.GATHERING
         self._started = now
-        self._feeds = {r: _Feed(now) for r in sorted(group.replicas) if r != replica}
+        self._feeds = {r: Feed(now) for r in sorted(group.replicas) if r != replica}
         self._rolled: tuple[int, int] | None = None  # (seq, replica) asked at the last roll
         self._taken: ChunkTransfer | None = None  # what came of that checkpoint so far
+        # Handing the role over: to whom, the log's end then (nothing past it is shipped
+        # or committed), and since when.
+        self._handing: tuple[int, int, float] | None = None
+        self._asks: dict[int, float] = {}  # who asked for the role, when last
         self._events.append(SaveEpoch(epoch))
         if commit_end > log_end:
             self._step_down(
@@ -253,7 +219,7 @@ class Primary(EventQueue):
             )
             return
         match msg:
-            case Position() | Ack() | Resend() | TakenChunk() if msg.epoch < self.epoch:
+            case Position() | Ack() | Resend() | TakenChunk() | AskRole() if msg.epoch < self.epoch:
                 return  # from before the replica took this term
             case Refuse():
                 return  # of a lower epoch than this term's: not about it
@@ -267,12 +233,16 @@ class Primary(EventQueue):
             case Ack():
                 self.state = step("primary", TERM, self.state, TermEvent.ACK)
                 self._ack(sender, msg)
+                self._check_handover(now)
             case Resend():
                 self.state = step("primary", TERM, self.state, TermEvent.RESEND)
                 self._resend(sender, msg.from_seq, now)
             case TakenChunk():
                 self.state = step("primary", TERM, self.state, TermEvent.TAKEN)
                 self._taken_chunk(sender, msg)
+            case AskRole():
+                self.state = step("primary", TERM, self.state, TermEvent.ASK)
+                self._asked_role(sender, now)
             case _:
                 if msg.epoch == self.epoch:
                     raise ReplicationRuleError(
@@ -303,7 +273,7 @@ class Primary(EventQueue):
         secondary that has acknowledged the most (the lowest number of those tied) is
         asked for it. Returns that replica; None if none can be asked now (the term not
         established, or no secondary keeping up), and the adapter asks at its next roll."""
-        if self.state is not TermState.ESTABLISHED:
+        if self.state is not TermState.ESTABLISHED or self._handing is not None:
             return None
         self.state = step("primary", TERM, self.state, TermEvent.ROLL)
         if seq != self.log_end:
@@ -317,6 +287,33 @@ class Primary(EventQueue):
         self._rolled, self._taken = (seq, chosen), None
         self._send(chosen, Roll(self.epoch, seq), now)
         return chosen
+
+    def _asked_role(self, replica: int, now: float) -> None:
+        """``replica``, started to upgrade, asks for the role: once enough have (see the
+        module), ship nothing appended from now on, and hand it over once it holds the
+        rest (at once, if it does)."""
+        feed = self._feeds[replica]
+        if self._handing is not None or feed.state not in (FeedState.STREAMING, FeedState.READING):
+            return
+        self._asks[replica] = now
+        asking = [r for r, t in self._asks.items() if now - t < self.timing.failover_after]
+        if len(asking) < self.group.k:
+            return
+        to = max(asking, key=lambda r: (self._feeds[r].match, -r))
+        self._handing = (to, self.log_end, now)
+        self._check_handover(now)
+
+    def _check_handover(self, now: float) -> None:
+        handing = self._handing
+        if handing is None or self.state is not TermState.ESTABLISHED:
+            return
+        to, end, _ = handing
+        if self._feeds[to].match < end:
+            return
+        for r in self._feeds:
+            self._send(r, Handover(self.epoch, to, end), now)
+        reason = f"handed the role to replica {to}, which holds its log to {end}"
+        self._step_down(self.epoch, TermEvent.HANDED, reason, to, handed=True)
 
     def _taken_chunk(self, replica: int, msg: TakenChunk) -> None:
         if self._rolled != (msg.seq, replica):
@@ -405,6 +402,14 @@ class Primary(EventQueue):
                 self._best_ahead(),
             )
             return
+        handing = self._handing
+        if handing is not None and now - handing[2] >= self.timing.establish_within:
+            self._handing = None  # it did not catch up: ship on, commit on
+            for r, feed in self._feeds.items():
+                if feed.state is FeedState.STREAMING and feed.sent_end < self.log_end:
+                    feed.state = step("feed", FEED, feed.state, FeedEvent.BEHIND)
+                self._pump(r)
+            self._advance_commit()
         for r, feed in self._feeds.items():
             if now - feed.last_sent < self.timing.heartbeat_every:
                 continue
@@ -437,12 +442,18 @@ class Primary(EventQueue):
         self._feeds[to].last_sent = now
 
     def _step_down(
-        self, epoch: int, why: TermEvent, reason: str, better: int | None = None
+        self,
+        epoch: int,
+        why: TermEvent,
+        reason: str,
+        better: int | None = None,
+        *,
+        handed: bool = False,
     ) -> None:
         self.state = step("primary", TERM, self.state, why)
         if epoch > self.epoch:
             self._events.append(SaveEpoch(epoch))
-        self._events.append(SteppedDown(max(epoch, self.epoch), reason, better))
+        self._events.append(SteppedDown(max(epoch, self.epoch), reason, better, handed))
 
     def _best_ahead(self) -> int | None:
         ahead = [
@@ -500,6 +511,8 @@ class Primary(EventQueue):
         feed = self._feeds[replica]
         if feed.state is not FeedState.READING or feed.reading:
             return
+        if self._handing is not None and feed.sent_end >= self._handing[1]:
+            return  # nothing past the hand-over point is shipped
         if feed.sent_end < self.log_base:
             self._feed_from(replica, feed.sent_end)
         elif feed.sent_end == self.log_end:
@@ -511,7 +524,9 @@ class Primary(EventQueue):
     def _send_records(
         self, replica: int, first: int, records: Sequence[Buffer], now: float
     ) -> None:
-        for i, run in _batches(records, self.timing.max_append_bytes):
+        if self._handing is not None:
+            records = records[: max(0, self._handing[1] - first)]
+        for i, run in batches(records, self.timing.max_append_bytes):
             self._send(replica, Append(self.epoch, first + i, self.commit_end, tuple(run)), now)
         self._feeds[replica].sent_end = first + len(records)
 
@@ -552,6 +567,8 @@ class Primary(EventQueue):
         if self.state is not TermState.ESTABLISHED:
             return
         candidate = self.durable_end
+        if self._handing is not None:
+            candidate = min(candidate, self._handing[1])
         if self.group.k > 1:
             matches = sorted((f.match for f in self._feeds.values()), reverse=True)
             candidate = min(candidate, matches[self.group.k - 2])

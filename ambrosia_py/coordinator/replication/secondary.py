@@ -37,6 +37,12 @@ the first message of its epoch. It moves through :data:`~.states.SECONDARY`:
   written and acknowledged. A checkpoint of another version than its binding's is never
   installed: one of an older version (below the term's ``since``, its version the
   binding's) is waited past, one of the term's is reported.
+- A replica started to upgrade (``wants_role``, the adapter's) that holds the whole log
+  of a term of its own version, durably, asks the primary for the role (ASK_ROLE, again
+  every ``retry_after``). A HANDOVER to it reports :class:`~.events.RoleHandedOver`: it
+  takes the role from that term at once. A HANDOVER to another leaves the role to that
+  one for ``2 * failover_after``: no probe, no report of a lost primary meanwhile
+  (:meth:`Secondary.leaves_role`).
 - A ROLL asks it, STREAMING, for the state before the primary's roll point
   (:class:`~.events.TakeCheckpointFor`); what its binding takes there it sends back in
   chunks (TAKEN, :meth:`Secondary.checkpoint_taken`), so the primary never pauses to
@@ -67,6 +73,7 @@ from .events import (
     InstallCheckpoint,
     PrimaryLost,
     Replayable,
+    RoleHandedOver,
     SaveEpoch,
     SaveHistory,
     Send,
@@ -82,7 +89,9 @@ from .history import History, agreement
 from .messages import (
     Ack,
     Append,
+    AskRole,
     CheckpointChunk,
+    Handover,
     Heartbeat,
     Message,
     NewTerm,
@@ -187,6 +196,10 @@ class Secondary(EventQueue):
         # What the SYNC of this epoch said: the version the term ships from a seq on.
         self.term_version: tuple[int, int] | None = None
         self._offered_said = False  # a checkpoint of another version was reported
+        self.wants_role = False  # started to upgrade: ask the primary for the role
+        self._primary_end = 0  # the primary's log end, as last heard in this epoch
+        self._asked_role: float | None = None  # when ASK_ROLE last went out
+        self._left_to: tuple[int, float] | None = None  # (replica, when) handed the role
         self._replay()
 
     @classmethod
@@ -242,7 +255,7 @@ class Secondary(EventQueue):
 
     def receive(self, sender: int, msg: Message, now: float) -> None:
         """A message from replica ``sender``."""
-        if isinstance(msg, Position | Ack | Resend | Refuse | TakenChunk):
+        if isinstance(msg, Position | Ack | Resend | Refuse | TakenChunk | AskRole):
             return  # meant for a primary: this replica is not one
         if isinstance(msg, Probe):
             silent = now - self._heard >= self.timing.failover_after / 2
@@ -280,6 +293,7 @@ class Secondary(EventQueue):
                     self._ask(Position, self.log_end, now)
             case Heartbeat():
                 self.state = step("secondary", SECONDARY, before, SE.HEARTBEAT)
+                self._primary_end = max(self._primary_end, msg.log_end)
                 if before is SecondaryState.STREAMING:
                     self._learn_commit(msg.commit_end)
                     self._events.append(Send(sender, self._ack()))
@@ -297,6 +311,12 @@ class Secondary(EventQueue):
                 if before is SecondaryState.STREAMING:
                     self._roll = (msg.epoch, msg.seq)
                     self._events.append(TakeCheckpointFor(msg.seq))
+            case Handover():
+                self.state = step("secondary", SECONDARY, before, SE.HANDOVER)
+                if msg.to == self.replica:
+                    self._events.append(RoleHandedOver(msg.epoch, sender))
+                else:
+                    self._left_to = (msg.to, now)
 
     def checkpoint_taken(self, seq: int, data: bytes | memoryview) -> None:
         """The checkpoint a :class:`TakeCheckpointFor` asked for, the state before record
@@ -308,6 +328,12 @@ class Secondary(EventQueue):
         for offset, piece in checkpoint_pieces(data, self.timing.checkpoint_chunk):
             chunk = TakenChunk(self.epoch, seq, len(data), offset, piece)
             self._events.append(Send(self.primary, chunk))
+
+    def leaves_role(self, now: float) -> bool:
+        """Whether the primary handed the role to another replica lately: this one does
+        not take it meanwhile (see the module)."""
+        left = self._left_to
+        return left is not None and now - left[1] < 2 * self.timing.failover_after
 
     def upgraded(self, version: int) -> None:
         """The binding upgraded in place to ``version`` (where a
@@ -332,9 +358,10 @@ class Secondary(EventQueue):
 
     def tick(self, now: float) -> None:
         """Time passes: a silent primary is probed, then reported lost; a stalled transfer
-        given up."""
+        given up; the role asked for (see the module)."""
         failover_after = self.timing.failover_after
-        if now - max(self._heard, self._lost_said) >= failover_after:
+        self._ask_role(now)
+        if now - max(self._heard, self._lost_said) >= failover_after and not self.leaves_role(now):
             others = self._others()
             if not others:
                 self._lost(now)
@@ -352,6 +379,23 @@ class Secondary(EventQueue):
             self._ask(Position, self.log_end, now, force=True)
 
     # --- inside --------------------------------------------------------------------------
+
+    def _ask_role(self, now: float) -> None:
+        """Ask for the role, started to upgrade, once the whole log of a term of this
+        binding's version is durable here."""
+        asked = self._asked_role
+        if (
+            not self.wants_role
+            or self.state is not SecondaryState.STREAMING
+            or self.primary is None
+            or self.term_version is None
+            or self.term_version[0] != self.version
+            or self.durable_end < max(self._primary_end, self.log_end)
+            or (asked is not None and now - asked < self.timing.retry_after)
+        ):
+            return
+        self._asked_role = now
+        self._events.append(Send(self.primary, AskRole(self.epoch, self.log_end)))
 
     def _others(self) -> list[int]:
         """The replicas to probe; none when no other's word is needed."""
@@ -381,6 +425,8 @@ class Secondary(EventQueue):
         self._asked = None
         self.term_version = None
         self._offered_said = False
+        self._primary_end = 0
+        self._left_to = None
         self._events.append(SaveEpoch(epoch))
 
     def _ack(self) -> Ack:
@@ -429,6 +475,7 @@ class Secondary(EventQueue):
         self._events.append(Send(self.primary, self._ack()))
 
     def _append(self, msg: Append, now: float) -> None:
+        self._primary_end = max(self._primary_end, msg.end)
         self._learn_commit(msg.commit_end, replay=False)
         if msg.first_seq > self.log_end:
             self._ask(Resend, self.log_end, now)

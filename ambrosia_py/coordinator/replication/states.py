@@ -26,8 +26,9 @@ cores answer or count it before they look at a table (:mod:`.secondary`).
 The primary's term (:data:`TERM`): GATHERING until a quorum of replicas has answered
 its NEW_TERM with positions none of which is ahead of its own (QUORUM), then
 ESTABLISHED; DEPOSED once it meets a higher epoch, finds it can never gather such a
-quorum, or runs out of time (OUTRANKED). Acknowledgements and resend requests belong to
-ESTABLISHED only: nobody is synced before it, so nobody may send them.
+quorum, or runs out of time (OUTRANKED), or has handed the role over (ASK, then
+HANDED). Acknowledgements and resend requests belong to ESTABLISHED only: nobody is
+synced before it, so nobody may send them.
 
 The primary's feed of one secondary (:data:`FEED`): UNKNOWN until its position is in,
 then READING (fed from the log, a read at a time), STREAMING (caught up: each record
@@ -87,6 +88,9 @@ class SecondaryEvent(enum.Enum):
     """The chunk that completes the checkpoint, in whatever order they came."""
     CHUNK_STALE = "CHUNK_STALE"
     """A chunk of a checkpoint this log does not need: it reaches that seq already."""
+    HANDOVER = "HANDOVER"
+    """The primary steps down for a replica: taken in every state (that replica, or the
+    role left to it for a while)."""
     HIGHER_EPOCH = "HIGHER_EPOCH"
     STALLED = "STALLED"
     """No chunk for a while: the transfer is given up."""
@@ -115,6 +119,10 @@ class TermEvent(enum.Enum):
     """The adapter rolled the log: a secondary is asked for the checkpoint there."""
     TAKEN = "TAKEN"
     """A chunk of the checkpoint a secondary took for a roll."""
+    ASK = "ASK"
+    """A replica started to upgrade asks for the role: nothing more is shipped."""
+    HANDED = "HANDED"
+    """That replica holds everything shipped: the term ends, handed over."""
 
 
 class FeedState(enum.Enum):
@@ -155,6 +163,7 @@ SECONDARY: Final = _table(
             SE.CHUNK: SS.JOINING,
             SE.CHUNK_LAST: SS.JOINING,
             SE.CHUNK_STALE: SS.JOINING,
+            SE.HANDOVER: SS.JOINING,
             SE.HIGHER_EPOCH: SS.JOINING,
         },
         SS.STREAMING: {
@@ -167,6 +176,7 @@ SECONDARY: Final = _table(
             SE.CHUNK: SS.INSTALLING,
             SE.CHUNK_LAST: SS.STREAMING,
             SE.CHUNK_STALE: SS.STREAMING,
+            SE.HANDOVER: SS.STREAMING,
             SE.HIGHER_EPOCH: SS.JOINING,
         },
         SS.INSTALLING: {
@@ -179,6 +189,7 @@ SECONDARY: Final = _table(
             SE.CHUNK: SS.INSTALLING,
             SE.CHUNK_LAST: SS.STREAMING,
             SE.CHUNK_STALE: SS.INSTALLING,
+            SE.HANDOVER: SS.INSTALLING,
             SE.HIGHER_EPOCH: SS.JOINING,
             SE.STALLED: SS.JOINING,
         },
@@ -210,6 +221,8 @@ TERM: Final = _table(
             TE.READ: TS.ESTABLISHED,
             TE.ROLL: TS.ESTABLISHED,
             TE.TAKEN: TS.ESTABLISHED,
+            TE.ASK: TS.ESTABLISHED,
+            TE.HANDED: TS.DEPOSED,
             TE.HIGHER_EPOCH: TS.DEPOSED,
         },
         TS.DEPOSED: {},
