@@ -111,8 +111,11 @@ def test_effective_entries_last_epoch_and_rank() -> None:
         # diverged at the epoch both hold last: 3 wrote from 10 on one, 4 from 10 on other
         ([(1, 0), (3, 10)], 14, [(1, 0), (4, 10)], 16, 10),
         # nothing in common
-        ([(2, 0)], 5, [(1, 0)], 5, 0),
-        ([], 0, [(1, 0)], 5, 0),
+        ([(2, 0)], 5, [(1, 0)], 5, None),
+        ([], 0, [(1, 0)], 5, None),
+        # compacted: only the entries both still hold are compared
+        ([(1, 0), (3, 5), (4, 9)], 12, [(3, 5), (4, 9), (6, 11)], 14, 11),
+        ([(1, 0), (3, 5)], 12, [(4, 9), (6, 11)], 14, None),
         # the primary's current term is open-ended: a secondary keeps what it has of it
         ([(1, 0), (5, 6)], 30, [(1, 0), (5, 6)], None, 30),
         ([(1, 0)], 7, [(1, 0), (5, 6)], None, 6),
@@ -125,7 +128,7 @@ def test_agreement(
     my_end: int,
     theirs: list[tuple[int, int]],
     their_end: int | None,
-    expected: int,
+    expected: int | None,
 ) -> None:
     assert agreement(H(mine), my_end, H(theirs), their_end) == expected
     if their_end is not None:
@@ -137,6 +140,18 @@ def test_agreement_refuses_histories_that_fork_before_a_shared_epoch() -> None:
         agreement(H([(1, 0), (3, 5)]), 9, H([(1, 0), (3, 6)]), 9)
     with pytest.raises(ReplicationRuleError, match="histories disagree up to epoch 3"):
         agreement(H([(1, 0), (3, 5)]), 9, H([(2, 0), (3, 5)]), 9)
+    # Compacted, a history still cannot lack a term the other holds after its first.
+    with pytest.raises(ReplicationRuleError, match="histories disagree up to epoch 4"):
+        agreement(H([(1, 0), (4, 8)]), 9, H([(3, 5), (4, 8)]), 9)
+
+
+def test_a_history_is_compacted_below_a_committed_seq() -> None:
+    h = H([(1, 0), (3, 5), (4, 9), (6, 9), (7, 20)])
+    assert h.compacted(0) == h
+    assert h.compacted(8) == H([(3, 5), (4, 9), (6, 9), (7, 20)])
+    assert h.compacted(9) == H([(6, 9), (7, 20)])  # (4, 9) covers no record
+    assert h.compacted(30) == H([(7, 20)])
+    assert H([(2, 4)]).compacted(1) == H([(2, 4)])  # nothing wholly below
 
 
 # --- the tables --------------------------------------------------------------------------
@@ -150,7 +165,12 @@ def test_a_secondary_takes_every_message_of_its_primary_in_every_state() -> None
     assert set(SECONDARY[SecondaryState.JOINING].values()) <= {
         SecondaryState.JOINING,
         SecondaryState.STREAMING,
+        SecondaryState.INSTALLING,
     }  # only a SYNC gets it out
+    leaving = {
+        e for e, to in SECONDARY[SecondaryState.JOINING].items() if to is not SecondaryState.JOINING
+    }
+    assert leaving == {SecondaryEvent.SYNC, SecondaryEvent.SYNC_APART}
 
 
 def test_the_term_table_names_what_each_state_refuses() -> None:

@@ -29,6 +29,7 @@ from ambrosia_py.coordinator.replication import (
     Ack,
     CheckpointTaken,
     CommitAdvanced,
+    EpochStart,
     Established,
     Event,
     Group,
@@ -47,6 +48,7 @@ from ambrosia_py.coordinator.replication import (
     SendCheckpoint,
     SteppedDown,
     StoreCheckpointChunk,
+    Sync,
     TakeCheckpointFor,
     Timing,
     TruncateLog,
@@ -54,6 +56,7 @@ from ambrosia_py.coordinator.replication import (
     decode_frame,
     encode_frame,
 )
+from ambrosia_py.coordinator.replication.states import SecondaryState
 from ambrosia_py.wire.records import encode_disk_record
 from ambrosia_py.wire.varint import decode_uvarint, encode_uvarint
 
@@ -270,7 +273,10 @@ class Sim:
             return
         msg = decode_frame(frame)
         core = node.core
+        before = core.state
         core.receive(src, msg, self.now)
+        if isinstance(msg, Sync) and core.state is SecondaryState.INSTALLING:
+            self.stats["apart"] += before is not SecondaryState.INSTALLING
         self.drain(node)
         if node.core is not core and msg.epoch > core.epoch and node.core is not None:
             node.core.receive(src, msg, self.now)  # what deposed it, to the secondary now
@@ -476,18 +482,34 @@ class Sim:
         assert core.commit_end <= max(bound, then), "a deposed primary advanced its commit"
 
     def check_histories(self) -> None:
-        """I1 and I2: each record's epoch, by its log's history, is its writer's; every
-        history holding an epoch holds the same entries up to it."""
-        by_epoch: dict[int, tuple[object, ...]] = {}
+        """I1 and I2: each record's epoch, by its log's history, is its writer's (from
+        the history's first entry on: it is compacted below a checkpoint); every two
+        histories holding an epoch hold the same entries up to it, from the later of
+        their first entries on."""
+        held: list[tuple[EpochStart, ...]] = []
         for node in self.nodes:
             if node.core is None:
                 continue
             history = node.core.history
+            first = history.entries[0].start if history.entries else 0
+            # Every record of its log above its checkpoint is in its history's reach.
+            core = node.core
+            assert first <= core.log_base or core.log_end == core.log_base, (node.rid, first)
             for seq, record in enumerate(node.log):
-                assert history.epoch_at(seq) == self.writer[record], (node.rid, seq)
-            for i, entry in enumerate(history.entries):
-                prefix = history.entries[: i + 1]
-                assert by_epoch.setdefault(entry.epoch, prefix) == prefix, "histories fork"
+                if seq >= first:
+                    assert history.epoch_at(seq) == self.writer[record], (node.rid, seq)
+            held.append(history.entries)
+            self.stats["compacted"] += bool(history.entries) and history.entries[0].epoch > 1
+        for a in held:
+            for b in held:
+                for i, entry in enumerate(a):
+                    j = next((j for j, e in enumerate(b) if e.epoch == entry.epoch), None)
+                    if j is None:
+                        continue
+                    lo = max(a[0].epoch, b[0].epoch)
+                    mine = [e for e in a[: i + 1] if e.epoch >= lo]
+                    theirs = [e for e in b[: j + 1] if e.epoch >= lo]
+                    assert mine == theirs, "histories fork"
 
     # --- a run ---------------------------------------------------------------------------
 
@@ -529,8 +551,8 @@ ALL_PATHS = ("truncations", "installs", "step-downs", "deposed-checked")
 @pytest.mark.parametrize(
     ("n", "k", "runs", "paths"),
     [
-        (3, None, 1000, (*ALL_PATHS, "role-handed")),
-        (5, None, 400, (*ALL_PATHS, "role-handed")),
+        (3, None, 1000, (*ALL_PATHS, "role-handed", "compacted", "apart")),
+        (5, None, 400, (*ALL_PATHS, "role-handed", "compacted", "apart")),
         (5, 2, 200, ("installs", "step-downs")),  # a term needs 4 of 5
         (5, 4, 200, ALL_PATHS),  # a term needs 2 of 5
         (3, 1, 200, ("installs", "step-downs")),  # every replica's position is needed

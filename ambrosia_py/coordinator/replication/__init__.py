@@ -47,7 +47,13 @@ The rule for the tail on a new term.
    sooner end of that epoch's part, the primary's current epoch taken open-ended),
    truncates its log there, and takes the primary's history. What it truncates is an
    uncommitted tail: records an old primary shipped that too few replicas acknowledged.
-   Nothing committed is ever truncated (I3, I4 below).
+   Nothing committed is ever truncated (I3, I4 below). A new primary's history is
+   compacted below its checkpoint (:meth:`~.history.History.compacted`: every record
+   there is committed), so it holds the terms since, not every term there ever was; a
+   replica whose history then shares no epoch with it while its log holds records below
+   the history's first entry cannot be told where it agrees: it truncates nothing and
+   starts over from the primary's checkpoint, which replaces its whole log (Raft's
+   snapshot install).
 4. Commit counts only acknowledgements of the current epoch, which only synced replicas
    send, and only up to a point at or past the term start: earlier terms' records are
    committed along with the first commit of the new term, never by counting them (Raft's
@@ -60,8 +66,9 @@ with crashes that lose what was not fdatasync'ed, and elections).
 
 - I1 (one writer per seq and epoch): a record whose history says epoch ``e`` was written
   by the primary of ``e``; a primary never truncates its own log during its term.
-- I2 (histories nest): every history that holds an epoch holds the same entries up to
-  it (the primary's, copied whole by SYNC). With I1, two logs agree below
+- I2 (histories nest): every two histories that hold an epoch hold the same entries up
+  to it, from the later of their first entries on (the primary's, copied whole by SYNC,
+  compacted only of entries below a checkpoint). With I1, two logs agree below
   :func:`~.history.agreement` of their histories: the Log Matching property.
 - I3 (completeness): a record committed in the term of ``e`` is in the log of the
   primary of every established later term, under the same epoch. By induction on terms:

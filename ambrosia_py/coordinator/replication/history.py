@@ -18,9 +18,20 @@ for the no-op record a Raft leader writes (it occupies no seq).
 
 :func:`agreement` finds the seq up to which two logs hold the same records from their
 histories alone: the latest epoch both hold, then the sooner of the two ends of that
-epoch's part. That it is exact rests on the package's invariants (every history holding
-an epoch holds the same entries up to it; a record's epoch names the primary that wrote
-it); a pair of histories that breaks the first is refused.
+epoch's part. That it is exact rests on the package's invariants (every two histories
+holding an epoch hold the same entries up to it, from the later of their first entries
+on; a record's epoch names the primary that wrote it); a pair of histories that breaks
+the first is refused.
+
+A history is **compacted** below a seq whose records are all committed (a checkpoint's):
+the entries wholly below it go, the one covering it stays (:meth:`History.compacted`),
+so a history holds the terms since its log's checkpoint, not every term there ever was.
+Only a primary compacts, below its own checkpoint; a secondary keeps its own entries
+before the first of the primary's it takes, so every history reaches back to its log's
+checkpoint. Two histories then may share no epoch although their logs share committed
+records; who holds such a log is told so (:func:`agreement` says None) and starts over
+from the primary's checkpoint (``secondary.py``), which stands past every record of it
+that may be committed.
 """
 
 from __future__ import annotations
@@ -94,6 +105,16 @@ class History:
             found = entry.epoch
         return found
 
+    def compacted(self, floor: int) -> History:
+        """This history without the entries wholly below ``floor`` (every record below
+        it committed): from the last entry starting at or before it on."""
+        keep = 0
+        for i, entry in enumerate(self.entries):
+            if entry.start > floor:
+                break
+            keep = i
+        return self if keep == 0 else History(self.entries[keep:])
+
     def extended(self, epoch: int, start: int) -> History:
         """This history with a new term's entry at its end."""
         return History((*self.entries, EpochStart(epoch, start)))
@@ -102,10 +123,11 @@ class History:
         return len(self.entries)
 
 
-def agreement(mine: History, my_end: int, theirs: History, their_end: int | None) -> int:
+def agreement(mine: History, my_end: int, theirs: History, their_end: int | None) -> int | None:
     """The seq up to which the log ``mine``/``my_end`` holds the same records as the log
     ``theirs``/``their_end``: everything below it agrees, the record at it does not (or
-    one of the logs ends there).
+    one of the logs ends there). None if the two share no epoch: then they agree on
+    nothing either history can vouch for (see the module on compaction).
 
     ``their_end`` None stands for a primary's log while its term goes on: the part of its
     last epoch has no end yet, as far as what the other log may hold of it goes (a
@@ -113,7 +135,7 @@ def agreement(mine: History, my_end: int, theirs: History, their_end: int | None
     the same answer however late the Sync arrives).
 
     Raises :class:`ReplicationRuleError` if the two histories hold an epoch at different
-    starts or disagree on the entries before it.
+    starts or disagree on the entries before it (from the later first entry on).
     """
     a = mine.effective(my_end).entries
     b = theirs.entries if their_end is None else theirs.effective(their_end).entries
@@ -122,7 +144,10 @@ def agreement(mine: History, my_end: int, theirs: History, their_end: int | None
         j = where.get(a[i].epoch)
         if j is None:
             continue
-        if a[: i + 1] != b[: j + 1]:
+        first = max(a[0].epoch, b[0].epoch)  # compacted: only what both still hold
+        a_held = [e for e in a[: i + 1] if e.epoch >= first]
+        b_held = [e for e in b[: j + 1] if e.epoch >= first]
+        if a_held != b_held:
             raise ReplicationRuleError(
                 f"histories disagree up to epoch {a[i].epoch}: "
                 f"{_show(a[: i + 1])} against {_show(b[: j + 1])}"
@@ -131,8 +156,8 @@ def agreement(mine: History, my_end: int, theirs: History, their_end: int | None
         if j + 1 < len(b):
             return min(a_stop, b[j + 1].start)
         return a_stop if their_end is None else min(a_stop, their_end)
-    return 0
+    return None
 
 
-def _show(entries: tuple[EpochStart, ...]) -> str:
+def _show(entries: tuple[EpochStart, ...] | list[EpochStart]) -> str:
     return "[" + ", ".join(f"({e.epoch}, {e.start})" for e in entries) + "]"

@@ -142,7 +142,8 @@ class Primary(EventQueue):
         """The saved history: the term's entry joins it when the term is established
         (an entry of a term that never was would rank this log above logs it lacks
         committed records of)."""
-        self._term_history = own.extended(epoch, log_end)
+        # Compacted below its checkpoint: the history holds the terms since (history.py).
+        self._term_history = own.compacted(log_base).extended(epoch, log_end)
         self.term_start = log_end
         self.log_base = log_base
         self.log_end = log_end
@@ -492,14 +493,26 @@ class Primary(EventQueue):
         pos = feed.position
         agreed = agreement(pos.history, pos.log_end, self.history, self.log_end)
         self._send(replica, Sync(self.epoch, self.history, self.version, self.since), now)
-        self._feed_from(replica, agreed)
+        if agreed is None:
+            # No epoch in common: nothing it holds is vouched for (this history may be
+            # compacted past its entries). It starts over from the checkpoint, which
+            # stands at or past this history's first entry (a history reaches back to
+            # its log's checkpoint), so past every record it holds that may be
+            # committed; the secondary waits for it, changing nothing meanwhile.
+            self._send_checkpoint(replica)
+        else:
+            self._feed_from(replica, agreed)
+
+    def _send_checkpoint(self, replica: int) -> None:
+        feed = self._feeds[replica]
+        feed.state = step("feed", FEED, feed.state, FeedEvent.PRUNED)
+        feed.checkpoint_sent = None
+        self._events.append(SendCheckpoint(replica))
 
     def _feed_from(self, replica: int, seq: int) -> None:
         feed = self._feeds[replica]
         if seq < self.log_base:
-            feed.state = step("feed", FEED, feed.state, FeedEvent.PRUNED)
-            feed.checkpoint_sent = None
-            self._events.append(SendCheckpoint(replica))
+            self._send_checkpoint(replica)
             return
         feed.sent_end = seq
         event = FeedEvent.CAUGHT_UP if seq == self.log_end else FeedEvent.BEHIND

@@ -28,7 +28,11 @@ the first message of its epoch. It moves through :data:`~.states.SECONDARY`:
   they confirmed to the primary is dropped here too.
 - A checkpoint comes in chunks (INSTALLING) when the primary's log no longer holds where
   this log ends; the last chunk installs it (:class:`~.events.InstallCheckpoint`) and the
-  log starts over, empty, at the checkpoint's seq.
+  log starts over, empty, at the checkpoint's seq. A SYNC whose history, compacted,
+  shares no epoch with this log's while this log holds records below its first entry
+  vouches for none of them: the replica changes nothing, acknowledges nothing, and waits
+  for the primary's checkpoint (INSTALLING), which replaces the whole log; only then
+  does it take the history.
 - A SYNC also says which version of the instance the term ships from which seq on
   (:class:`~.messages.Sync`). When that is not the version its binding runs
   (``version``), it says so (:class:`~.events.VersionFrom`): the binding must replay
@@ -200,6 +204,7 @@ class Secondary(EventQueue):
         self._primary_end = 0  # the primary's log end, as last heard in this epoch
         self._asked_role: float | None = None  # when ASK_ROLE last went out
         self._left_to: tuple[int, float] | None = None  # (replica, when) handed the role
+        self._apart: Sync | None = None  # a SYNC that waits for the checkpoint it brings
         self._replay()
 
     @classmethod
@@ -282,6 +287,12 @@ class Secondary(EventQueue):
             case NewTerm():
                 self.state = step("secondary", SECONDARY, before, SE.NEW_TERM)
                 self._ask(Position, self.log_end, now, force=True)
+            case Sync() if self._shares_nothing(msg):
+                self.state = step("secondary", SECONDARY, before, SE.SYNC_APART)
+                self._apart = msg
+                self._checkpoint = None
+                self._checkpoint_heard = now
+                self._take_version(msg)
             case Sync():
                 self.state = step("secondary", SECONDARY, before, SE.SYNC)
                 self._sync(msg, now)
@@ -427,6 +438,7 @@ class Secondary(EventQueue):
         self._offered_said = False
         self._primary_end = 0
         self._left_to = None
+        self._apart = None
         self._events.append(SaveEpoch(epoch))
 
     def _ack(self) -> Ack:
@@ -449,11 +461,37 @@ class Secondary(EventQueue):
         msg: Message = self.position() if kind is Position else Resend(self.epoch, at)
         self._events.append(Send(self.primary, msg))
 
+    def _shares_nothing(self, msg: Sync) -> bool:
+        """Whether ``msg``'s history shares no epoch with this log's while the log holds
+        records below that history's first entry (see the module)."""
+        first = msg.history.entries[0].start if msg.history.entries else 0
+        return (
+            self.log_base < min(first, self.log_end)
+            and agreement(self.history, self.log_end, msg.history, None) is None
+        )
+
+    def _joined(self, theirs: History) -> History:
+        """The primary's history, with this one's entries before its first kept: the
+        primary's may be compacted past this log's checkpoint, and a history must say
+        who wrote every record its log holds (so that this replica, primary one day,
+        compacts only below a checkpoint of its own)."""
+        if not theirs.entries or theirs.entries[0] not in self.history.entries:
+            return theirs
+        first = theirs.entries[0].epoch
+        below = tuple(e for e in self.history.entries if e.epoch < first)
+        return History((*below, *theirs.entries)) if below else theirs
+
+    def _take_version(self, msg: Sync) -> None:
+        self.term_version = (msg.version, msg.since)
+        if msg.version != self.version:
+            self._events.append(VersionFrom(msg.epoch, msg.version, msg.since))
+
     def _sync(self, msg: Sync, now: float) -> None:
         # Below its checkpoint a log holds nothing to compare: those records are
         # committed (a checkpoint is only ever of committed state), so it agrees there,
         # also when its history is empty (a checkpoint installed before any SYNC).
-        agreed = max(agreement(self.history, self.log_end, msg.history, None), self.log_base)
+        self._apart = None
+        agreed = max(agreement(self.history, self.log_end, msg.history, None) or 0, self.log_base)
         if agreed < self.log_end:
             if agreed < min(self.commit_end, self.log_end) or agreed < self.log_base:
                 raise ReplicationRuleError(
@@ -464,12 +502,11 @@ class Secondary(EventQueue):
             self._events.append(TruncateLog(agreed))
             self.log_end = agreed
             self.durable_end = min(self.durable_end, agreed)
-        if msg.history != self.history:
-            self.history = msg.history
-            self._events.append(SaveHistory(msg.history))
-        self.term_version = (msg.version, msg.since)
-        if msg.version != self.version:
-            self._events.append(VersionFrom(msg.epoch, msg.version, msg.since))
+        history = self._joined(msg.history)
+        if history != self.history:
+            self.history = history
+            self._events.append(SaveHistory(history))
+        self._take_version(msg)
         self._ask(Resend, self.log_end, now, force=True)
         assert self.primary is not None
         self._events.append(Send(self.primary, self._ack()))
@@ -504,7 +541,7 @@ class Secondary(EventQueue):
         state = self.state
         key = (msg.epoch, msg.seq, msg.total)
         held = self._checkpoint if self._checkpoint and self._checkpoint.key == key else None
-        if msg.seq <= self.log_end or not self._loadable(msg):
+        if (msg.seq <= self.log_end and self._apart is None) or not self._loadable(msg):
             kind = SE.CHUNK_STALE
         else:
             gained = (held or ChunkTransfer(key)).missing_after(msg.offset, len(msg.data))
@@ -529,6 +566,10 @@ class Secondary(EventQueue):
             self.log_base = self.log_end = self.durable_end = msg.seq
             self.commit_end = max(self.commit_end, msg.seq)
             self.replayed_end = msg.seq  # the binding reloads from the checkpoint
+            apart, self._apart = self._apart, None
+            if apart is not None:  # the log is the primary's now: so is its history
+                self.history = apart.history
+                self._events.append(SaveHistory(apart.history))
             self._ask(Resend, self.log_end, now, force=True)
 
     def _loadable(self, msg: CheckpointChunk) -> bool:

@@ -73,6 +73,10 @@ class SecondaryEvent(enum.Enum):
 
     NEW_TERM = "NEW_TERM"
     SYNC = "SYNC"
+    SYNC_APART = "SYNC_APART"
+    """A SYNC whose history shares no epoch with this log's, where this log holds records
+    below the primary's first entry (compacted away): nothing of it is vouched for, and
+    it waits for the primary's checkpoint to start over from (INSTALLING)."""
     APPEND = "APPEND"
     HEARTBEAT = "HEARTBEAT"
     TRIM = "TRIM"
@@ -157,6 +161,7 @@ SECONDARY: Final = _table(
             SE.ROLL: SS.JOINING,
             SE.NEW_TERM: SS.JOINING,
             SE.SYNC: SS.STREAMING,
+            SE.SYNC_APART: SS.INSTALLING,
             SE.APPEND: SS.JOINING,
             SE.HEARTBEAT: SS.JOINING,
             SE.TRIM: SS.JOINING,
@@ -170,6 +175,7 @@ SECONDARY: Final = _table(
             SE.ROLL: SS.STREAMING,
             SE.NEW_TERM: SS.STREAMING,
             SE.SYNC: SS.STREAMING,
+            SE.SYNC_APART: SS.INSTALLING,
             SE.APPEND: SS.STREAMING,
             SE.HEARTBEAT: SS.STREAMING,
             SE.TRIM: SS.STREAMING,
@@ -183,6 +189,7 @@ SECONDARY: Final = _table(
             SE.ROLL: SS.INSTALLING,
             SE.NEW_TERM: SS.JOINING,
             SE.SYNC: SS.STREAMING,
+            SE.SYNC_APART: SS.INSTALLING,
             SE.APPEND: SS.INSTALLING,
             SE.HEARTBEAT: SS.INSTALLING,
             SE.TRIM: SS.INSTALLING,
