@@ -1,6 +1,6 @@
 """A live upgrade of an instance with replicas, under a load of ingress calls: four
 replicas of the counter run version 0 (``examples/counter.py``), committing on 2
-(``--replication-ack 2``). Two secondaries are started again, one at a time, with the
+(``--replication-ack 2``), sharing a SQLite registry or a real etcd. Two secondaries are started again, one at a time, with the
 new code told to upgrade (``--upgrade-from counter.py --upgrade-version 1``); they
 replay with the old code meanwhile. Once both hold the whole log and ask for the role,
 the primary hands it to one of them and stops: that one upgrades as it takes the role
@@ -13,6 +13,7 @@ lost.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +23,8 @@ import pytest
 from ambrosia_py.coordinator.registry.backends import open_registry
 from ambrosia_py.coordinator.storage.files import InstanceFiles
 from ambrosia_py.coordinator.storage.replica_state import load_replica_state
-from ambrosia_py.testing import wait_for
+from ambrosia_py.testing import free_port, wait_for
+from tests.etcd_server import EtcdServer, etcd_server
 from tests.test_replicas_failover import (
     COUNTER,
     DEADLINE,
@@ -35,6 +37,8 @@ from tests.test_replicas_failover import (
     newer_term,
     sqlite_machines,
 )
+
+__all__ = ["etcd_server"]  # a fixture, used through its name
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -77,10 +81,19 @@ IN_PLACE = re.compile(r"replica (\d+) upgraded to version 1 at seq (\d+)")
 GROUP = ("--replicas", "4", "--replication-ack", "2")
 
 
-@pytest.fixture
-def machines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Machine]]:
+@pytest.fixture(params=["sqlite", "etcd"])
+def machines(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[list[Machine]]:
+    """Four replicas sharing a SQLite registry (the role: a lock the primary holds until
+    it stops), or etcd (a key another replica may take over while it lives)."""
     monkeypatch.syspath_prepend(str(COUNTER.parent))
     group = sqlite_machines(tmp_path, 4, *GROUP)
+    if request.param == "etcd":
+        server: EtcdServer = request.getfixturevalue("etcd_server")
+        registry = Registry(f"{server.spec}?lease_ttl=1", f"c{os.getpid()}x{free_port()}", tmp_path)
+        for m in group:
+            m.registry = registry
     try:
         for m in group:
             m.start()
