@@ -1,14 +1,14 @@
 """A live upgrade of an instance with replicas, under a load of ingress calls: four
 replicas of the counter run version 0 (``examples/counter.py``), committing on 2
-(``--replication-ack 2``), sharing a SQLite registry or a real etcd. Two secondaries are started again, one at a time, with the
-new code told to upgrade (``--upgrade-from counter.py --upgrade-version 1``); they
-replay with the old code meanwhile. Once both hold the whole log and ask for the role,
-the primary hands it to one of them and stops: that one upgrades as it takes the role
-(its binding's state converted, checkpointed as version 1's first checkpoint, the
-registry moved to version 1), the other upgrades in place where the log turns to
-version 1, and the secondary left on the old code stops there. Calls go on throughout,
-and every one is counted exactly once, also after the upgraded primary's machine is
-lost.
+(``--replication-ack 2``), sharing a SQLite registry or a real etcd. Two secondaries are
+started again, one at a time, with the new code told to upgrade (``--upgrade-from
+counter.py --upgrade-version 1``); they replay with the old code meanwhile. Once both
+hold the whole log and ask for the role, the primary hands it to one of them and stops:
+that one upgrades as it takes the role (its binding's state converted, checkpointed as
+version 1's first checkpoint, the registry moved to version 1), the other upgrades in
+place where the log turns to version 1, and the secondary left on the old code stops
+there. Calls go on throughout, and every one is counted exactly once, also after the
+upgraded primary's machine is lost.
 """
 
 from __future__ import annotations

@@ -42,6 +42,7 @@ from ambrosia_py.coordinator.replication import (
     WriteRecords,
     agreement,
 )
+from ambrosia_py.coordinator.replication.messages import append_size
 from ambrosia_py.coordinator.replication.states import (
     SECONDARY,
     TERM,
@@ -464,6 +465,26 @@ def test_a_lagging_replica_is_fed_from_the_log_within_the_inflight_bound() -> No
     p.records_read(1, 7, recs(7, 10), 0.05)
     assert p.events() == [Send(1, Append(5, 7, 0, recs(7, 10)))]
     assert p.feed_state(1).name == "STREAMING"
+
+
+def test_what_is_in_flight_to_a_replica_is_bounded_in_bytes_too() -> None:
+    """Large records: fewer than ``max_inflight`` of them fill what waits for a slow
+    replica; past ``max_inflight_bytes`` the primary reads them from its log later."""
+    p = established()
+    big = [rec(s, "x" * 100) for s in range(10, 14)]
+    # Room for the first two APPENDs (records 10-11, then 12), not for a third.
+    p.timing = Timing(max_inflight_bytes=append_size(big[:2]) + append_size(big[2:3]))
+    p.append(big[:2], 0.01)
+    p.append(big[2:3], 0.01)
+    assert len(sent(p.events())) == 4  # to both replicas, twice
+    p.append(big[3:], 0.02)
+    events = p.events()
+    assert not sent(events) and ReadLog(1, 13) not in events  # the bound: it waits
+    p.receive(1, Ack(5, 12, 14), 0.03)  # room again for replica 1: from its log
+    assert ReadLog(1, 13) in p.events()
+    # A replica that asks again for what was sent frees what it said it lacks.
+    p.receive(2, Resend(5, 11), 0.04)
+    assert ReadLog(2, 11) in p.events()
 
 
 def test_a_replica_behind_the_pruned_log_is_sent_the_checkpoint() -> None:

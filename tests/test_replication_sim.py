@@ -60,7 +60,7 @@ from ambrosia_py.coordinator.replication.states import SecondaryState
 from ambrosia_py.wire.records import encode_disk_record
 from ambrosia_py.wire.varint import decode_uvarint, encode_uvarint
 
-TIMING = Timing(max_inflight=6, max_append_bytes=200, checkpoint_chunk=512)
+TIMING = Timing(max_inflight=6, max_inflight_bytes=300, max_append_bytes=200, checkpoint_chunk=512)
 Core = Primary | Secondary
 
 

@@ -87,8 +87,12 @@ class Timing:
     same resend request or position no sooner, and gives up a checkpoint transfer that
     brought nothing for this long. ``establish_within``: a new primary that has not
     gathered its quorum by then steps down. ``max_inflight``: records sent a replica and
-    not yet acknowledged durable, at most, before the primary waits. ``max_append_bytes``:
-    the records one APPEND carries, at most (one larger record goes alone).
+    not yet acknowledged durable, at most, before the primary waits;
+    ``max_inflight_bytes``: their bytes, likewise (one read from the log, at most
+    ``max_append_bytes``, may pass it), so that what waits for a slow replica fits the
+    transport's queue for it (64 MiB) instead of being dropped there and sent again.
+    ``max_append_bytes``: the records one APPEND carries, at most (one larger record goes
+    alone).
     ``checkpoint_chunk``: the bytes of one checkpoint chunk."""
 
     heartbeat_every: float = 0.05
@@ -96,6 +100,7 @@ class Timing:
     retry_after: float = 0.1
     establish_within: float = 0.6
     max_inflight: int = 4096
+    max_inflight_bytes: int = 32 << 20
     max_append_bytes: int = 8 << 20
     checkpoint_chunk: int = 1 << 20
 

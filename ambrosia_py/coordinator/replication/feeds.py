@@ -3,6 +3,7 @@ to be on-disk records in order, cut into APPENDs of a bounded size."""
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterator, Sequence
 
 from ...wire.errors import ProtocolError
@@ -19,12 +20,14 @@ class Feed:
 
     __slots__ = (
         "checkpoint_sent",
+        "inflight_bytes",
         "last_sent",
         "match",
         "position",
         "reading",
         "sent_end",
         "state",
+        "unacked",
     )
 
     def __init__(self, now: float) -> None:
@@ -35,6 +38,27 @@ class Feed:
         self.reading = False  # a ReadLog for it is out
         self.last_sent = now
         self.checkpoint_sent: float | None = None  # when the last transfer went out
+        # The APPENDs sent and not yet acknowledged: (the seq after their records, their
+        # bytes), in order; and those bytes summed.
+        self.unacked: deque[tuple[int, int]] = deque()
+        self.inflight_bytes = 0
+
+    def sent(self, end: int, size: int) -> None:
+        """An APPEND of ``size`` bytes, its records ending before ``end``, went out (one
+        of records acknowledged already, sent again, is not waited for)."""
+        if end > self.match:
+            self.unacked.append((end, size))
+            self.inflight_bytes += size
+
+    def settle(self, acked: int, lost_from: int | None = None) -> None:
+        """What is acknowledged below ``acked`` is no longer in flight; nor, with
+        ``lost_from``, what was sent from there on (the replica asks for it again)."""
+        unacked = self.unacked
+        while unacked and unacked[0][0] <= acked:
+            self.inflight_bytes -= unacked.popleft()[1]
+        if lost_from is not None:
+            while unacked and unacked[-1][0] > lost_from:
+                self.inflight_bytes -= unacked.pop()[1]
 
 
 def record_seqs(records: Sequence[Buffer], first_seq: int) -> None:

@@ -83,6 +83,7 @@ from .messages import (
     Silence,
     Sync,
     TakenChunk,
+    append_size,
     checkpoint_pieces,
 )
 from .secondary import ChunkTransfer, LogState
@@ -259,10 +260,15 @@ class Primary(EventQueue):
         record_seqs(records, self.log_end)
         first = self.log_end
         self.log_end += len(records)
+        size = append_size(records)
         for r, feed in self._feeds.items():
             if feed.state is not FeedState.STREAMING:
                 continue
-            if feed.sent_end == first and self.log_end - feed.match <= self.timing.max_inflight:
+            if (
+                feed.sent_end == first
+                and self.log_end - feed.match <= self.timing.max_inflight
+                and feed.inflight_bytes + size <= self.timing.max_inflight_bytes
+            ):
                 self._send_records(r, first, records, now)
             else:
                 feed.state = step("feed", FEED, feed.state, FeedEvent.BEHIND)
@@ -505,12 +511,14 @@ class Primary(EventQueue):
 
     def _send_checkpoint(self, replica: int) -> None:
         feed = self._feeds[replica]
+        feed.settle(feed.match, lost_from=0)  # what was sent is superseded
         feed.state = step("feed", FEED, feed.state, FeedEvent.PRUNED)
         feed.checkpoint_sent = None
         self._events.append(SendCheckpoint(replica))
 
     def _feed_from(self, replica: int, seq: int) -> None:
         feed = self._feeds[replica]
+        feed.settle(feed.match, lost_from=seq)  # from seq on it is sent again
         if seq < self.log_base:
             self._send_checkpoint(replica)
             return
@@ -530,7 +538,10 @@ class Primary(EventQueue):
             self._feed_from(replica, feed.sent_end)
         elif feed.sent_end == self.log_end:
             feed.state = step("feed", FEED, feed.state, FeedEvent.CAUGHT_UP)
-        elif feed.sent_end - feed.match < self.timing.max_inflight:
+        elif (
+            feed.sent_end - feed.match < self.timing.max_inflight
+            and feed.inflight_bytes < self.timing.max_inflight_bytes
+        ):
             feed.reading = True
             self._events.append(ReadLog(replica, feed.sent_end))
 
@@ -539,8 +550,10 @@ class Primary(EventQueue):
     ) -> None:
         if self._handing is not None:
             records = records[: max(0, self._handing[1] - first)]
+        feed = self._feeds[replica]
         for i, run in batches(records, self.timing.max_append_bytes):
             self._send(replica, Append(self.epoch, first + i, self.commit_end, tuple(run)), now)
+            feed.sent(first + i + len(run), append_size(run))
         self._feeds[replica].sent_end = first + len(records)
 
     def _ack(self, replica: int, msg: Ack) -> None:
@@ -553,6 +566,7 @@ class Primary(EventQueue):
             return
         if msg.durable_end > feed.match:
             feed.match = msg.durable_end
+            feed.settle(feed.match)
             self._advance_commit()
         self._pump(replica)
 
