@@ -153,6 +153,20 @@ def registry(request: pytest.FixtureRequest, tmp_path: Path) -> Registry:
     return Registry(f"{server.spec}?lease_ttl=1", f"c{os.getpid()}x{free_port()}", tmp_path)
 
 
+def until_serving(machines: list[Machine]) -> None:
+    """Wait for a primary, and for every other replica to hold a checkpoint (so that it
+    could take over)."""
+    registry = machines[0].registry
+    wait_for("a primary", lambda: current_term(registry) is not None, DEADLINE)
+    primary = current_term(registry)
+    assert primary is not None
+    for m in machines:
+        if m.replica != primary.replica:
+            wait_for(
+                f"replica {m.replica} to hold a checkpoint", lambda m=m: installed(m), DEADLINE
+            )
+
+
 Cluster = tuple[list[Machine], Registry, Path]
 
 
@@ -165,14 +179,7 @@ def cluster(registry: Registry, tmp_path: Path) -> Iterator[Cluster]:
     try:
         for m in machines:
             m.start()
-        wait_for("a primary", lambda: current_term(registry) is not None, DEADLINE)
-        primary = current_term(registry)
-        assert primary is not None
-        for m in machines:
-            if m.replica != primary.replica:
-                wait_for(
-                    f"replica {m.replica} to hold a checkpoint", lambda m=m: installed(m), DEADLINE
-                )
+        until_serving(machines)
         yield machines, registry, secret
     finally:
         for m in machines:

@@ -36,6 +36,7 @@ from tests.test_replicas_failover import (
     installed,
     newer_term,
     sqlite_machines,
+    until_serving,
 )
 
 __all__ = ["etcd_server"]  # a fixture, used through its name
@@ -97,15 +98,7 @@ def machines(
     try:
         for m in group:
             m.start()
-        registry = group[0].registry
-        wait_for("a primary", lambda: current_term(registry) is not None, DEADLINE)
-        primary = current_term(registry)
-        assert primary is not None
-        for m in group:
-            if m.replica != primary.replica:
-                wait_for(
-                    f"replica {m.replica} to hold a checkpoint", lambda m=m: installed(m), DEADLINE
-                )
+        until_serving(group)
         yield group
     finally:
         for m in group:

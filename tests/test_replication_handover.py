@@ -28,9 +28,8 @@ TERM = History.of([(1, 0), (5, 10)])
 
 def asking(*, version: int = 0, term_version: int = 0) -> Secondary:
     """Replica 1, started to upgrade, synced at 10 to the primary of epoch 5 (replica 0)."""
-    s = secondary(5, ONE, 10, version=version)
+    s = secondary(5, ONE, 10, version=version, upgrade_to=version + 1)
     s.group = None
-    s.wants_role = True
     s.receive(0, Sync(5, TERM, term_version, 0), 0.0)
     s.events()
     return s
@@ -62,7 +61,7 @@ def test_it_does_not_ask_behind_the_primary_or_of_a_term_of_another_version() ->
     upgraded.tick(0.02)
     assert not [m for _, m in sent(upgraded.events()) if isinstance(m, AskRole)]
     plain = asking()
-    plain.wants_role = False
+    plain.upgrade_to = None
     plain.tick(0.02)
     assert sent(plain.events()) == []
 

@@ -140,7 +140,8 @@ class Sim:
         )
 
     def asking(self, core: Secondary) -> Secondary:
-        core.wants_role = self.rng.random() < self.p_ask
+        # Started to upgrade to a version no term ships: it asks, and stays at its own.
+        core.upgrade_to = 1 if self.rng.random() < self.p_ask else None
         return core
 
     def schedule(self, delay: float, action: Callable[[], None]) -> None:

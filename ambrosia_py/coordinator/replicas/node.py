@@ -173,7 +173,7 @@ class ReplicaNode(LogWork, Leading, Versions):
         """The secondary this replica is, from its files as they are now."""
         log, state = self.disk.log, self.disk.state
         base, end = (0, 0) if log is None else (log.base, log.end)
-        core = Secondary(
+        return Secondary(
             replica=self.replica,
             epoch=state.epoch,
             history=History.of(state.history),
@@ -184,9 +184,8 @@ class ReplicaNode(LogWork, Leading, Versions):
             timing=self.timing,
             group=self.group,
             version=self.version,
+            upgrade_to=self.upgrade_to,
         )
-        core.wants_role = self.upgrade_pending
-        return core
 
     async def start(self, host: str, port: int, advertised: str) -> None:
         """Listen for the other replicas, register in the registry, and follow its terms."""
@@ -215,18 +214,17 @@ class ReplicaNode(LogWork, Leading, Versions):
         core = self.core
         if not isinstance(core, Secondary):
             raise SteppedDownError("a new term for a replica already primary")
-        upgrading = self.upgrade_pending
-        assert not upgrading or self.upgrade_to is not None
+        # Upgrading, it ships the new version from its term's start (it upgrades before
+        # it writes a record); else its version, all of its log.
+        upgrade = self.upgrade_to if self.upgrade_pending else None
         self.core = Primary.taking_over(
             core,
             group=self.group,
             epoch=term.epoch,
             now=time.monotonic(),
             timing=self.timing,
-            # Upgrading, it ships the new version from its term's start (it upgrades
-            # before it writes a record); else its version, all of its log.
-            version=self.upgrade_to if upgrading and self.upgrade_to else self.version,
-            since=core.log_end if upgrading else None,
+            version=self.version if upgrade is None else upgrade,
+            since=None if upgrade is None else core.log_end,
         )
         self.term = term
         self.gate = CommitGate(self._durable_here)
@@ -556,8 +554,8 @@ class ReplicaNode(LogWork, Leading, Versions):
             timing=self.timing,
             group=self.group,
             version=self.version,
+            upgrade_to=self.upgrade_to,
         )
-        self.core.wants_role = self.upgrade_pending
         self.term = self.gate = None
         self.established.clear()
         self._won = asyncio.get_running_loop().create_future()

@@ -125,7 +125,6 @@ class Versions:
         self.version = version
         if isinstance(self.core, Secondary):
             self.core.upgraded(version)
-            self.core.wants_role = False
 
     def _upgraded(self, files: InstanceFiles, seq: int) -> None:
         """The upgraded binding's checkpoint 1 of ``files`` (the state before ``seq``) is

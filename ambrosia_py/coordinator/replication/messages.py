@@ -68,7 +68,7 @@ and where its log ends) and steps down. The others leave the role to ``to`` for 
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import ClassVar, Final
 
 import attrs
@@ -106,7 +106,6 @@ __all__ = [
     "TakenChunk",
     "encode_frame",
     "append_size",
-    "checkpoint_pieces",
     "decode_body",
     "encode_parts",
 ]
@@ -521,14 +520,6 @@ def decode_body(body: memoryview, base: int = 0) -> Message:
             msg = Handover(epoch, f.uint("to"), f.uint("log_end"))
     f.end()
     return msg
-
-
-def checkpoint_pieces(data: Buffer, size: int) -> Iterator[tuple[int, memoryview]]:
-    """A checkpoint's bytes cut for CHECKPOINT or TAKEN chunks of at most ``size`` bytes:
-    ``(offset, piece)``, views of ``data``; one empty piece for an empty checkpoint."""
-    view = memoryview(data)
-    for offset in range(0, max(len(view), 1), size):
-        yield offset, view[offset : offset + size]
 
 
 def append_size(records: Sequence[Buffer]) -> int:

@@ -39,13 +39,15 @@ appended after that moment and commits nothing past it; once that replica has
 acknowledged all of it durable, it tells every replica (HANDOVER) and steps down naming
 it (:class:`~.events.SteppedDown`, ``handed``). The records appended
 meanwhile were never committed: their callers ask the new primary again. If that
-replica does not catch up within ``timing.establish_within``, the primary ships on.
+replica does not catch up within ``timing.establish_within``, the primary ships on (the
+hand-over's code: :mod:`.handover`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from .chunks import ChunkTransfer, checkpoint_pieces
 from .errors import ReplicationRuleError
 from .events import (
     CheckpointTaken,
@@ -63,6 +65,7 @@ from .events import (
     Timing,
 )
 from .feeds import Feed, batches, record_seqs
+from .handover import Handing
 from .history import History, agreement
 from .messages import (
     Ack,
@@ -70,7 +73,6 @@ from .messages import (
     AskRole,
     Buffer,
     CheckpointChunk,
-    Handover,
     Heartbeat,
     Message,
     NewTerm,
@@ -84,15 +86,14 @@ from .messages import (
     Sync,
     TakenChunk,
     append_size,
-    checkpoint_pieces,
 )
-from .secondary import ChunkTransfer, LogState
+from .secondary import LogState
 from .states import FEED, TERM, FeedEvent, FeedState, TermEvent, TermState, step
 
 __all__ = ["Primary"]
 
 
-class Primary(EventQueue):
+class Primary(Handing, EventQueue):
     """The primary of one term (see the module). ``history``, ``log_base`` (the first
     seq the log holds), ``log_end``, ``durable_end`` and ``commit_end`` are the
     replica's as it takes the role; ``epoch`` must exceed every epoch it has seen.
@@ -295,33 +296,6 @@ class Primary(EventQueue):
         self._send(chosen, Roll(self.epoch, seq), now)
         return chosen
 
-    def _asked_role(self, replica: int, now: float) -> None:
-        """``replica``, started to upgrade, asks for the role: once enough have (see the
-        module), ship nothing appended from now on, and hand it over once it holds the
-        rest (at once, if it does)."""
-        feed = self._feeds[replica]
-        if self._handing is not None or feed.state not in (FeedState.STREAMING, FeedState.READING):
-            return
-        self._asks[replica] = now
-        asking = [r for r, t in self._asks.items() if now - t < self.timing.failover_after]
-        if len(asking) < self.group.k:
-            return
-        to = max(asking, key=lambda r: (self._feeds[r].match, -r))
-        self._handing = (to, self.log_end, now)
-        self._check_handover(now)
-
-    def _check_handover(self, now: float) -> None:
-        handing = self._handing
-        if handing is None or self.state is not TermState.ESTABLISHED:
-            return
-        to, end, _ = handing
-        if self._feeds[to].match < end:
-            return
-        for r in self._feeds:
-            self._send(r, Handover(self.epoch, to, end), now)
-        reason = f"handed the role to replica {to}, which holds its log to {end}"
-        self._step_down(self.epoch, TermEvent.HANDED, reason, to, handed=True)
-
     def _taken_chunk(self, replica: int, msg: TakenChunk) -> None:
         if self._rolled != (msg.seq, replica):
             return  # for an earlier roll, or not asked of this replica: not kept
@@ -409,14 +383,7 @@ class Primary(EventQueue):
                 self._best_ahead(),
             )
             return
-        handing = self._handing
-        if handing is not None and now - handing[2] >= self.timing.establish_within:
-            self._handing = None  # it did not catch up: ship on, commit on
-            for r, feed in self._feeds.items():
-                if feed.state is FeedState.STREAMING and feed.sent_end < self.log_end:
-                    feed.state = step("feed", FEED, feed.state, FeedEvent.BEHIND)
-                self._pump(r)
-            self._advance_commit()
+        self._handover_lapsed(now)
         for r, feed in self._feeds.items():
             if now - feed.last_sent < self.timing.heartbeat_every:
                 continue
@@ -532,7 +499,8 @@ class Primary(EventQueue):
         feed = self._feeds[replica]
         if feed.state is not FeedState.READING or feed.reading:
             return
-        if self._handing is not None and feed.sent_end >= self._handing[1]:
+        frozen = self._frozen_end
+        if frozen is not None and feed.sent_end >= frozen:
             return  # nothing past the hand-over point is shipped
         if feed.sent_end < self.log_base:
             self._feed_from(replica, feed.sent_end)
@@ -548,8 +516,9 @@ class Primary(EventQueue):
     def _send_records(
         self, replica: int, first: int, records: Sequence[Buffer], now: float
     ) -> None:
-        if self._handing is not None:
-            records = records[: max(0, self._handing[1] - first)]
+        frozen = self._frozen_end
+        if frozen is not None:
+            records = records[: max(0, frozen - first)]
         feed = self._feeds[replica]
         for i, run in batches(records, self.timing.max_append_bytes):
             self._send(replica, Append(self.epoch, first + i, self.commit_end, tuple(run)), now)
@@ -594,8 +563,9 @@ class Primary(EventQueue):
         if self.state is not TermState.ESTABLISHED:
             return
         candidate = self.durable_end
-        if self._handing is not None:
-            candidate = min(candidate, self._handing[1])
+        frozen = self._frozen_end
+        if frozen is not None:
+            candidate = min(candidate, frozen)
         if self.group.k > 1:
             matches = sorted((f.match for f in self._feeds.values()), reverse=True)
             candidate = min(candidate, matches[self.group.k - 2])

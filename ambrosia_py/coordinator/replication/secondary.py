@@ -41,12 +41,13 @@ the first message of its epoch. It moves through :data:`~.states.SECONDARY`:
   written and acknowledged. A checkpoint of another version than its binding's is never
   installed: one of an older version (below the term's ``since``, its version the
   binding's) is waited past, one of the term's is reported.
-- A replica started to upgrade (``wants_role``, the adapter's) that holds the whole log
-  of a term of its own version, durably, asks the primary for the role (ASK_ROLE, again
-  every ``retry_after``). A HANDOVER to it reports :class:`~.events.RoleHandedOver`: it
-  takes the role from that term at once. A HANDOVER to another leaves the role to that
-  one for ``2 * failover_after``: no probe, no report of a lost primary meanwhile
-  (:meth:`Secondary.leaves_role`).
+- A replica started to upgrade (``upgrade_to``, a version above its own) that holds the
+  whole log of a term of its own version, durably, asks the primary for the role
+  (ASK_ROLE, again every ``retry_after``). A HANDOVER to it reports
+  :class:`~.events.RoleHandedOver`: it takes the role from that term at once. A HANDOVER
+  to another leaves the role to that one for ``2 * failover_after``: no probe, no report
+  of a lost primary meanwhile (:meth:`~.handover.Asking.leaves_role`; the hand-over's
+  code is in :mod:`.handover`).
 - A ROLL asks it, STREAMING, for the state before the primary's roll point
   (:class:`~.events.TakeCheckpointFor`); what its binding takes there it sends back in
   chunks (TAKEN, :meth:`Secondary.checkpoint_taken`), so the primary never pauses to
@@ -70,6 +71,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from .chunks import ChunkTransfer, checkpoint_pieces
 from .errors import ReplicationRuleError
 from .events import (
     EventQueue,
@@ -77,7 +79,6 @@ from .events import (
     InstallCheckpoint,
     PrimaryLost,
     Replayable,
-    RoleHandedOver,
     SaveEpoch,
     SaveHistory,
     Send,
@@ -89,6 +90,7 @@ from .events import (
     VersionFrom,
     WriteRecords,
 )
+from .handover import Asking
 from .history import History, agreement
 from .messages import (
     Ack,
@@ -108,11 +110,10 @@ from .messages import (
     Silence,
     Sync,
     TakenChunk,
-    checkpoint_pieces,
 )
 from .states import SECONDARY, SecondaryEvent, SecondaryState, step
 
-__all__ = ["ChunkTransfer", "LogState", "Secondary"]
+__all__ = ["LogState", "Secondary"]
 
 SE = SecondaryEvent
 
@@ -138,7 +139,7 @@ class LogState(Protocol):
     def commit_end(self) -> int: ...
 
 
-class Secondary(EventQueue):
+class Secondary(Asking, EventQueue):
     """A secondary replica (see the module). ``epoch`` and ``history`` are what it saved;
     ``log_base`` the seq its latest checkpoint stands before, ``log_end`` where its log
     ends, ``durable_end`` where its durable part ends (``log_end`` if not given: a log
@@ -147,7 +148,7 @@ class Secondary(EventQueue):
     ``replayed_end`` how much of it the binding has (``log_base`` if not given: it
     reloads from the checkpoint). ``group``: the replicas it asks before reporting the
     primary lost (see the module). ``version``: the instance's version its binding
-    runs."""
+    runs; ``upgrade_to``: the one it was started to upgrade to, if any."""
 
     def __init__(
         self,
@@ -165,6 +166,7 @@ class Secondary(EventQueue):
         replayed_end: int | None = None,
         group: Group | None = None,
         version: int = 0,
+        upgrade_to: int | None = None,
     ) -> None:
         if history.entries and history.entries[-1].epoch > epoch:
             raise ReplicationRuleError(
@@ -200,7 +202,7 @@ class Secondary(EventQueue):
         # What the SYNC of this epoch said: the version the term ships from a seq on.
         self.term_version: tuple[int, int] | None = None
         self._offered_said = False  # a checkpoint of another version was reported
-        self.wants_role = False  # started to upgrade: ask the primary for the role
+        self.upgrade_to = upgrade_to
         self._primary_end = 0  # the primary's log end, as last heard in this epoch
         self._asked_role: float | None = None  # when ASK_ROLE last went out
         self._left_to: tuple[int, float] | None = None  # (replica, when) handed the role
@@ -217,6 +219,7 @@ class Secondary(EventQueue):
         timing: Timing | None = None,
         group: Group | None = None,
         version: int = 0,
+        upgrade_to: int | None = None,
     ) -> Secondary:
         """The secondary a replica goes on as when its primary core steps down
         (:class:`~.events.SteppedDown`: ``epoch`` is the one it names), with the log as
@@ -234,6 +237,7 @@ class Secondary(EventQueue):
             timing=timing,
             group=group,
             version=version,
+            upgrade_to=upgrade_to,
         )
 
     # --- the adapter's calls -------------------------------------------------------------
@@ -324,10 +328,7 @@ class Secondary(EventQueue):
                     self._events.append(TakeCheckpointFor(msg.seq))
             case Handover():
                 self.state = step("secondary", SECONDARY, before, SE.HANDOVER)
-                if msg.to == self.replica:
-                    self._events.append(RoleHandedOver(msg.epoch, sender))
-                else:
-                    self._left_to = (msg.to, now)
+                self._handed(msg, sender, now)
 
     def checkpoint_taken(self, seq: int, data: bytes | memoryview) -> None:
         """The checkpoint a :class:`TakeCheckpointFor` asked for, the state before record
@@ -339,12 +340,6 @@ class Secondary(EventQueue):
         for offset, piece in checkpoint_pieces(data, self.timing.checkpoint_chunk):
             chunk = TakenChunk(self.epoch, seq, len(data), offset, piece)
             self._events.append(Send(self.primary, chunk))
-
-    def leaves_role(self, now: float) -> bool:
-        """Whether the primary handed the role to another replica lately: this one does
-        not take it meanwhile (see the module)."""
-        left = self._left_to
-        return left is not None and now - left[1] < 2 * self.timing.failover_after
 
     def upgraded(self, version: int) -> None:
         """The binding upgraded in place to ``version`` (where a
@@ -390,23 +385,6 @@ class Secondary(EventQueue):
             self._ask(Position, self.log_end, now, force=True)
 
     # --- inside --------------------------------------------------------------------------
-
-    def _ask_role(self, now: float) -> None:
-        """Ask for the role, started to upgrade, once the whole log of a term of this
-        binding's version is durable here."""
-        asked = self._asked_role
-        if (
-            not self.wants_role
-            or self.state is not SecondaryState.STREAMING
-            or self.primary is None
-            or self.term_version is None
-            or self.term_version[0] != self.version
-            or self.durable_end < max(self._primary_end, self.log_end)
-            or (asked is not None and now - asked < self.timing.retry_after)
-        ):
-            return
-        self._asked_role = now
-        self._events.append(Send(self.primary, AskRole(self.epoch, self.log_end)))
 
     def _others(self) -> list[int]:
         """The replicas to probe; none when no other's word is needed."""
@@ -595,34 +573,3 @@ class _Round:
         self.round = round
         self.sent = sent
         self.agreed: set[int] = set()
-
-
-class ChunkTransfer:
-    """The byte ranges of one checkpoint (``key``: epoch, seq, total) come in so far."""
-
-    def __init__(self, key: tuple[int, int, int]) -> None:
-        self.key = key
-        self.ranges: list[tuple[int, int]] = []  # disjoint, sorted, not touching
-
-    def _merged(self, start: int, end: int) -> list[tuple[int, int]]:
-        out: list[tuple[int, int]] = []
-        for a, b in self.ranges:
-            if b < start or a > end:
-                out.append((a, b))
-            else:
-                start, end = min(a, start), max(b, end)
-        out.append((start, end))
-        out.sort()
-        return out
-
-    def missing_after(self, offset: int, size: int) -> int:
-        """The bytes still missing once ``offset .. offset + size`` is in."""
-        ranges = self._merged(offset, offset + size) if size else self.ranges
-        return self.key[2] - sum(b - a for a, b in ranges)
-
-    def add(self, offset: int, size: int) -> bool:
-        """Take the range in; whether it brought any byte (or is the empty checkpoint)."""
-        before = sum(b - a for a, b in self.ranges)
-        if size:
-            self.ranges = self._merged(offset, offset + size)
-        return size == 0 or sum(b - a for a, b in self.ranges) > before
