@@ -263,7 +263,7 @@ def _every_kind(sender: int) -> list[Message]:
     return [
         NewTerm(sender + 2),
         Position(sender + 2, 9, history),
-        Sync(sender + 2, history),
+        Sync(sender + 2, history, log_end=9),
         Append(sender + 2, 7, 7, tuple(_record(seq) for seq in range(7, 10))),
         Heartbeat(sender + 2, 10, 9),
         Ack(sender + 2, 9, 10),

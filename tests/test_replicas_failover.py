@@ -61,8 +61,10 @@ class Machine:
         self.service = service
         self.instance = instance
         self.process: ServiceProcess | None = None
+        self.started_empty = False  # its data dir held nothing at its last start
 
     def start(self, env: dict[str, str] | None = None, extra: tuple[str, ...] = ()) -> None:
+        self.started_empty = not self.data_dir.exists() or not any(self.data_dir.iterdir())
         args = [
             "--registry",
             self.registry.spec,
@@ -129,10 +131,13 @@ def newer_term(registry: Registry, than: Term) -> bool:
 
 
 def installed(machine: Machine) -> bool:
-    """Whether a replica holds a checkpoint (it could take over)."""
+    """Whether a replica could take over: it was sent a checkpoint and, started with an
+    empty data dir, has caught up since (until then no new term counts it)."""
     assert machine.process is not None
     machine.process.check_alive()
-    return "installed a shipped checkpoint" in machine.process.output()
+    out = machine.process.output()
+    caught_up = not machine.started_empty or "caught up (its log is durable" in out
+    return "installed a shipped checkpoint" in out and caught_up
 
 
 def sqlite_machines(tmp_path: Path, n: int = 3, *group: str) -> list[Machine]:

@@ -51,10 +51,11 @@ VECTORS: list[tuple[Message, str]] = [
     (Heartbeat(2, 129, 7), "06 01 05 02 8101 07"),
     (Ack(3, 10, 12), "05 01 06 03 0a 0c"),
     (Resend(1, 0), "04 01 07 01 00"),
-    (Position(4, 20, History.of([(1, 0), (3, 15)])), "09 01 02 04 14 02 0100 030f"),
-    (Position(4, 0, History()), "05 01 02 04 00 00"),
-    # ... then version 2 of the instance from seq 300
-    (Sync(4, History.of([(1, 0), (4, 20)]), 2, 300), "0b 01 03 04 02 0100 0414 02 ac02"),
+    (Position(4, 20, History.of([(1, 0), (3, 15)])), "0a 01 02 04 14 02 0100 030f 00"),
+    (Position(4, 0, History()), "06 01 02 04 00 00 00"),
+    (Position(7, 0, History(), recovering=True), "06 01 02 07 00 00 01"),
+    # ... then version 2 of the instance from seq 300; the primary's log ends at 301
+    (Sync(4, History.of([(1, 0), (4, 20)]), 2, 300, 301), "0d 01 03 04 02 0100 0414 02 ac02 ad02"),
     (CheckpointChunk(2, 40, 5, 2, b"cd"), "08 01 09 02 28 05 02 6364"),
     (CheckpointChunk(2, 40, 0, 0, b""), "06 01 09 02 28 00 00"),
     (Append(2, 7, 6, (EMPTY_RECORD_7,)), "21 01 04 02 07 06 01 1a" + EMPTY_RECORD_7.hex()),
@@ -113,24 +114,30 @@ def appends(draw: st.DrawFn) -> Append:
     return Append(draw(positions), first, draw(positions), records)
 
 
+@st.composite
+def syncs(draw: st.DrawFn) -> Sync:
+    """The primary's history ends in its epoch, at or before its log's end; what the
+    term ships of its version starts at or before that end too."""
+    history = draw(sorted_history())
+    epoch = draw(st.integers(2**21, 2**40))
+    start = (history.entries[-1].start if history.entries else 0) + draw(st.integers(0, 100))
+    log_end = start + draw(st.integers(0, 100))
+    since = draw(st.integers(0, log_end))
+    version = draw(st.integers(0, 2**31 - 1))
+    return Sync(epoch, history.extended(epoch, start), version, since, log_end)
+
+
 messages = st.one_of(
     st.builds(NewTerm, positions),
     st.builds(Refuse, positions),
     st.builds(
-        lambda e, h, extra: Position(e, (h.entries[-1].start if h.entries else 0) + extra, h),
+        lambda e, h, extra, r: Position(e, (h.entries[-1].start if h.entries else 0) + extra, h, r),
         positions,
         sorted_history(),
         st.integers(0, 100),
+        st.booleans(),
     ),
-    st.builds(
-        lambda e, h, v, since: Sync(
-            e, h.extended(e, h.entries[-1].start if h.entries else 0), v, since
-        ),
-        st.integers(2**21, 2**40),
-        sorted_history(),
-        st.integers(0, 2**31 - 1),
-        positions,
-    ),
+    syncs(),
     appends(),
     st.builds(lambda a, b, e: Heartbeat(e, max(a, b), min(a, b)), positions, positions, positions),
     st.builds(lambda a, b, e: Ack(e, min(a, b), max(a, b)), positions, positions, positions),
@@ -189,6 +196,10 @@ MALFORMED = [
     ("07 01 02 04 02 01 0103", "POSITION: history starts an epoch past log_end 2", 4),
     ("06 01 03 04 01 0300", "SYNC: history does not end in the sender's epoch 4", 4),
     ("07 01 03 04 01 0400 02", "SYNC: field since: varint truncated", 8),
+    ("08 01 03 04 01 0400 00 05", "SYNC: field log_end: varint truncated", 9),
+    ("09 01 03 04 01 0400 00 05 03", "SYNC: since 5 is past log_end 3", 8),
+    ("09 01 03 04 01 0405 00 00 03", "SYNC: history starts epoch 4 past log_end 3", 9),
+    ("06 01 02 04 00 00 02", "POSITION: field recovering is 2, not 0 or 1", 6),
     ("05 01 05 02 04 05", "HEARTBEAT: commit_end 5 past log_end 4", 5),
     ("05 01 06 03 0d 0c", "ACK: durable_end 13 past log_end 12", 5),
     ("08 01 09 02 28 03 02 6364", "CHECKPOINT: 2 bytes at offset 2 run past total 3", 6),

@@ -338,6 +338,7 @@ def primary(
     durable: int | None = None,
     commit: int = 0,
     group: Group = GROUP,
+    founding: bool = False,
 ) -> Primary:
     return Primary(
         replica=0,
@@ -350,6 +351,7 @@ def primary(
         commit_end=commit,
         now=0.0,
         timing=TIMING,
+        founding=founding,
     )
 
 
@@ -368,8 +370,8 @@ def test_established_by_a_quorum_not_ahead_then_syncs() -> None:
     assert p.events() == [
         SaveHistory(term),
         Established(5, 10),
-        Send(1, Sync(5, term)),
-        Send(2, Sync(5, term)),
+        Send(1, Sync(5, term, log_end=10)),  # where the primary's log ends
+        Send(2, Sync(5, term, log_end=10)),
         ReadLog(2, 8),
     ]
     assert p.feed_state(1).name == "STREAMING"  # its tail past 10 is cut by the sync

@@ -5,7 +5,9 @@ what is written and what is durable, a saved epoch and history, and a checkpoint
 The simulation is their adapter and their world: it carries out the cores' events in
 order, ships every message as bytes (encoded and decoded) through a network that delays,
 reorders, duplicates, drops and partitions, crashes replicas (a crash keeps only what
-was fdatasync'ed), restarts them, prunes logs behind checkpoints, and plays the
+was fdatasync'ed), loses machines with their disks (at most ``k - 1`` at a time: a lost
+replica comes back empty and counts as lost until it has caught up), restarts them,
+prunes logs behind checkpoints, and plays the
 registry: a new term, with the next epoch, for whoever takes the role over from the term
 a replica reported lost (the reporter itself, or the best log by published positions),
 or for the replica a deposed candidate names. Time is a number the simulation advances.
@@ -38,6 +40,7 @@ from ambrosia_py.coordinator.replication import (
     Primary,
     PrimaryLost,
     ReadLog,
+    Recovered,
     Refuse,
     Replayable,
     RoleHandedOver,
@@ -78,6 +81,7 @@ class Node:
         self.d_history = History()
         self.staged = bytearray()
         self.seen: tuple[object, int, int] | None = None  # (core, commit, replayed)
+        self.d_recovering = False  # saved: lost with its disk, not caught up since
 
 
 def checkpoint_bytes(records: list[bytes]) -> bytes:
@@ -117,6 +121,7 @@ class Sim:
         self.p_partition = self.rng.choice((0.0, 0.01, 0.03))
         # Replicas that ask for the role as ones started to upgrade do (ASK_ROLE).
         self.p_ask = self.rng.choice((0.0, 0.5))
+        self.p_lose = self.rng.choice((0.0, 0.004))
         self.chaos = True
         for node in self.nodes:
             node.core = self.fresh_secondary(node)
@@ -136,6 +141,7 @@ class Sim:
                 now=self.now,
                 timing=TIMING,
                 group=self.group,
+                recovering=node.d_recovering,
             )
         )
 
@@ -207,6 +213,9 @@ class Sim:
                 self.step_down(node, core, epoch, None if handed else better)
             case PrimaryLost(epoch, _):
                 self.take_over(node, epoch)
+            case Recovered():
+                self.stats["recovered"] += 1
+                node.d_recovering = False
             case RoleHandedOver(epoch, _):
                 if self.term[0] == epoch:  # as the registry would let it take the role
                     self.stats["role-handed"] += 1
@@ -292,6 +301,11 @@ class Sim:
             return core.history.rank(core.log_end)
         return core.position().rank()
 
+    def may_lead(self, node: Node) -> bool:
+        """As the adapter: a replica lost with its disk does not campaign until it has
+        caught up (it holds no checkpoint until one is installed, and then recovers)."""
+        return not node.d_recovering
+
     def grant(self, rid: int) -> None:
         node = self.nodes[rid]
         old = node.core
@@ -321,7 +335,9 @@ class Sim:
             assert primary is not None
             self.follow(node, self.term[0], primary)
             return
-        live = [n for n in self.nodes if n.up]
+        live = [n for n in self.nodes if n.up and self.may_lead(n)]
+        if not self.may_lead(node) or not live:
+            return
         if self.rng.random() < 0.5:
             chosen = node
         else:
@@ -334,7 +350,12 @@ class Sim:
         node.core = self.asking(
             Secondary.following(core, epoch=epoch, now=self.now, timing=TIMING, group=self.group)
         )
-        if better is not None and self.term == (core.epoch, node.rid) and self.nodes[better].up:
+        if (
+            better is not None
+            and self.term == (core.epoch, node.rid)
+            and self.nodes[better].up
+            and self.may_lead(self.nodes[better])
+        ):
             self.stats["handed-over"] += 1
             self.grant(better)
 
@@ -350,6 +371,24 @@ class Sim:
         node.core = None
         node.log = list(node.d_log)
         node.staged = bytearray()
+
+    def lose(self, node: Node) -> None:
+        """The machine is lost with its disk: the replica comes back empty."""
+        self.crash(node)
+        self.stats["losses"] += 1
+        node.log, node.d_log, node.d_base = [], [], 0
+        node.d_epoch, node.d_history = 0, History()
+        node.d_recovering = True
+        if self.term[1] == node.rid:
+            # Its term's epoch may be known nowhere else now. The registry's lease runs
+            # out and its watchers see the role free: one of them takes it.
+            self.schedule(self.rng.uniform(0.05, 0.3), lambda e=self.term[0]: self.lapse(e))
+
+    def lapse(self, epoch: int) -> None:
+        live = [n for n in self.nodes if n.up and self.may_lead(n)]
+        if self.term[0] == epoch and live:
+            self.stats["lapses"] += 1
+            self.grant(self.rng.choice(live).rid)
 
     def restart(self, node: Node) -> None:
         node.up = True
@@ -431,8 +470,12 @@ class Sim:
                 if not node.up:
                     self.restart(node)
             return
+        lost = sum(n.d_recovering for n in self.nodes)
         for node in self.nodes:
-            if node.up and self.rng.random() < self.p_crash:
+            if node.up and lost < self.group.k - 1 and self.rng.random() < self.p_lose:
+                self.lose(node)
+                lost += 1
+            elif node.up and self.rng.random() < self.p_crash:
                 self.crash(node)
             elif not node.up and self.rng.random() < 0.02:
                 self.restart(node)
@@ -440,7 +483,7 @@ class Sim:
                 self.prune(node)
         if not self.blocked and self.rng.random() < self.p_partition:
             self.partition()
-        live = [n for n in self.nodes if n.up]
+        live = [n for n in self.nodes if n.up and self.may_lead(n)]
         if live and self.rng.random() < 0.003:  # the lease lapses: a live primary's taken
             self.stats["lapses"] += 1
             self.grant(self.rng.choice(live).rid)
@@ -449,8 +492,10 @@ class Sim:
 
     def check(self) -> None:
         g = len(self.committed)
+        # A lost replica holds nothing until it has caught up (Recovered).
+        lost = sum(n.d_recovering for n in self.nodes)
         durable = sorted((n.d_log[:g] == self.committed for n in self.nodes), reverse=True)
-        assert durable[self.group.k - 1], "a committed record is durable on fewer than k"
+        assert durable[self.group.k - 1 - lost], "a committed record is durable on fewer than k"
         for node in self.nodes:
             core = node.core
             if core is None:
@@ -547,15 +592,16 @@ class Sim:
 
 
 ALL_PATHS = ("truncations", "installs", "step-downs", "deposed-checked")
+LOSSES = ("losses", "recovered")  # machines lost with their disks, and caught up again
 
 
 @pytest.mark.parametrize(
     ("n", "k", "runs", "paths"),
     [
-        (3, None, 1000, (*ALL_PATHS, "role-handed", "compacted", "apart")),
-        (5, None, 400, (*ALL_PATHS, "role-handed", "compacted", "apart")),
-        (5, 2, 200, ("installs", "step-downs")),  # a term needs 4 of 5
-        (5, 4, 200, ALL_PATHS),  # a term needs 2 of 5
+        (3, None, 1000, (*ALL_PATHS, *LOSSES, "role-handed", "compacted", "apart")),
+        (5, None, 400, (*ALL_PATHS, *LOSSES, "role-handed", "compacted", "apart")),
+        (5, 2, 200, ("installs", "step-downs", *LOSSES)),  # a term needs 4 of 5
+        (5, 4, 200, (*ALL_PATHS, *LOSSES)),  # a term needs 2 of 5
         (3, 1, 200, ("installs", "step-downs")),  # every replica's position is needed
     ],
 )

@@ -109,7 +109,7 @@ def test_the_primarys_sync_says_its_version_from_its_base_or_as_given(
     p = primary(**kw)
     p.receive(1, Position(5, 10, ONE), 0.01)
     syncs = [m for _, m in sent(p.events()) if isinstance(m, Sync)]
-    assert syncs == [Sync(5, TERM, kw["version"], since)]
+    assert syncs == [Sync(5, TERM, kw["version"], since, log_end=10)]
 
 
 def test_a_version_from_outside_the_log_is_refused() -> None:

@@ -49,7 +49,9 @@ __all__ = ["GROUP_LEADER", "SERVICE", "ReplicaGroup", "ReplicaMachine"]
 SERVICE = "ambrosia_py.bench.ingress:IngressBench"
 INSTANCE = "counter"
 READY = "ingress listening on"  # what a primary (or a standalone instance) prints
-INSTALLED = "installed a shipped checkpoint"  # what a secondary prints once it could lead
+# What a secondary started empty prints once it could lead: it holds a checkpoint and has
+# caught up (docs/replication.md, "A machine lost with its disk").
+CAUGHT_UP = "caught up (its log is durable"
 GONE_TIMEOUT = 10.0
 # ``python -c GROUP_LEADER BENCH_PID ARGV...``: run ARGV, and SIGKILL the whole process
 # group when the bench dies (also if it died before the signal was asked for).
@@ -205,8 +207,9 @@ class ReplicaGroup:
                 self.wait_caught_up(machine, timeout)
 
     def wait_caught_up(self, machine: ReplicaMachine, timeout: float) -> None:
-        """Wait until ``machine``, a secondary, holds a checkpoint the primary sent."""
-        wait_for(f"{machine.name} to hold a checkpoint", lambda: machine.says(INSTALLED), timeout)
+        """Wait until ``machine``, a secondary started empty, holds a checkpoint the
+        primary sent and has caught up (it counts toward a new term)."""
+        wait_for(f"{machine.name} to catch up", lambda: machine.says(CAUGHT_UP), timeout)
 
     def election(self) -> PrimaryElection:
         """The primary role in the group's registry (opened once, by this process)."""

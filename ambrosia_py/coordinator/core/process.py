@@ -169,7 +169,10 @@ async def _start_replica(
         raise CoordinatorError(str(exc)) from None
     state = load_replica_state(files, replica=config.replica)
     if state is None:
-        state = ReplicaState(config.replica, 0, ())
+        # An empty data dir: a new machine, or one that lost its disk. It may have
+        # acknowledged records it no longer holds, so it recovers (new terms do not
+        # count it) until it has caught up; founding the instance, it does not.
+        state = ReplicaState(config.replica, 0, (), recovering=True)
     election = open_election(registry)
     node = ReplicaNode(
         instance=config.instance,

@@ -19,6 +19,8 @@ import os
 import tempfile
 from pathlib import Path
 
+import attrs
+
 from ...wire import Payload
 from ..core.checkpoint import IcState
 from ..storage.errors import StorageError
@@ -71,6 +73,7 @@ class ReplicaDisk:
         epoch: int | None = None,
         history: tuple[tuple[int, int], ...] | None = None,
         checkpoint: int | None = None,
+        recovering: bool | None = None,
     ) -> None:
         """Save the state with the fields given changed, durably, before going on."""
         s = self.state
@@ -79,13 +82,14 @@ class ReplicaDisk:
             s.epoch if epoch is None else epoch,
             s.history if history is None else history,
             s.checkpoint if checkpoint is None else checkpoint,
+            s.recovering if recovering is None else recovering,
         )
         save_replica_state(self.files, self.state)
 
     def moved_to(self, files: InstanceFiles, committer_id: int, seq: int) -> None:
         """A primary upgrading: go on in ``files`` (created and locked), whose log 1, not
         yet written, starts at ``seq``; its checkpoint 1 comes next (the committer's)."""
-        self.state = ReplicaState(self.state.replica, self.state.epoch, self.state.history, None)
+        self.state = attrs.evolve(self.state, checkpoint=None)
         save_replica_state(files, self.state)
         if self.log is not None:
             self.log.close()
@@ -107,7 +111,7 @@ class ReplicaDisk:
             new.append(at, records)
             at += len(records)
         new.sync()
-        self.state = ReplicaState(self.state.replica, self.state.epoch, self.state.history, 1)
+        self.state = attrs.evolve(self.state, checkpoint=1)
         save_replica_state(files, self.state)
         old.close()
         self.files, self.log = files, new

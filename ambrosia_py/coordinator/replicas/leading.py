@@ -108,6 +108,7 @@ class Leading:
             self._campaigning
             or self.term is not None
             or self.disk.state.checkpoint is None
+            or self.disk.state.recovering
             or self._won.done()
             or now < self._retry_at
             or (isinstance(core, Secondary) and core.leaves_role(now))

@@ -48,6 +48,7 @@ from ..replication import (
     Primary,
     PrimaryLost,
     ReadLog,
+    Recovered,
     Replayable,
     ReplicationError,
     RoleHandedOver,
@@ -185,6 +186,7 @@ class ReplicaNode(LogWork, Leading, Versions):
             group=self.group,
             version=self.version,
             upgrade_to=self.upgrade_to,
+            recovering=state.recovering,
         )
 
     async def start(self, host: str, port: int, advertised: str) -> None:
@@ -208,9 +210,9 @@ class ReplicaNode(LogWork, Leading, Versions):
 
     # --- becoming primary -----------------------------------------------------------------
 
-    def lead(self, term: Term) -> None:
+    def lead(self, term: Term, *, founding: bool = False) -> None:
         """Start the term: a :class:`Primary` over this replica's log, from its committed
-        checkpoint on."""
+        checkpoint on (``founding``: the instance's first term, :meth:`founded`)."""
         core = self.core
         if not isinstance(core, Secondary):
             raise SteppedDownError("a new term for a replica already primary")
@@ -225,6 +227,7 @@ class ReplicaNode(LogWork, Leading, Versions):
             timing=self.timing,
             version=self.version if upgrade is None else upgrade,
             since=None if upgrade is None else core.log_end,
+            founding=founding,
         )
         self.term = term
         self.gate = CommitGate(self._durable_here)
@@ -236,10 +239,10 @@ class ReplicaNode(LogWork, Leading, Versions):
     def founded(self, term: Term, checkpoint: int) -> None:
         """Replica 0 founded the instance: its first start wrote checkpoint
         ``checkpoint`` and the records after it; lead from there."""
-        self.disk.save(checkpoint=checkpoint)
+        self.disk.save(checkpoint=checkpoint, recovering=False)
         self.disk.open_log(checkpoint)
         self.core = self._secondary()
-        self.lead(term)
+        self.lead(term, founding=True)
 
     async def until_committed(self) -> bool:
         """Wait until the term is established and everything before its start committed:
@@ -517,6 +520,15 @@ class ReplicaNode(LogWork, Leading, Versions):
                 self._later(self._take_handed(event))
             case VersionFrom():
                 self._version_from(event)
+            case Recovered(epoch, end):
+                self.disk.save(recovering=False)
+                log.info(
+                    "replica %d caught up (its log is durable to seq %d, where the primary "
+                    "of epoch %d synced it): it counts toward new terms again",
+                    self.replica,
+                    end,
+                    epoch,
+                )
 
     def _deposed(self, epoch: int, reason: str, *, handed: bool = False) -> None:
         """This replica's term is over: it stops once its binding was given the log (see

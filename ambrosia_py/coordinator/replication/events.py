@@ -28,6 +28,7 @@ __all__ = [
     "InstallCheckpoint",
     "PrimaryLost",
     "ReadLog",
+    "Recovered",
     "Replayable",
     "RoleHandedOver",
     "SaveEpoch",
@@ -293,6 +294,16 @@ class VersionFrom:
     offered: bool = False
 
 
+@attrs.frozen
+class Recovered:
+    """A replica started with an empty data dir has caught up: its log is durable up to
+    ``end``, where the primary of ``epoch`` said its log ended when it synced it. Its
+    positions count toward new terms from now on; save that before saying so."""
+
+    epoch: int
+    end: int
+
+
 Event = (
     Send
     | SaveEpoch
@@ -313,6 +324,7 @@ Event = (
     | CheckpointTaken
     | VersionFrom
     | RoleHandedOver
+    | Recovered
 )
 
 

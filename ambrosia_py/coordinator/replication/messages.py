@@ -13,8 +13,9 @@ Every message travels in one frame::
 
     1 NEW_TERM    primary -> all        epoch
     2 POSITION    replica -> primary    epoch | log_end | history (its effective part)
+                                        | recovering (0 or 1)
     3 SYNC        primary -> replica    epoch | history (the primary's, ending in epoch)
-                                        | version | since
+                                        | version | since | log_end
     4 APPEND      primary -> replica    epoch | first_seq | commit_end | records
     5 HEARTBEAT   primary -> replica    epoch | log_end | commit_end
     6 ACK         replica -> primary    epoch | durable_end | log_end
@@ -26,6 +27,8 @@ Every message travels in one frame::
    12 SILENCE     replica -> prober     epoch | round | silent (0 or 1)
    13 ROLL        primary -> replica    epoch | seq
    14 TAKEN       replica -> primary    epoch | seq | total | offset | data (to the end)
+   15 ASK_ROLE    replica -> primary    epoch | log_end
+   16 HANDOVER    primary -> all        epoch | to | log_end
 
 An APPEND's records are in their on-disk form (:mod:`ambrosia_py.wire.records`: header
 with the length as ``-length-1``, messages, watermarks), numbered ``first_seq``,
@@ -45,6 +48,12 @@ and checkpoints the term ships from seq ``since`` on; those below ``since``, if 
 any, are of the version before. A term is of one version: a replica started to upgrade
 takes its term at the old version's end and upgrades before it writes a record, so
 ``since`` is that term's start; any other term says its log's base.
+
+A POSITION's ``recovering`` says the replica started with an empty data dir (a new
+machine, or one that lost its disk) and has not yet caught up: it may have acknowledged
+records before it lost them, so a new term does not count it among the positions it
+needs (:mod:`.primary`). It has caught up once its log is durable up to the ``log_end``
+of a SYNC it was sent since it started: where the primary's log ended then.
 
 PROBE and SILENCE are the check before a take-over (Raft's pre-vote): a secondary that
 has heard nothing from the primary for ``failover_after`` asks the others, in a numbered
@@ -149,13 +158,15 @@ class NewTerm:
 
 @attrs.frozen
 class Position:
-    """A replica that holds ``epoch`` tells its primary what its log holds: where it ends
-    and the effective part of its epoch history (:meth:`rank` is the Raft order)."""
+    """A replica that holds ``epoch`` tells its primary what its log holds: where it ends,
+    the effective part of its epoch history (:meth:`rank` is the Raft order), and whether
+    it is ``recovering`` (started empty, not caught up yet: not counted by a new term)."""
 
     KIND: ClassVar = Kind.POSITION
     epoch: int
     log_end: int
     history: History
+    recovering: bool = False
 
     @property
     def last_epoch(self) -> int:
@@ -169,13 +180,16 @@ class Position:
 class Sync:
     """The established primary of ``epoch`` gives a replica its history: the replica
     truncates what disagrees with it (:func:`~.history.agreement`) and takes it. What the
-    term ships from ``since`` on is of the instance's ``version``."""
+    term ships from ``since`` on is of the instance's ``version``; its log ended at
+    ``log_end`` as it sent this (a recovering replica has caught up once it holds that
+    much)."""
 
     KIND: ClassVar = Kind.SYNC
     epoch: int
     history: History
     version: int = 0
     since: int = 0
+    log_end: int = 0
 
 
 @attrs.frozen
@@ -388,9 +402,10 @@ def encode_parts(msg: Message) -> list[Buffer]:
             pass
         case Position():
             head += _uint(msg.log_end, "log_end") + _history(msg.history)
+            head += encode_uvarint(int(msg.recovering))
         case Sync():
             head += _history(msg.history) + _uint(msg.version, "version")
-            head += _uint(msg.since, "since")
+            head += _uint(msg.since, "since") + _uint(msg.log_end, "log_end")
         case Append():
             if len(msg.records) > MAX_RECORDS:
                 raise ReplicationRuleError(f"{len(msg.records)} records, over {MAX_RECORDS}")
@@ -465,13 +480,20 @@ def decode_body(body: memoryview, base: int = 0) -> Message:
             history = f.history("history")
             if history.entries and history.entries[-1].start > log_end:
                 f.fail(f"history starts an epoch past log_end {log_end}", end_at)
-            msg = Position(epoch, log_end, history)
+            msg = Position(epoch, log_end, history, f.flag("recovering"))
         case Kind.SYNC:
             at = f.pos
             history = f.history("history")
             if not history.entries or history.entries[-1].epoch != epoch:
                 f.fail(f"history does not end in the sender's epoch {epoch}", at)
-            msg = Sync(epoch, history, f.uint("version"), f.uint("since"))
+            version, since_at = f.uint("version"), f.pos
+            since, end_at = f.uint("since"), f.pos
+            log_end = f.uint("log_end")
+            if since > log_end:
+                f.fail(f"since {since} is past log_end {log_end}", since_at)
+            if history.entries[-1].start > log_end:
+                f.fail(f"history starts epoch {epoch} past log_end {log_end}", end_at)
+            msg = Sync(epoch, history, version, since, log_end)
         case Kind.APPEND:
             first_seq = f.uint("first_seq")
             commit_end = f.uint("commit_end")

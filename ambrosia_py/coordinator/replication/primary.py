@@ -4,13 +4,22 @@ One :class:`Primary` is one term: made when the registry gives this replica the 
 (with the term's epoch), dropped when it steps down. It starts GATHERING: it saves its
 epoch, sends NEW_TERM to every replica, and waits for their positions. Once
 ``group.term_quorum`` replicas, itself counted, have answered with positions none of
-which ranks above its own log, the term is ESTABLISHED (:class:`~.events.Established`)
-and its entry joins the saved history, at the log's end then (the *term start*); a term
-never established leaves no entry, so it ranks no log above another. If so many rank
-above it that this cannot happen, or ``timing.establish_within`` passes, it steps down
-naming the best log it heard of (:class:`~.events.SteppedDown`). Nothing is synced, and
+which ranks above its own log, none of them recovering, the term is ESTABLISHED
+(:class:`~.events.Established`) and its entry joins the saved history, at the log's end
+then (the *term start*); a term never established leaves no entry, so it ranks no log
+above another. If so many rank above it that this cannot happen, or
+``timing.establish_within`` passes, it steps down naming the best log it heard of
+(:class:`~.events.SteppedDown`). Nothing is synced, and
 so nothing truncated anywhere, before the term is established: until then the primary
 does not know its log holds everything committed.
+
+A recovering replica (started with an empty data dir: a new machine, or one that lost
+its disk, and not caught up since) is not counted: it may be the very replica a
+committed record was durable on, and counted in its place the quorum would miss the
+record. With it left out, a quorum still meets every record committed on ``k``
+replicas while at most ``k - 1`` of those lost their disks. Only the founding term, the
+instance's first (``founding``), before which nothing can have been committed, counts
+it: there every replica but the founder starts empty.
 
 Established, it syncs each replica that has answered (SYNC: the replica truncates what
 disagrees and takes the primary's history) and feeds it from where their logs agree:
@@ -116,6 +125,7 @@ class Primary(Handing, EventQueue):
         timing: Timing | None = None,
         version: int = 0,
         since: int | None = None,
+        founding: bool = False,
     ) -> None:
         if replica not in group.replicas:
             raise ReplicationRuleError(f"replica {replica} is not one of {sorted(group.replicas)}")
@@ -137,6 +147,7 @@ class Primary(Handing, EventQueue):
         self.timing = timing or Timing()
         self.version = version
         self.since = since
+        self.founding = founding
         own = history.effective(log_end)
         self.rank_at_start = own.rank(log_end)
         """The log's rank as the term began: what the replicas' positions are held to."""
@@ -181,6 +192,7 @@ class Primary(Handing, EventQueue):
         timing: Timing | None = None,
         version: int = 0,
         since: int | None = None,
+        founding: bool = False,
     ) -> Primary:
         """The term of ``epoch`` for a replica whose core (a secondary, or the primary of
         an earlier term) is ``core``, with the log as that core left it."""
@@ -199,6 +211,7 @@ class Primary(Handing, EventQueue):
             timing=timing,
             version=version,
             since=since,
+            founding=founding,
         )
 
     # --- the adapter's calls -------------------------------------------------------------
@@ -438,10 +451,14 @@ class Primary(Handing, EventQueue):
         return max(ahead)[1] if ahead else None
 
     def _check_quorum(self, now: float) -> None:
-        """Established once ``term_quorum`` replicas (this one counted) hold logs that
-        rank no higher than this one's did; deposed once too many rank higher for that
-        ever to happen."""
-        ranks = [f.position.rank() for f in self._feeds.values() if f.position is not None]
+        """Established once ``term_quorum`` replicas (this one counted), none of them
+        recovering, hold logs that rank no higher than this one's did; deposed once too
+        many rank higher for that ever to happen."""
+        ranks = [
+            f.position.rank()
+            for f in self._feeds.values()
+            if f.position is not None and (not f.position.recovering or self.founding)
+        ]
         behind = sum(1 for rank in ranks if rank <= self.rank_at_start)
         ahead = len(ranks) - behind
         if 1 + behind >= self.group.term_quorum:
@@ -465,7 +482,8 @@ class Primary(Handing, EventQueue):
         assert feed.position is not None
         pos = feed.position
         agreed = agreement(pos.history, pos.log_end, self.history, self.log_end)
-        self._send(replica, Sync(self.epoch, self.history, self.version, self.since), now)
+        sync = Sync(self.epoch, self.history, self.version, self.since, self.log_end)
+        self._send(replica, sync, now)
         if agreed is None:
             # No epoch in common: nothing it holds is vouched for (this history may be
             # compacted past its entries). It starts over from the checkpoint, which

@@ -48,6 +48,12 @@ the first message of its epoch. It moves through :data:`~.states.SECONDARY`:
   to another leaves the role to that one for ``2 * failover_after``: no probe, no report
   of a lost primary meanwhile (:meth:`~.handover.Asking.leaves_role`; the hand-over's
   code is in :mod:`.handover`).
+- A replica started with an empty data dir (``recovering``: a new machine, or one that
+  lost its disk) may have acknowledged records it no longer holds, so its positions say
+  it recovers and new terms do not count them. It has caught up once its log, STREAMING,
+  is durable up to the ``log_end`` of the SYNC of its epoch (where the primary's log
+  ended then: every record it may have acknowledged before is below that, or was never
+  committed), and reports it (:class:`~.events.Recovered`, to be saved).
 - A ROLL asks it, STREAMING, for the state before the primary's roll point
   (:class:`~.events.TakeCheckpointFor`); what its binding takes there it sends back in
   chunks (TAKEN, :meth:`Secondary.checkpoint_taken`), so the primary never pauses to
@@ -78,6 +84,7 @@ from .events import (
     Group,
     InstallCheckpoint,
     PrimaryLost,
+    Recovered,
     Replayable,
     SaveEpoch,
     SaveHistory,
@@ -148,7 +155,9 @@ class Secondary(Asking, EventQueue):
     ``replayed_end`` how much of it the binding has (``log_base`` if not given: it
     reloads from the checkpoint). ``group``: the replicas it asks before reporting the
     primary lost (see the module). ``version``: the instance's version its binding
-    runs; ``upgrade_to``: the one it was started to upgrade to, if any."""
+    runs; ``upgrade_to``: the one it was started to upgrade to, if any.
+    ``recovering``: it started with an empty data dir and has not caught up since (its
+    positions say so, and a new term does not count them; see the module)."""
 
     def __init__(
         self,
@@ -167,6 +176,7 @@ class Secondary(Asking, EventQueue):
         group: Group | None = None,
         version: int = 0,
         upgrade_to: int | None = None,
+        recovering: bool = False,
     ) -> None:
         if history.entries and history.entries[-1].epoch > epoch:
             raise ReplicationRuleError(
@@ -203,6 +213,8 @@ class Secondary(Asking, EventQueue):
         self.term_version: tuple[int, int] | None = None
         self._offered_said = False  # a checkpoint of another version was reported
         self.upgrade_to = upgrade_to
+        self.recovering = recovering
+        self._recover_to: int | None = None  # the log end of this epoch's SYNC, recovering
         self._primary_end = 0  # the primary's log end, as last heard in this epoch
         self._asked_role: float | None = None  # when ASK_ROLE last went out
         self._left_to: tuple[int, float] | None = None  # (replica, when) handed the role
@@ -244,7 +256,9 @@ class Secondary(Asking, EventQueue):
 
     def position(self) -> Position:
         """What this log holds, as a POSITION says it (and the registry may publish)."""
-        return Position(self.epoch, self.log_end, self.history.effective(self.log_end))
+        return Position(
+            self.epoch, self.log_end, self.history.effective(self.log_end), self.recovering
+        )
 
     def follow(self, epoch: int, primary: int, now: float) -> None:
         """The registry names ``primary`` as holding the term of ``epoch``."""
@@ -354,6 +368,7 @@ class Secondary(Asking, EventQueue):
         self.durable_end = end
         if self.state is SecondaryState.STREAMING and self.primary is not None:
             self._events.append(Send(self.primary, self._ack()))
+        self._check_recovered()
 
     def log_pruned(self, base: int) -> None:
         """The log no longer holds the records below ``base`` (a checkpoint does)."""
@@ -415,6 +430,7 @@ class Secondary(Asking, EventQueue):
         self.term_version = None
         self._offered_said = False
         self._primary_end = 0
+        self._recover_to = None
         self._left_to = None
         self._apart = None
         self._events.append(SaveEpoch(epoch))
@@ -459,7 +475,21 @@ class Secondary(Asking, EventQueue):
         below = tuple(e for e in self.history.entries if e.epoch < first)
         return History((*below, *theirs.entries)) if below else theirs
 
+    def _check_recovered(self) -> None:
+        """Recovering, caught up once its log, streaming, is durable up to where the
+        primary's log ended as it synced this replica in this epoch."""
+        if (
+            self.recovering
+            and self._recover_to is not None
+            and self.state is SecondaryState.STREAMING
+            and self.durable_end >= self._recover_to
+        ):
+            self.recovering = False
+            self._events.append(Recovered(self.epoch, self.durable_end))
+
     def _take_version(self, msg: Sync) -> None:
+        if self.recovering:  # both kinds of SYNC come here
+            self._recover_to = msg.log_end
         self.term_version = (msg.version, msg.since)
         if msg.version != self.version:
             self._events.append(VersionFrom(msg.epoch, msg.version, msg.since))
@@ -488,6 +518,7 @@ class Secondary(Asking, EventQueue):
         self._ask(Resend, self.log_end, now, force=True)
         assert self.primary is not None
         self._events.append(Send(self.primary, self._ack()))
+        self._check_recovered()
 
     def _append(self, msg: Append, now: float) -> None:
         self._primary_end = max(self._primary_end, msg.end)
@@ -549,6 +580,7 @@ class Secondary(Asking, EventQueue):
                 self.history = apart.history
                 self._events.append(SaveHistory(apart.history))
             self._ask(Resend, self.log_end, now, force=True)
+            self._check_recovered()
 
     def _loadable(self, msg: CheckpointChunk) -> bool:
         """Whether the binding can load the checkpoint ``msg`` is a chunk of: one of the

@@ -5,16 +5,24 @@ file ``replica-state``: which replica the directory belongs to (a data dir copie
 mounted on the wrong machine must be refused, not silently joined to another replica's
 log), the highest epoch the replica adopted (it refuses anything lower, also after a
 restart), the epoch history of its log (which term wrote which part,
-:mod:`ambrosia_py.coordinator.replication.history`) and the committed checkpoint its
-recovery starts from. The replication core asks for these to be saved *durably*
-(``SaveEpoch``, ``SaveHistory``, the checkpoint after an install): each save replaces the
-whole file atomically (temporary file, fsync, rename, fsync of the directory), so a crash
-leaves the old file or the new one, never a mix.
+:mod:`ambrosia_py.coordinator.replication.history`), the committed checkpoint its
+recovery starts from, and whether it is still recovering (it started with an empty data
+dir and has not caught up since: new terms do not count it,
+:mod:`ambrosia_py.coordinator.replication.secondary`). The replication core asks for
+these to be saved *durably* (``SaveEpoch``, ``SaveHistory``, ``Recovered``, the
+checkpoint after an install): each save replaces the whole file atomically (temporary
+file, fsync, rename, fsync of the directory), so a crash leaves the old file or the new
+one, never a mix.
 
 The format is binary, all little-endian, with a check over every byte before it::
 
-    b"AMBRREPL" | u16 format version (1) | u32 body length | body | u64 XXH64 (seed 0)
-    body: i64 replica | i64 epoch | i64 checkpoint (0: none) | u32 n | n x (i64 epoch, i64 start)
+    b"AMBRREPL" | u16 format version (2) | u32 body length | body | u64 XXH64 (seed 0)
+    body: i64 replica | i64 epoch | i64 checkpoint (0: none) | u32 flags
+          | u32 n | n x (i64 epoch, i64 start)
+    flags: bit 0 recovering; the others 0
+
+Format 1, written before the flags, is read as not recovering (its body has no
+``flags``); every save writes format 2.
 
 Binary rather than JSON with a check: every field has a fixed width, so the stated length
 must equal the file's size exactly and a truncated file is refused before anything is
@@ -51,10 +59,12 @@ __all__ = [
     "save_replica_state",
 ]
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 _MAGIC = b"AMBRREPL"
 _HEAD = struct.Struct("<8sHI")  # magic, version, body length
-_FIELDS = struct.Struct("<qqqI")  # replica, epoch, checkpoint (0: none), history entries
+_FIELDS = struct.Struct("<qqqII")  # replica, epoch, checkpoint (0: none), flags, entries
+_FIELDS_1 = struct.Struct("<qqqI")  # format 1: no flags
+_RECOVERING = 1  # the flag bit
 _ENTRY = struct.Struct("<qq")  # epoch, start
 _CHECK = struct.Struct("<Q")
 _MAX = 2**63 - 1  # epochs, seqs and numbers are signed 64-bit on disk
@@ -88,13 +98,16 @@ class ReplicaState:
     epoch adopted (0: none yet). ``history``: ``(epoch, start seq)`` entries, epochs
     strictly growing and at least 1, starts never going down, none above ``epoch``.
     ``checkpoint``: the number of the committed checkpoint recovery starts from (None:
-    none yet). Values that cannot be raise :class:`ReplicaStateError` at construction.
+    none yet). ``recovering``: the replica started with an empty data dir and has not
+    caught up since. Values that cannot be raise :class:`ReplicaStateError` at
+    construction.
     """
 
     replica: int
     epoch: int
     history: tuple[tuple[int, int], ...] = attrs.field(converter=_pairs)
     checkpoint: int | None = None
+    recovering: bool = False
 
     def __attrs_post_init__(self) -> None:
         problem = _problem(self)
@@ -134,8 +147,9 @@ def replica_state_path(files: InstanceFiles) -> Path:
 
 def encode_replica_state(state: ReplicaState) -> bytes:
     """The bytes of ``replica-state`` for ``state``."""
+    flags = _RECOVERING if state.recovering else 0
     body = bytearray(
-        _FIELDS.pack(state.replica, state.epoch, state.checkpoint or 0, len(state.history))
+        _FIELDS.pack(state.replica, state.epoch, state.checkpoint or 0, flags, len(state.history))
     )
     for epoch, start in state.history:
         body += _ENTRY.pack(epoch, start)
@@ -165,26 +179,37 @@ def decode_replica_state(data: bytes, where: str) -> ReplicaState:
             f"{where}: check bytes {stated:#018x} at offset {at} do not match "
             f"the contents ({actual:#018x}): the file is damaged"
         )
-    if version != FORMAT_VERSION:
+    if version not in (1, FORMAT_VERSION):
         raise ReplicaStateError(
             f"{where}: format version {version} at offset 8; this coordinator reads "
-            f"version {FORMAT_VERSION}"
+            f"versions 1 and {FORMAT_VERSION}"
         )
-    if length < _FIELDS.size:
+    fields = _FIELDS if version == FORMAT_VERSION else _FIELDS_1
+    if length < fields.size:
         raise ReplicaStateError(
             f"{where}: a {length}-byte body at offset {_HEAD.size}, shorter than its "
-            f"{_FIELDS.size} bytes of fields"
+            f"{fields.size} bytes of fields"
         )
-    replica, epoch, checkpoint, count = _FIELDS.unpack_from(data, _HEAD.size)
-    if length != _FIELDS.size + count * _ENTRY.size:
+    if version == FORMAT_VERSION:
+        replica, epoch, checkpoint, flags, count = _FIELDS.unpack_from(data, _HEAD.size)
+        if flags & ~_RECOVERING:
+            raise ReplicaStateError(
+                f"{where}: flags {flags:#x} at offset {_HEAD.size + 24}: only bit 0 "
+                "(recovering) is known"
+            )
+    else:
+        replica, epoch, checkpoint, count = _FIELDS_1.unpack_from(data, _HEAD.size)
+        flags = 0
+    if length != fields.size + count * _ENTRY.size:
         raise ReplicaStateError(
-            f"{where}: {count} history entries (count at offset {_HEAD.size + 24}) need a "
-            f"{_FIELDS.size + count * _ENTRY.size}-byte body; the header states {length}"
+            f"{where}: {count} history entries (count at offset "
+            f"{_HEAD.size + fields.size - 4}) need a {fields.size + count * _ENTRY.size}"
+            f"-byte body; the header states {length}"
         )
-    first = _HEAD.size + _FIELDS.size
+    first = _HEAD.size + fields.size
     history = tuple(_ENTRY.unpack_from(data, first + i * _ENTRY.size) for i in range(count))
     try:
-        return ReplicaState(replica, epoch, history, checkpoint or None)
+        return ReplicaState(replica, epoch, history, checkpoint or None, bool(flags & _RECOVERING))
     except ReplicaStateError as exc:
         raise ReplicaStateError(f"{where}: {exc}") from None
 
