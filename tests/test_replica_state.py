@@ -35,16 +35,19 @@ def by_hand(
     history: list[tuple[int, int]],
     *,
     flags: int = 0,
+    group: tuple[int, int] = (0, 0),
     version: int = 2,
     stated: int | None = None,
 ) -> bytes:
     """The file's bytes from its documented layout: ``b"AMBRREPL" | u16 version | u32 body
-    length | i64 replica | i64 epoch | i64 checkpoint | u32 flags | u32 n | n x (i64,
-    i64) | u64 XXH64 of all before`` (format 1: no ``flags``)."""
+    length | i64 replica | i64 epoch | i64 checkpoint | u32 flags | u32 replicas | u32
+    ack | u32 n | n x (i64, i64) | u64 XXH64 of all before`` (format 1: no ``flags``,
+    ``replicas``, ``ack``)."""
     if version == 1:
         body = struct.pack("<qqqI", replica, epoch, checkpoint, len(history))
     else:
-        body = struct.pack("<qqqII", replica, epoch, checkpoint, flags, len(history))
+        fields = (replica, epoch, checkpoint, flags, *group, len(history))
+        body = struct.pack("<qqqIIII", *fields)
     body += b"".join(struct.pack("<qq", e, s) for e, s in history)
     head = b"AMBRREPL" + struct.pack("<HI", version, len(body) if stated is None else stated)
     return head + body + struct.pack("<Q", xxhash.xxh64_intdigest(head + body))
@@ -71,9 +74,9 @@ def test_round_trip_in_the_documented_bytes(files: InstanceFiles) -> None:
     assert path.read_bytes() == by_hand(0, 0, 0, [])
     assert load_replica_state(files) == fresh and fresh.checkpoint is None
     assert sorted(p.name for p in files.path.iterdir()) == ["replica-state"]  # no temp file
-    recovering = ReplicaState(replica=1, epoch=3, history=[], recovering=True)
+    recovering = ReplicaState(replica=1, epoch=3, history=[], recovering=True, group=(5, 3))
     save_replica_state(files, recovering)
-    assert path.read_bytes() == by_hand(1, 3, 0, [], flags=1)
+    assert path.read_bytes() == by_hand(1, 3, 0, [], flags=1, group=(5, 3))
     assert load_replica_state(files) == recovering
 
 
@@ -111,7 +114,7 @@ def test_every_cut_and_an_extension_are_refused(files: InstanceFiles) -> None:
             load_replica_state(files)
         assert re.search(r"shorter than|bytes in all|not a replica state", str(caught.value))
     path.write_bytes(good + b"\x00")
-    with pytest.raises(ReplicaStateError, match="the file has 103"):
+    with pytest.raises(ReplicaStateError, match="the file has 111"):
         load_replica_state(files)
 
 
@@ -121,6 +124,9 @@ def test_every_cut_and_an_extension_are_refused(files: InstanceFiles) -> None:
         (b"AMBRIC\x03\x00" + bytes(90), r"not a replica state file \(magic b'AMBRIC\\x03\\x00'"),
         (by_hand(1, 2, 0, [(1, 0)], version=3), "format version 3 at offset 8; this"),
         (by_hand(1, 2, 0, [], flags=3), r"flags 0x3 at offset 38: only bit 0"),
+        (by_hand(1, 2, 0, [], group=(3, 0)), r"a group of 3 replicas committing on 0 cannot"),
+        (by_hand(1, 2, 0, [], group=(0, 1)), r"a group of 0 replicas committing on 1 cannot"),
+        (by_hand(3, 2, 0, [], group=(3, 2)), r"replica 3 is not one of a group of 3"),
         (by_hand(1, 2, 0, [(1, 0)], stated=20), r"states a 20-byte body, so 42 bytes in all"),
         (by_hand(-1, 2, 0, []), r"replica number -1 is not in 0\.\."),
         (by_hand(1, -2, 0, []), r"epoch -2 is not in 0\.\."),
@@ -135,6 +141,9 @@ def test_every_cut_and_an_extension_are_refused(files: InstanceFiles) -> None:
         "magic",
         "version",
         "flags",
+        "ack-zero",
+        "no-replicas",
+        "replica-outside",
         "length",
         "replica",
         "epoch",
@@ -157,9 +166,9 @@ def test_files_with_a_valid_check_but_wrong_contents_are_refused(
 
 def test_a_count_that_disagrees_with_the_length_is_refused(files: InstanceFiles) -> None:
     path = replica_state_path(files)
-    for version, count_at in ((1, 38), (2, 42)):
+    for version, count_at in ((1, 38), (2, 50)):
         fields = struct.pack("<qqqI", 1, 2, 0, 5)  # five entries stated, none present
-        body = fields if version == 1 else fields[:24] + struct.pack("<I", 0) + fields[24:]
+        body = fields if version == 1 else fields[:24] + struct.pack("<III", 0, 3, 2) + fields[24:]
         head = b"AMBRREPL" + struct.pack("<HI", version, len(body))
         path.write_bytes(head + body + struct.pack("<Q", xxhash.xxh64_intdigest(head + body)))
         stated = rf"5 history entries \(count at offset {count_at}\)"

@@ -11,6 +11,7 @@ from ambrosia_py.coordinator.replication import (
     Append,
     AskRole,
     CommitAdvanced,
+    Group,
     Handover,
     History,
     PrimaryLost,
@@ -29,7 +30,7 @@ TERM = History.of([(1, 0), (5, 10)])
 def asking(*, version: int = 0, term_version: int = 0) -> Secondary:
     """Replica 1, started to upgrade, synced at 10 to the primary of epoch 5 (replica 0)."""
     s = secondary(5, ONE, 10, version=version, upgrade_to=version + 1)
-    s.group = None
+    s.group = Group.of({s.replica})  # alone: no probe before the report
     s.receive(0, Sync(5, TERM, term_version, 0), 0.0)
     s.events()
     return s
@@ -146,7 +147,7 @@ def test_the_replica_handed_the_role_takes_it_and_the_others_leave_it() -> None:
     assert other.events() == []
     assert other.leaves_role(0.02)
     # Silent past failover_after, it neither probes nor reports the primary lost...
-    other.group = None
+    other.group = Group.of({other.replica})  # alone: no probe before the report
     other.tick(0.01 + TIMING.failover_after)
     assert not [e for e in other.events() if isinstance(e, PrimaryLost | Probe)]
     # ... until the role was left long enough.

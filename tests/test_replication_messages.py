@@ -46,14 +46,19 @@ EMPTY_RECORD_7 = bytes.fromhex(
 
 VECTORS: list[tuple[Message, str]] = [
     # length | version 1 | kind | fields (LEB128: 300 is "ac 02", 129 is "81 01")
-    (NewTerm(5), "03 01 01 05"),
+    # a group of 3 replicas committing on 2
+    (NewTerm(5, (3, 2)), "05 01 01 05 03 02"),
+    (NewTerm(6, (300, 129)), "07 01 01 06 ac02 8101"),
     (Refuse(300), "04 01 08 ac02"),
     (Heartbeat(2, 129, 7), "06 01 05 02 8101 07"),
     (Ack(3, 10, 12), "05 01 06 03 0a 0c"),
     (Resend(1, 0), "04 01 07 01 00"),
-    (Position(4, 20, History.of([(1, 0), (3, 15)])), "0a 01 02 04 14 02 0100 030f 00"),
-    (Position(4, 0, History()), "06 01 02 04 00 00 00"),
-    (Position(7, 0, History(), recovering=True), "06 01 02 07 00 00 01"),
+    (
+        Position(4, 20, History.of([(1, 0), (3, 15)]), (3, 2)),
+        "0c 01 02 04 14 02 0100 030f 03 02 00",
+    ),
+    (Position(4, 0, History(), (5, 3)), "08 01 02 04 00 00 05 03 00"),
+    (Position(7, 0, History(), (3, 2), recovering=True), "08 01 02 07 00 00 03 02 01"),
     # ... then version 2 of the instance from seq 300; the primary's log ends at 301
     (Sync(4, History.of([(1, 0), (4, 20)]), 2, 300, 301), "0d 01 03 04 02 0100 0414 02 ac02 ad02"),
     (CheckpointChunk(2, 40, 5, 2, b"cd"), "08 01 09 02 28 05 02 6364"),
@@ -103,6 +108,8 @@ def sorted_history(draw: st.DrawFn) -> History:
 
 
 positions = st.integers(0, 2**63 - 1)
+# (replicas, ack): 1 <= ack <= replicas
+groups = st.integers(1, 2**31).flatmap(lambda n: st.tuples(st.just(n), st.integers(1, n)))
 
 
 @st.composite
@@ -128,13 +135,16 @@ def syncs(draw: st.DrawFn) -> Sync:
 
 
 messages = st.one_of(
-    st.builds(NewTerm, positions),
+    st.builds(NewTerm, positions, groups),
     st.builds(Refuse, positions),
     st.builds(
-        lambda e, h, extra, r: Position(e, (h.entries[-1].start if h.entries else 0) + extra, h, r),
+        lambda e, h, extra, g, r: Position(
+            e, (h.entries[-1].start if h.entries else 0) + extra, h, g, r
+        ),
         positions,
         sorted_history(),
         st.integers(0, 100),
+        groups,
         st.booleans(),
     ),
     syncs(),
@@ -189,7 +199,10 @@ MALFORMED = [
     ("05 01 05 02 8101", "HEARTBEAT: field commit_end: varint truncated", 6),
     ("0d 01 01 " + "80" * 10 + "01", "NEW_TERM: field epoch: varint longer than 10 bytes", 3),
     ("0c 01 01 80808080808080808001", "NEW_TERM: field epoch is 9223372036854775808", 3),
-    ("04 01 01 05 00", "NEW_TERM: 1 trailing bytes", 4),
+    ("06 01 01 05 03 02 00", "NEW_TERM: 1 trailing bytes", 6),
+    ("05 01 01 05 02 03", "NEW_TERM: a group of 2 replicas committing on 3", 4),
+    ("05 01 01 05 03 00", "NEW_TERM: a group of 3 replicas committing on 0", 4),
+    ("04 01 01 05 03", "NEW_TERM: field ack: varint truncated", 5),
     ("09 01 02 04 14 02 0300 0205", "POSITION: history[1] (2, 5) does not follow", 8),
     ("07 01 02 04 14 01 0000", "POSITION: history[0].epoch is 0", 6),
     ("08 01 02 04 14 83800400", "POSITION: field history count is 65539, over 65536", 5),
@@ -199,7 +212,8 @@ MALFORMED = [
     ("08 01 03 04 01 0400 00 05", "SYNC: field log_end: varint truncated", 9),
     ("09 01 03 04 01 0400 00 05 03", "SYNC: since 5 is past log_end 3", 8),
     ("09 01 03 04 01 0405 00 00 03", "SYNC: history starts epoch 4 past log_end 3", 9),
-    ("06 01 02 04 00 00 02", "POSITION: field recovering is 2, not 0 or 1", 6),
+    ("08 01 02 04 00 00 03 02 02", "POSITION: field recovering is 2, not 0 or 1", 8),
+    ("08 01 02 04 00 00 00 00 00", "POSITION: a group of 0 replicas committing on 0", 6),
     ("05 01 05 02 04 05", "HEARTBEAT: commit_end 5 past log_end 4", 5),
     ("05 01 06 03 0d 0c", "ACK: durable_end 13 past log_end 12", 5),
     ("08 01 09 02 28 03 02 6364", "CHECKPOINT: 2 bytes at offset 2 run past total 3", 6),
@@ -247,11 +261,11 @@ def test_malformed_frames_are_refused_naming_field_and_offset(
 
 def test_errors_name_the_offset_in_the_stream_and_the_reader_stays_broken() -> None:
     reader = FrameReader()
-    reader.receive_data(encode_frame(NewTerm(1)) + bytes.fromhex("05 01 06 03 0d 0c"))
-    assert reader.next_message() == NewTerm(1)
+    reader.receive_data(encode_frame(NewTerm(1, (3, 2))) + bytes.fromhex("05 01 06 03 0d 0c"))
+    assert reader.next_message() == NewTerm(1, (3, 2))
     with pytest.raises(ReplicationProtocolError) as info:
         reader.next_message()
-    assert info.value.offset == 4 + 5  # the first frame's 4 bytes, then the field's place
+    assert info.value.offset == 6 + 5  # the first frame's 6 bytes, then the field's place
     with pytest.raises(ReplicationProtocolError):
         reader.receive_data(b"\x00")
 
@@ -284,7 +298,7 @@ def test_a_cut_frame_and_bytes_after_one_are_refused() -> None:
 
 def test_encoding_refuses_values_no_frame_can_hold() -> None:
     with pytest.raises(ReplicationRuleError, match="epoch -1"):
-        encode_frame(NewTerm(-1))
+        encode_frame(NewTerm(-1, (3, 2)))
     with pytest.raises(ReplicationRuleError, match="log_end 9223372036854775808"):
         encode_frame(Heartbeat(1, 2**63, 0))
 

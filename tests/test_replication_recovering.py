@@ -24,7 +24,7 @@ from ambrosia_py.coordinator.replication import (
     Sync,
     WriteRecords,
 )
-from tests.test_replication_rules import ONE, primary, recs, secondary, sent
+from tests.test_replication_rules import GROUP, ONE, primary, recs, secondary, sent
 
 EMPTY = History()
 
@@ -37,9 +37,9 @@ def lost_and_back() -> Secondary:
 def test_a_new_term_does_not_count_a_recovering_position() -> None:
     p = primary()  # replica 0, epoch 5, its log at 10; 2 of 3 make a term
     p.events()
-    p.receive(1, Position(5, 0, EMPTY, recovering=True), 0.01)
+    p.receive(1, Position(5, 0, EMPTY, GROUP.shape, recovering=True), 0.01)
     assert p.state.name == "GATHERING" and p.events() == []
-    p.receive(2, Position(5, 8, ONE), 0.02)  # one that vouches for its log
+    p.receive(2, Position(5, 8, ONE, GROUP.shape), 0.02)  # one that vouches for its log
     assert p.state.name == "ESTABLISHED"
     assert Established(5, 10) in p.events()
 
@@ -48,20 +48,20 @@ def test_recovering_positions_alone_never_establish_a_term() -> None:
     p = primary()
     p.events()
     for r in (1, 2):
-        p.receive(r, Position(5, 0, EMPTY, recovering=True), 0.01)
+        p.receive(r, Position(5, 0, EMPTY, GROUP.shape, recovering=True), 0.01)
     assert p.state.name == "GATHERING"  # waits (then lapses), never established by them
 
 
 def test_the_founding_term_counts_them_every_replica_but_the_founder_starts_empty() -> None:
     founder = primary(epoch=1, history=EMPTY, end=1, founding=True)
     founder.events()
-    founder.receive(1, Position(1, 0, EMPTY, recovering=True), 0.01)
+    founder.receive(1, Position(1, 0, EMPTY, GROUP.shape, recovering=True), 0.01)
     assert founder.state.name == "ESTABLISHED"
 
 
 def test_its_positions_say_it_recovers_until_it_holds_the_synced_log_end() -> None:
     s = lost_and_back()
-    assert s.position() == Position(0, 0, EMPTY, recovering=True)
+    assert s.position() == Position(0, 0, EMPTY, GROUP.shape, recovering=True)
     s.receive(0, Sync(5, History.of([(1, 0), (5, 10)]), log_end=12), 0.01)
     assert SaveEpoch(5) in s.events()
     # Its log holds nothing the primary's does: a checkpoint at 8 comes, then 8..12.
@@ -76,7 +76,7 @@ def test_its_positions_say_it_recovers_until_it_holds_the_synced_log_end() -> No
     s.events()
     s.records_durable(12)
     assert Recovered(5, 12) in s.events()
-    assert s.position() == Position(5, 12, History.of([(1, 0), (5, 10)]))
+    assert s.position() == Position(5, 12, History.of([(1, 0), (5, 10)]), GROUP.shape)
 
 
 def test_a_checkpoint_past_the_synced_end_is_enough() -> None:

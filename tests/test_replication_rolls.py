@@ -23,7 +23,7 @@ from ambrosia_py.coordinator.replication import (
     Timing,
 )
 from ambrosia_py.coordinator.replication.states import UnexpectedEventError
-from tests.test_replication_rules import ONE, established, primary, recs, secondary, sent
+from tests.test_replication_rules import GROUP, ONE, established, primary, recs, secondary, sent
 
 TIMING = Timing(checkpoint_chunk=4)  # a secondary's: its checkpoints go in 4-byte chunks
 
@@ -138,7 +138,7 @@ def test_a_secondary_not_streaming_or_in_a_new_term_sends_nothing_back() -> None
     s = streaming()
     s.receive(0, Roll(5, 12), 0.01)
     s.events()
-    s.receive(2, NewTerm(6), 0.02)  # replica 2 took over: 0 asked, 2 did not
+    s.receive(2, NewTerm(6, GROUP.shape), 0.02)  # replica 2 took over: 0 asked, 2 did not
     s.events()
     s.checkpoint_taken(12, b"ab")
     assert s.events() == []

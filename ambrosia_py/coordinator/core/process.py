@@ -12,6 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import attrs
+
 from ...allocator import prime_allocator
 from ..links.config import load_secret, tls_contexts
 from ..registry.files import clear_interrupted_first_start, prepare_start
@@ -31,6 +33,8 @@ from .server import Coordinator
 
 if TYPE_CHECKING:
     from ..replicas.node import ReplicaNode
+    from ..replication import Group
+    from ..storage.replica_state import ReplicaState
 
 __all__ = ["coordinator_argv", "run_coordinator"]
 
@@ -148,6 +152,23 @@ async def run_coordinator(
         registry.close()
 
 
+def _check_group(state: ReplicaState, group: Group, files: InstanceFiles) -> None:
+    """Refuse to run a replica that holds a checkpoint in another group than the one it
+    was started with: a term's quorum meets every set of replicas a record was committed
+    on only while the group stays the same."""
+    if state.checkpoint is None or state.group is None or state.group == group.shape:
+        return
+    replicas, ack = state.group
+    raise CoordinatorError(
+        f"replica {state.replica} was started with --replicas {group.n} "
+        f"--replication-ack {group.k}, but its data dir ({files.path}) holds the log of "
+        f"a group of {replicas} replicas committing on {ack}. The group of an instance "
+        f"cannot change: a record committed on {ack} of the {replicas} could be missing "
+        f"from every quorum of the other. Start it with --replicas {replicas} "
+        f"--replication-ack {ack}."
+    )
+
+
 async def _start_replica(
     config: CoordinatorConfig, registry: InstanceRegistry, files: InstanceFiles
 ) -> ReplicaNode:
@@ -172,7 +193,10 @@ async def _start_replica(
         # An empty data dir: a new machine, or one that lost its disk. It may have
         # acknowledged records it no longer holds, so it recovers (new terms do not
         # count it) until it has caught up; founding the instance, it does not.
-        state = ReplicaState(config.replica, 0, (), recovering=True)
+        state = ReplicaState(config.replica, 0, (), recovering=True, group=group.shape)
+    else:
+        _check_group(state, group, files)
+        state = attrs.evolve(state, group=group.shape)  # saved with the next save
     election = open_election(registry)
     node = ReplicaNode(
         instance=config.instance,

@@ -77,12 +77,12 @@ class ReplicaDisk:
     ) -> None:
         """Save the state with the fields given changed, durably, before going on."""
         s = self.state
-        self.state = ReplicaState(
-            s.replica,
-            s.epoch if epoch is None else epoch,
-            s.history if history is None else history,
-            s.checkpoint if checkpoint is None else checkpoint,
-            s.recovering if recovering is None else recovering,
+        self.state = attrs.evolve(
+            s,
+            epoch=s.epoch if epoch is None else epoch,
+            history=s.history if history is None else history,
+            checkpoint=s.checkpoint if checkpoint is None else checkpoint,
+            recovering=s.recovering if recovering is None else recovering,
         )
         save_replica_state(self.files, self.state)
 

@@ -100,7 +100,12 @@ records of its log from a seq, reading and installing checkpoints (with the seq 
 stands before), and telling the binding which records to replay.
 """
 
-from .errors import ReplicationError, ReplicationProtocolError, ReplicationRuleError
+from .errors import (
+    GroupMismatchError,
+    ReplicationError,
+    ReplicationProtocolError,
+    ReplicationRuleError,
+)
 from .events import (
     CheckpointTaken,
     CommitAdvanced,
@@ -164,6 +169,7 @@ __all__ = [
     "Event",
     "FrameReader",
     "Group",
+    "GroupMismatchError",
     "Handover",
     "Heartbeat",
     "History",

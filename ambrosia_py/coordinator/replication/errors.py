@@ -6,14 +6,21 @@ came on is closed. :class:`ReplicationRuleError` is a well-formed message (or a 
 the adapter) that breaks a rule the package's invariants rest on (two primaries in one
 epoch, a truncation below the commit point, histories that disagree before a shared
 epoch): it means a bug or a corrupt data dir, never a network fault, and the replica
-stops rather than carry on with a log it cannot trust.
+stops rather than carry on with a log it cannot trust. :class:`GroupMismatchError`: a
+replica started with another group (``--replicas``, ``--replication-ack``) than its
+primary's; it stops, saying so.
 """
 
 from __future__ import annotations
 
 from ...wire.errors import ProtocolError
 
-__all__ = ["ReplicationError", "ReplicationProtocolError", "ReplicationRuleError"]
+__all__ = [
+    "GroupMismatchError",
+    "ReplicationError",
+    "ReplicationProtocolError",
+    "ReplicationRuleError",
+]
 
 
 class ReplicationError(Exception):
@@ -26,3 +33,7 @@ class ReplicationProtocolError(ProtocolError, ReplicationError):
 
 class ReplicationRuleError(ReplicationError):
     """A message or a call that breaks one of the replicated log's rules."""
+
+
+class GroupMismatchError(ReplicationError):
+    """This replica runs another group (replicas, ack) than its primary's."""

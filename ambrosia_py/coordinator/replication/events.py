@@ -73,6 +73,12 @@ class Group:
         return len(self.replicas)
 
     @property
+    def shape(self) -> tuple[int, int]:
+        """``(replicas, ack)``, as NEW_TERM and POSITION say it: every replica of an
+        instance must run with the same (the members are numbered from 0)."""
+        return self.n, self.k
+
+    @property
     def term_quorum(self) -> int:
         return self.n - self.k + 1
 

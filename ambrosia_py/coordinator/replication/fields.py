@@ -59,6 +59,15 @@ class Fields:
             self.fail(f"field {name} is {value}, not 0 or 1", start)
         return value == 1
 
+    def group(self) -> tuple[int, int]:
+        """A group: ``replicas | ack``, with ``1 <= ack <= replicas``."""
+        start = self.pos
+        replicas = self.uint("replicas")
+        ack = self.uint("ack")
+        if not 1 <= ack <= replicas:
+            self.fail(f"a group of {replicas} replicas committing on {ack}", start)
+        return replicas, ack
+
     def count(self, name: str, limit: int) -> int:
         start = self.pos
         n = self.uint(name)

@@ -11,9 +11,9 @@ Every message travels in one frame::
 ``2**63 - 1``. Positions are *ends*: ``log_end`` is the seq the next record will take,
 ``commit_end`` the first seq not known committed, so nothing needs a -1. The kinds::
 
-    1 NEW_TERM    primary -> all        epoch
+    1 NEW_TERM    primary -> all        epoch | replicas | ack
     2 POSITION    replica -> primary    epoch | log_end | history (its effective part)
-                                        | recovering (0 or 1)
+                                        | replicas | ack | recovering (0 or 1)
     3 SYNC        primary -> replica    epoch | history (the primary's, ending in epoch)
                                         | version | since | log_end
     4 APPEND      primary -> replica    epoch | first_seq | commit_end | records
@@ -48,6 +48,13 @@ and checkpoints the term ships from seq ``since`` on; those below ``since``, if 
 any, are of the version before. A term is of one version: a replica started to upgrade
 takes its term at the old version's end and upgrades before it writes a record, so
 ``since`` is that term's start; any other term says its log's base.
+
+NEW_TERM and POSITION say the sender's group: how many replicas the instance has
+(``--replicas``, numbered from 0) and how many make a record committed (``ack``, at
+least 1 and at most ``replicas``). Every replica of an instance must run with the same
+two, or a term's quorum need not meet every set of replicas a record was committed on:
+a primary counts no position of another group and sends that replica its NEW_TERM,
+and a replica sent a NEW_TERM of another group stops, saying so.
 
 A POSITION's ``recovering`` says the replica started with an empty data dir (a new
 machine, or one that lost its disk) and has not yet caught up: it may have acknowledged
@@ -149,23 +156,27 @@ class Kind(enum.IntEnum):
 
 @attrs.frozen
 class NewTerm:
-    """The primary of ``epoch`` announces its term: adopt the epoch, answer with a
-    :class:`Position`. Sent to every replica until it answers."""
+    """The primary of ``epoch`` announces its term, for its ``group`` (replicas, ack):
+    adopt the epoch, answer with a :class:`Position`. Sent to every replica until it
+    answers."""
 
     KIND: ClassVar = Kind.NEW_TERM
     epoch: int
+    group: tuple[int, int]
 
 
 @attrs.frozen
 class Position:
     """A replica that holds ``epoch`` tells its primary what its log holds: where it ends,
-    the effective part of its epoch history (:meth:`rank` is the Raft order), and whether
-    it is ``recovering`` (started empty, not caught up yet: not counted by a new term)."""
+    the effective part of its epoch history (:meth:`rank` is the Raft order), the
+    ``group`` (replicas, ack) it runs in, and whether it is ``recovering`` (started
+    empty, not caught up yet: not counted by a new term)."""
 
     KIND: ClassVar = Kind.POSITION
     epoch: int
     log_end: int
     history: History
+    group: tuple[int, int]
     recovering: bool = False
 
     @property
@@ -391,6 +402,13 @@ def _trims(points: tuple[tuple[str, int], ...]) -> bytes:
     return b"".join(out)
 
 
+def _group(group: tuple[int, int]) -> bytes:
+    replicas, ack = group
+    if not 1 <= ack <= replicas:
+        raise ReplicationRuleError(f"a group of {replicas} replicas committing on {ack}")
+    return _uint(replicas, "replicas") + _uint(ack, "ack")
+
+
 def encode_parts(msg: Message) -> list[Buffer]:
     """``msg`` as one frame, in buffers for ``writev``: records and checkpoint data are
     not copied."""
@@ -398,11 +416,13 @@ def encode_parts(msg: Message) -> list[Buffer]:
     head += _uint(msg.epoch, "epoch")
     tail: list[Buffer] = []
     match msg:
-        case NewTerm() | Refuse():
+        case NewTerm():
+            head += _group(msg.group)
+        case Refuse():
             pass
         case Position():
             head += _uint(msg.log_end, "log_end") + _history(msg.history)
-            head += encode_uvarint(int(msg.recovering))
+            head += _group(msg.group) + encode_uvarint(int(msg.recovering))
         case Sync():
             head += _history(msg.history) + _uint(msg.version, "version")
             head += _uint(msg.since, "since") + _uint(msg.log_end, "log_end")
@@ -471,7 +491,7 @@ def decode_body(body: memoryview, base: int = 0) -> Message:
     msg: Message
     match kind:
         case Kind.NEW_TERM:
-            msg = NewTerm(epoch)
+            msg = NewTerm(epoch, f.group())
         case Kind.REFUSE:
             msg = Refuse(epoch)
         case Kind.POSITION:
@@ -480,7 +500,7 @@ def decode_body(body: memoryview, base: int = 0) -> Message:
             history = f.history("history")
             if history.entries and history.entries[-1].start > log_end:
                 f.fail(f"history starts an epoch past log_end {log_end}", end_at)
-            msg = Position(epoch, log_end, history, f.flag("recovering"))
+            msg = Position(epoch, log_end, history, f.group(), f.flag("recovering"))
         case Kind.SYNC:
             at = f.pos
             history = f.history("history")

@@ -178,7 +178,7 @@ class Primary(Handing, EventQueue):
             )
             return
         for r in self._feeds:
-            self._send(r, NewTerm(epoch), now)
+            self._send(r, NewTerm(epoch, group.shape), now)
         self._check_quorum(now)
 
     @classmethod
@@ -239,6 +239,9 @@ class Primary(Handing, EventQueue):
                 return  # from before the replica took this term
             case Refuse():
                 return  # of a lower epoch than this term's: not about it
+            case Position() if msg.group != self.group.shape:
+                # Not counted, nor synced: told this term's group, it stops (secondary.py).
+                self._send(sender, NewTerm(self.epoch, self.group.shape), now)
             case Position():
                 self.state = step("primary", TERM, self.state, TermEvent.POSITION)
                 self._feeds[sender].position = msg
@@ -401,7 +404,7 @@ class Primary(Handing, EventQueue):
             if now - feed.last_sent < self.timing.heartbeat_every:
                 continue
             if self.state is TermState.GATHERING or feed.position is None:
-                self._send(r, NewTerm(self.epoch), now)
+                self._send(r, NewTerm(self.epoch, self.group.shape), now)
             else:
                 self._send(r, Heartbeat(self.epoch, self.log_end, self.commit_end), now)
 

@@ -70,7 +70,11 @@ established, so a take-over that could not be established is not tried (Raft's
 pre-vote). A replica answers "silent" when it has heard nothing from its primary for
 ``failover_after / 2``; a primary always answers "not silent". The report comes again,
 after a new round, every ``failover_after`` while the silence lasts. Probes neither
-raise nor refuse epochs. Without a group (a core alone) the report comes at once.
+raise nor refuse epochs. In a group of one (a core alone) the report comes at once.
+
+A NEW_TERM of another group than this replica's (``--replicas`` and
+``--replication-ack`` differ) stops it (:class:`~.errors.GroupMismatchError`): a term's
+quorum meets every set of replicas a record was committed on only if all run alike.
 """
 
 from __future__ import annotations
@@ -78,7 +82,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from .chunks import ChunkTransfer, checkpoint_pieces
-from .errors import ReplicationRuleError
+from .errors import GroupMismatchError, ReplicationRuleError
 from .events import (
     EventQueue,
     Group,
@@ -178,6 +182,7 @@ class Secondary(Asking, EventQueue):
         upgrade_to: int | None = None,
         recovering: bool = False,
     ) -> None:
+        group = Group.of({replica}) if group is None else group
         if history.entries and history.entries[-1].epoch > epoch:
             raise ReplicationRuleError(
                 f"history holds epoch {history.entries[-1].epoch}, above the saved {epoch}"
@@ -256,9 +261,8 @@ class Secondary(Asking, EventQueue):
 
     def position(self) -> Position:
         """What this log holds, as a POSITION says it (and the registry may publish)."""
-        return Position(
-            self.epoch, self.log_end, self.history.effective(self.log_end), self.recovering
-        )
+        history = self.history.effective(self.log_end)
+        return Position(self.epoch, self.log_end, history, self.group.shape, self.recovering)
 
     def follow(self, epoch: int, primary: int, now: float) -> None:
         """The registry names ``primary`` as holding the term of ``epoch``."""
@@ -290,6 +294,15 @@ class Secondary(Asking, EventQueue):
         if msg.epoch < self.epoch:
             self._events.append(Send(sender, Refuse(self.epoch)))
             return
+        if isinstance(msg, NewTerm) and msg.group != self.group.shape:
+            raise GroupMismatchError(
+                f"replica {sender}, primary of epoch {msg.epoch}, runs a group of "
+                f"{msg.group[0]} replicas committing on {msg.group[1]}; this replica was "
+                f"started with {self.group.n} and {self.group.k} (--replicas, "
+                "--replication-ack): every replica of an instance must be started with "
+                "the same two, or a record committed on one group's replicas could be "
+                "missing from the other's quorum"
+            )
         if msg.epoch > self.epoch:
             self._adopt(msg.epoch)
         if self.primary is None:
@@ -403,7 +416,7 @@ class Secondary(Asking, EventQueue):
 
     def _others(self) -> list[int]:
         """The replicas to probe; none when no other's word is needed."""
-        if self.group is None or self.group.term_quorum <= 1:
+        if self.group.term_quorum <= 1:
             return []
         return sorted(self.group.replicas - {self.replica})
 
@@ -412,7 +425,6 @@ class Secondary(Asking, EventQueue):
         if probe is None or msg.round != probe.round or not msg.silent:
             return
         probe.agreed.add(sender)
-        assert self.group is not None  # only a group's members are probed
         if len(probe.agreed) >= self.group.term_quorum - 1:
             self._lost(now)
 

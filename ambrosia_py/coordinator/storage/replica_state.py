@@ -6,9 +6,11 @@ mounted on the wrong machine must be refused, not silently joined to another rep
 log), the highest epoch the replica adopted (it refuses anything lower, also after a
 restart), the epoch history of its log (which term wrote which part,
 :mod:`ambrosia_py.coordinator.replication.history`), the committed checkpoint its
-recovery starts from, and whether it is still recovering (it started with an empty data
+recovery starts from, whether it is still recovering (it started with an empty data
 dir and has not caught up since: new terms do not count it,
-:mod:`ambrosia_py.coordinator.replication.secondary`). The replication core asks for
+:mod:`ambrosia_py.coordinator.replication.secondary`), and the group its log was written
+in (``--replicas`` and ``--replication-ack``: a replica that holds a checkpoint is not
+started with another). The replication core asks for
 these to be saved *durably* (``SaveEpoch``, ``SaveHistory``, ``Recovered``, the
 checkpoint after an install): each save replaces the whole file atomically (temporary
 file, fsync, rename, fsync of the directory), so a crash leaves the old file or the new
@@ -18,11 +20,11 @@ The format is binary, all little-endian, with a check over every byte before it:
 
     b"AMBRREPL" | u16 format version (2) | u32 body length | body | u64 XXH64 (seed 0)
     body: i64 replica | i64 epoch | i64 checkpoint (0: none) | u32 flags
-          | u32 n | n x (i64 epoch, i64 start)
+          | u32 replicas | u32 ack (both 0: not recorded) | u32 n | n x (i64 epoch, i64 start)
     flags: bit 0 recovering; the others 0
 
-Format 1, written before the flags, is read as not recovering (its body has no
-``flags``); every save writes format 2.
+Format 1, written before the flags and the group, is read as not recovering, its group
+not recorded; every save writes format 2.
 
 Binary rather than JSON with a check: every field has a fixed width, so the stated length
 must equal the file's size exactly and a truncated file is refused before anything is
@@ -62,9 +64,11 @@ __all__ = [
 FORMAT_VERSION = 2
 _MAGIC = b"AMBRREPL"
 _HEAD = struct.Struct("<8sHI")  # magic, version, body length
-_FIELDS = struct.Struct("<qqqII")  # replica, epoch, checkpoint (0: none), flags, entries
+# replica, epoch, checkpoint (0: none), flags, replicas, ack (0, 0: none), entries
+_FIELDS = struct.Struct("<qqqIIII")
 _FIELDS_1 = struct.Struct("<qqqI")  # format 1: no flags
 _RECOVERING = 1  # the flag bit
+_MAX_GROUP = 2**31  # replicas are numbered 0 .. 2**31 - 1 (the registry's bound)
 _ENTRY = struct.Struct("<qq")  # epoch, start
 _CHECK = struct.Struct("<Q")
 _MAX = 2**63 - 1  # epochs, seqs and numbers are signed 64-bit on disk
@@ -99,8 +103,9 @@ class ReplicaState:
     strictly growing and at least 1, starts never going down, none above ``epoch``.
     ``checkpoint``: the number of the committed checkpoint recovery starts from (None:
     none yet). ``recovering``: the replica started with an empty data dir and has not
-    caught up since. Values that cannot be raise :class:`ReplicaStateError` at
-    construction.
+    caught up since. ``group``: ``(replicas, ack)`` of the group its log was written in
+    (None: not recorded, a file of format 1). Values that cannot be raise
+    :class:`ReplicaStateError` at construction.
     """
 
     replica: int
@@ -108,6 +113,7 @@ class ReplicaState:
     history: tuple[tuple[int, int], ...] = attrs.field(converter=_pairs)
     checkpoint: int | None = None
     recovering: bool = False
+    group: tuple[int, int] | None = None
 
     def __attrs_post_init__(self) -> None:
         problem = _problem(self)
@@ -119,6 +125,12 @@ def _problem(state: ReplicaState) -> str | None:
     """The first thing wrong with ``state``'s values, in words, or None."""
     if not 0 <= state.replica <= _MAX:
         return f"replica number {state.replica} is not in 0..{_MAX}"
+    if state.group is not None:
+        replicas, ack = state.group
+        if not 1 <= ack <= replicas <= _MAX_GROUP:
+            return f"a group of {replicas} replicas committing on {ack} cannot be"
+        if state.replica >= replicas:
+            return f"replica {state.replica} is not one of a group of {replicas}"
     if not 0 <= state.epoch <= _MAX:
         return f"epoch {state.epoch} is not in 0..{_MAX}"
     if state.checkpoint is not None and not 1 <= state.checkpoint <= _MAX:
@@ -148,8 +160,10 @@ def replica_state_path(files: InstanceFiles) -> Path:
 def encode_replica_state(state: ReplicaState) -> bytes:
     """The bytes of ``replica-state`` for ``state``."""
     flags = _RECOVERING if state.recovering else 0
+    replicas, ack = state.group or (0, 0)
+    checkpoint, count = state.checkpoint or 0, len(state.history)
     body = bytearray(
-        _FIELDS.pack(state.replica, state.epoch, state.checkpoint or 0, flags, len(state.history))
+        _FIELDS.pack(state.replica, state.epoch, checkpoint, flags, replicas, ack, count)
     )
     for epoch, start in state.history:
         body += _ENTRY.pack(epoch, start)
@@ -190,8 +204,12 @@ def decode_replica_state(data: bytes, where: str) -> ReplicaState:
             f"{where}: a {length}-byte body at offset {_HEAD.size}, shorter than its "
             f"{fields.size} bytes of fields"
         )
+    group: tuple[int, int] | None = None
     if version == FORMAT_VERSION:
-        replica, epoch, checkpoint, flags, count = _FIELDS.unpack_from(data, _HEAD.size)
+        fields_at = _FIELDS.unpack_from(data, _HEAD.size)
+        replica, epoch, checkpoint, flags, replicas, ack, count = fields_at
+        if (replicas, ack) != (0, 0):
+            group = (replicas, ack)
         if flags & ~_RECOVERING:
             raise ReplicaStateError(
                 f"{where}: flags {flags:#x} at offset {_HEAD.size + 24}: only bit 0 "
@@ -209,7 +227,9 @@ def decode_replica_state(data: bytes, where: str) -> ReplicaState:
     first = _HEAD.size + fields.size
     history = tuple(_ENTRY.unpack_from(data, first + i * _ENTRY.size) for i in range(count))
     try:
-        return ReplicaState(replica, epoch, history, checkpoint or None, bool(flags & _RECOVERING))
+        return ReplicaState(
+            replica, epoch, history, checkpoint or None, bool(flags & _RECOVERING), group
+        )
     except ReplicaStateError as exc:
         raise ReplicaStateError(f"{where}: {exc}") from None
 
