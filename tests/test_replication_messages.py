@@ -275,7 +275,7 @@ def test_a_frame_over_the_limit_is_refused_before_it_is_buffered() -> None:
     reader.receive_data(bytes.fromhex("65"))  # 101, and nothing of the frame yet
     with pytest.raises(ReplicationProtocolError) as info:
         reader.next_message()
-    assert "frame of 101 bytes, over the limit of 100" in str(info.value)
+    assert "frame: 101 bytes, over the limit of 100" in str(info.value)
     assert info.value.offset == 0
 
 
@@ -284,7 +284,7 @@ def test_a_length_varint_cut_short_waits_and_one_too_long_is_refused() -> None:
     reader.receive_data(b"\x80" * 9)
     assert reader.next_message() is None
     reader.receive_data(b"\x80")
-    with pytest.raises(ReplicationProtocolError, match="frame length"):
+    with pytest.raises(ReplicationProtocolError, match="frame: length: varint longer"):
         reader.next_message()
 
 

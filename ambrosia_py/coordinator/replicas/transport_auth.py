@@ -62,9 +62,8 @@ from ...auth import (
     Response,
     Role,
 )
-from ...wire.errors import ProtocolError, TruncatedInputError
-from ...wire.varint import decode_uvarint
 from ..replication.errors import ReplicationProtocolError
+from ..replication.frames import frame_extent
 from ..replication.messages import DEFAULT_MAX_FRAME, Message, decode_body
 
 __all__ = [
@@ -90,7 +89,6 @@ _REPLICAS = struct.Struct("<II")  # the dialer's replica number, the acceptor's
 CHALLENGE_SIZE: Final = _HEAD + NONCE_SIZE + _DIGEST_SIZE + _REPLICAS.size  # 81
 RESPONSE_SIZE: Final = _HEAD + NONCE_SIZE + PROOF_SIZE  # 73
 CONFIRM_SIZE: Final = _HEAD + PROOF_SIZE  # 41
-_MAX_VARINT = 10
 
 
 class HandshakeKind(enum.IntEnum):
@@ -307,22 +305,11 @@ class Accepting(_End):
         buf = self._buf
         out: list[Message] = []
         while buf:
-            try:
-                length, pos = decode_uvarint(buf, 0, None, _MAX_VARINT)
-            except TruncatedInputError:
-                break  # fewer than 10 bytes, the last with its high bit set
-            except ProtocolError as exc:
-                raise ReplicationProtocolError(
-                    f"frame {channel.received}: length: {exc.reason}", offset=self._consumed
-                ) from None
-            if length > self.max_frame:
-                raise ReplicationProtocolError(
-                    f"frame {channel.received}: {length} bytes, over the limit of {self.max_frame}",
-                    offset=self._consumed,
-                )
-            end = pos + length + TAG_SIZE
-            if len(buf) < end:
+            name = f"frame {channel.received}"
+            extent = frame_extent(buf, self._consumed, self.max_frame, name, TAG_SIZE)
+            if extent is None:
                 break
+            pos, end = extent
             unit = bytes(buf[:end])  # the one copy: a message's records are views of it
             base = self._consumed
             del buf[:end]

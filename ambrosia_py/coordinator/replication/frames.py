@@ -10,7 +10,29 @@ from .errors import ReplicationProtocolError
 from .fields import MAX_VARINT
 from .messages import DEFAULT_MAX_FRAME, Buffer, Message, decode_body
 
-__all__ = ["FrameReader", "decode_frame"]
+__all__ = ["FrameReader", "decode_frame", "frame_extent"]
+
+
+def frame_extent(
+    buf: bytes | bytearray | memoryview, at: int, max_frame: int, name: str, trailer: int = 0
+) -> tuple[int, int] | None:
+    """Where the frame at the start of ``buf`` lies: ``(pos, end)``, its body from
+    ``pos`` (after the length prefix) and its end after ``trailer`` more bytes (a tag),
+    once all of it is in; None until then. A length that does not decode, or declares
+    more than ``max_frame``, is refused as soon as its varint is in, naming ``name`` and
+    the stream offset ``at`` of ``buf``'s first byte."""
+    try:
+        length, pos = decode_uvarint(buf, 0, None, MAX_VARINT)
+    except TruncatedInputError:
+        return None  # fewer than 10 bytes, the last with its high bit set
+    except ProtocolError as exc:
+        raise ReplicationProtocolError(f"{name}: length: {exc.reason}", offset=at) from None
+    if length > max_frame:
+        raise ReplicationProtocolError(
+            f"{name}: {length} bytes, over the limit of {max_frame}", offset=at
+        )
+    end = pos + length + trailer
+    return None if len(buf) < end else (pos, end)
 
 
 def decode_frame(frame: Buffer, max_frame: int = DEFAULT_MAX_FRAME) -> Message:
@@ -61,26 +83,13 @@ class FrameReader:
 
     def _next(self) -> Message | None:
         buf = self._buf
-        if not buf:
+        extent = frame_extent(buf, self._consumed, self.max_frame, "frame") if buf else None
+        if extent is None:
             return None
-        try:
-            length, pos = decode_uvarint(buf, 0, None, MAX_VARINT)
-        except TruncatedInputError:
-            return None  # fewer than 10 bytes, the last with its high bit set
-        except ProtocolError as exc:
-            raise ReplicationProtocolError(
-                f"frame length: {exc.reason}", offset=self._consumed
-            ) from None
-        if length > self.max_frame:
-            raise ReplicationProtocolError(
-                f"frame of {length} bytes, over the limit of {self.max_frame}",
-                offset=self._consumed,
-            )
-        if len(buf) - pos < length:
-            return None
+        pos, end = extent
         with memoryview(buf) as view:
-            frame = bytes(view[pos : pos + length])  # the one copy: records are views of it
+            frame = bytes(view[pos:end])  # the one copy: records are views of it
         base = self._consumed + pos
-        del buf[: pos + length]
-        self._consumed += pos + length
+        del buf[:end]
+        self._consumed += end
         return decode_body(memoryview(frame), base)
