@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from ambrosia_py.coordinator.registry.backends import open_registry
+from ambrosia_py.coordinator.registry.interface import Endpoint
 from ambrosia_py.coordinator.registry.primary import Term, open_election
 from ambrosia_py.testing import wait_for
 from tests.test_replicas_failover import (
@@ -136,6 +137,17 @@ def wait_listing(what: str, registry: Registry, shows: Callable[[list[Row]], boo
     return seen[0]
 
 
+def none_recovering(registry: Registry) -> list[Row]:
+    """The rows once all three replicas are listed and none as recovering: each
+    secondary started empty, and says so until it has caught up (it publishes that
+    within a second or so)."""
+    return wait_listing(
+        "no secondary to be shown recovering",
+        registry,
+        lambda rows: len(rows) == 3 and all("recovering" not in r["role"] for r in rows),
+    )
+
+
 def caught_up(registry: Registry) -> None:
     """Once calls have stopped and all three replicas have published the same position,
     no secondary is shown behind."""
@@ -155,7 +167,8 @@ def test_instances_shows_each_replica_its_role_and_how_far_behind(
     term = current_term(registry)
     assert term is not None
 
-    instances, rows = listing(registry)
+    rows = none_recovering(registry)
+    instances, _ = listing(registry)
     assert [i["name"] for i in instances] == ["counter"]
     assert current_term(registry) == term, "the term moved while nothing failed"
     assert sorted(int(r["replica"]) for r in rows) == [0, 1, 2]
@@ -219,6 +232,26 @@ def test_instances_shows_each_replica_its_role_and_how_far_behind(
     assert {r["role"] for r in rows if r is not new} == {"secondary"}
 
 
+def test_a_replica_still_recovering_is_shown_so(tmp_path: Path) -> None:
+    """Replicas registered in a SQLite registry by this process (no term yet): one that
+    started empty and has not caught up, one that has."""
+    registry = Registry(str(tmp_path / "registry.sqlite3"), "ambrosia", tmp_path)
+    reg = open_registry(registry.spec, registry.root, registry.cluster)
+    try:
+        reg.register("counter")
+        election = open_election(reg)
+        try:
+            election.register_replica("counter", 1, Endpoint("127.0.0.1", 7001), 5, True)
+            election.register_replica("counter", 2, Endpoint("127.0.0.1", 7002), 9)
+            rows = listing(registry)[1]
+        finally:
+            election.close()
+    finally:
+        reg.close()
+    roles = {r["replica"]: r["role"] for r in rows}
+    assert roles == {"1": "secondary (recovering)", "2": "secondary"}
+
+
 def test_instances_without_replicas_shows_no_replicas_and_creates_nothing(
     tmp_path: Path,
 ) -> None:
@@ -246,6 +279,7 @@ def test_a_paused_secondary_is_shown_behind_until_it_catches_up(
     assert term is not None
     paused = machines[(term.replica + 1) % 3]
     assert paused.process is not None and paused.process.proc is not None
+    none_recovering(registry)
     pids = [paused.process.proc.pid, paused.process.coordinator_pid()]
     callers = Callers(registry, secret, 2)
     callers.start()

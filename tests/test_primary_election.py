@@ -14,6 +14,7 @@ import contextlib
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -23,7 +24,9 @@ from typing import TypeVar
 
 import pytest
 
+from ambrosia_py.coordinator.registry.backends import open_registry
 from ambrosia_py.coordinator.registry.etcd_client import EtcdUnavailable
+from ambrosia_py.coordinator.registry.etcd_primary import _replica
 from ambrosia_py.coordinator.registry.interface import Endpoint, RegistryError
 from ambrosia_py.coordinator.registry.primary import (
     PrimaryElection,
@@ -154,6 +157,53 @@ def test_the_first_campaign_wins_and_others_lose_while_it_holds(
     one.resign(first)  # long over: the term after it stays
     one.resign(second)  # not its own to end
     assert one.current(NAME) == second
+
+
+def test_a_replica_says_whether_it_recovers(backend: Backend, elect: Elect) -> None:
+    one = elect(1)
+    assert not one.replicas(NAME)[0].recovering  # registered as the fixture does
+    one.register_replica(NAME, 1, Endpoint("127.0.0.1", 7001), 3, recovering=True)
+    assert one.replicas(NAME)[0].recovering
+    one.register_replica(NAME, 1, Endpoint("127.0.0.1", 7001), 40)  # caught up
+    (replica,) = one.replicas(NAME)
+    assert (replica.log_position, replica.recovering) == (40, False)
+
+
+def test_an_etcd_replica_record_without_recovering_reads_as_not_recovering() -> None:
+    key, base = "/c/replicas/svc/1", '"host":"h","host_name":"m","log_position":4,"port":7001'
+    assert not _replica(key, "1", ("{" + base + "}").encode()).recovering
+    assert _replica(key, "1", ("{" + base + ',"recovering":true}').encode()).recovering
+    with pytest.raises(RegistryError, match="field 'recovering' is 'yes', not true or false"):
+        _replica(key, "1", ("{" + base + ',"recovering":"yes"}').encode())
+
+
+def test_a_sqlite_registry_made_before_gains_the_column(tmp_path: Path) -> None:
+    """A registry file whose replicas table has no ``recovering`` column (as made before
+    replicas said it) gains it, its rows reading as not recovering."""
+    spec = str(tmp_path / "registry.sqlite3")
+    reg = open_registry(spec, tmp_path, "c")
+    reg.register(NAME)
+    reg.close()
+    with sqlite3.connect(spec) as db:
+        db.execute(
+            "CREATE TABLE replicas (name TEXT NOT NULL REFERENCES instances(name), "
+            "replica INTEGER NOT NULL, host TEXT NOT NULL, port INTEGER NOT NULL, "
+            "host_name TEXT NOT NULL, log_position INTEGER NOT NULL, "
+            "PRIMARY KEY (name, replica))"
+        )
+        db.execute("INSERT INTO replicas VALUES (?, 1, '127.0.0.1', 7001, 'm', 8)", (NAME,))
+    reg = open_registry(spec, tmp_path, "c")
+    try:
+        election = open_election(reg)
+        try:
+            election.register_replica(NAME, 2, Endpoint("127.0.0.1", 7002), 9, recovering=True)
+            with sqlite3.connect(spec) as db:
+                rows = db.execute("SELECT replica, recovering FROM replicas ORDER BY replica")
+                assert rows.fetchall() == [(1, 0), (2, 1)]
+        finally:
+            election.close()
+    finally:
+        reg.close()
 
 
 def test_a_killed_holders_role_is_won_with_a_higher_epoch(

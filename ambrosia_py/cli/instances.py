@@ -11,7 +11,9 @@ holds the current term and its epoch, where each replica takes the shipped log, 
 far its log reaches. Each replica publishes that position about once a second
 (``coordinator/replicas/node.py``), so how far a secondary is behind the primary is the
 difference of two positions published at different moments: approximate, and never
-shown below zero (a secondary cannot truly be ahead of the primary it copies).
+shown below zero (a secondary cannot truly be ahead of the primary it copies). A
+secondary started with an empty data dir and not caught up since is "secondary
+(recovering)": no new term counts it until it has caught up.
 """
 
 from __future__ import annotations
@@ -70,6 +72,13 @@ class _ReplicaLine:
     address: Endpoint
     log_position: int
     behind: int | None
+    recovering: bool = False
+
+
+def _role(line: _ReplicaLine) -> str:
+    if line.primary:
+        return "primary"
+    return "secondary (recovering)" if line.recovering else "secondary"
 
 
 def _replica_lines(instance: str, replicas: list[Replica], term: Term | None) -> list[_ReplicaLine]:
@@ -85,6 +94,7 @@ def _replica_lines(instance: str, replicas: list[Replica], term: Term | None) ->
             host_name=r.host_name,
             address=r.address,
             log_position=r.log_position,
+            recovering=r.recovering,
             behind=(
                 None
                 if primary is None or r is primary
@@ -208,7 +218,7 @@ def _replica_table(where: str, lines: list[_ReplicaLine]) -> Table:
         table.add_row(
             line.instance,
             str(line.replica),
-            "primary" if line.primary else "secondary",
+            _role(line),
             or_dash(line.epoch),
             or_dash(line.since),
             line.host_name,

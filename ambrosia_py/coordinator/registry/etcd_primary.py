@@ -4,7 +4,8 @@ epoch that is the revision of the write that began the term.
 Keys, beside the registry's (:mod:`.etcd_records`; values strict JSON, read as strictly)::
 
     /<cluster>/primary/<name>          {"replica", "log_position"}   the current term
-    /<cluster>/replicas/<name>/<N>     {"host", "port", "host_name", "log_position"}
+    /<cluster>/replicas/<name>/<N>     {"host", "port", "host_name", "log_position",
+                                        "recovering" (may be left out: false)}
 
 Both live under the lease of the process that wrote them: the registry's one lease per
 process (:class:`.etcd_lease.LeaseKeeper`), which its replica registration uses too; so a
@@ -100,7 +101,12 @@ class EtcdPrimaryElection:
     # --- replicas ----------------------------------------------------------------------
 
     def register_replica(
-        self, instance: str, replica: int, address: Endpoint, log_position: int
+        self,
+        instance: str,
+        replica: int,
+        address: Endpoint,
+        log_position: int,
+        recovering: bool = False,
     ) -> None:
         check_replica(replica, log_position, address)
         key = self._keys(instance)[1] + str(replica)
@@ -109,6 +115,7 @@ class EtcdPrimaryElection:
             "port": address.port,
             "host_name": self._registry.host_name,
             "log_position": log_position,
+            "recovering": recovering,
         }
         self._run(self._register(instance, replica, key, _json(record)))
 
@@ -279,12 +286,14 @@ def _term(instance: str, kv: KeyValue) -> Term:
 def _replica(key: str, number: str, raw: bytes) -> Replica:
     if not (number.isascii() and number.isdigit()) or str(int(number)) != number:
         raise RegistryError(f"etcd key {key}: {number!r} is not a replica number")
-    fields = _Fields(key, raw, ("host", "port", "host_name", "log_position"))
+    expected = ("host", "port", "host_name", "log_position")
+    fields = _Fields(key, raw, expected, optional=("recovering",))
     return Replica(
         int(number),
         Endpoint(fields.text("host"), fields.required_int("port", (1, 65535))),
         fields.required_int("log_position", _POSITION),
         fields.text("host_name"),
+        fields.flag("recovering"),
     )
 
 

@@ -126,9 +126,12 @@ def _refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 class _Fields:
-    """The fields of one JSON object read from ``key``, taken one by one and checked."""
+    """The fields of one JSON object read from ``key``, taken one by one and checked:
+    every ``expected`` one there, ``optional`` ones perhaps, no other."""
 
-    def __init__(self, key: str, raw: bytes, expected: tuple[str, ...]) -> None:
+    def __init__(
+        self, key: str, raw: bytes, expected: tuple[str, ...], optional: tuple[str, ...] = ()
+    ) -> None:
         self.key = key
         try:
             doc = json.loads(
@@ -141,7 +144,7 @@ class _Fields:
         if not isinstance(doc, dict):
             raise RegistryError(f"etcd key {key}: the value is not a JSON object")
         missing = [f for f in expected if f not in doc]
-        unknown = sorted(set(doc) - set(expected))
+        unknown = sorted(set(doc) - set(expected) - set(optional))
         if missing:
             raise RegistryError(f"etcd key {key}: field {missing[0]!r} is missing")
         if unknown:
@@ -165,6 +168,15 @@ class _Fields:
     def required_int(self, field: str, bounds: tuple[int, int]) -> int:
         value = self.integer(field, bounds)
         assert value is not None
+        return value
+
+    def flag(self, field: str) -> bool:
+        """An optional true or false, false when left out."""
+        value = self.doc.get(field, False)
+        if not isinstance(value, bool):
+            raise RegistryError(
+                f"etcd key {self.key}: field {field!r} is {value!r}, not true or false"
+            )
         return value
 
     def text(self, field: str) -> str:

@@ -72,12 +72,15 @@ class Term:
 @attrs.frozen
 class Replica:
     """A live replica: where it takes the shipped log (``address``), how far its log
-    reaches (``log_position``), and the name of its machine."""
+    reaches (``log_position``), the name of its machine, and whether it is
+    ``recovering`` (started with an empty data dir and not caught up since: new terms do
+    not count it, docs/replication.md)."""
 
     replica: int
     address: Endpoint
     log_position: int
     host_name: str
+    recovering: bool = False
 
 
 def check_replica(replica: int, log_position: int, address: Endpoint | None = None) -> None:
@@ -111,11 +114,16 @@ class PrimaryElection(Protocol):
         ...
 
     def register_replica(
-        self, instance: str, replica: int, address: Endpoint, log_position: int
+        self,
+        instance: str,
+        replica: int,
+        address: Endpoint,
+        log_position: int,
+        recovering: bool = False,
     ) -> None:
         """Publish replica ``replica`` of ``instance`` as this process's, live while the
-        process is (again to move ``log_position`` on). A replica number another live
-        process registered is refused."""
+        process is (again to move ``log_position`` on, or say it no longer recovers). A
+        replica number another live process registered is refused."""
         ...
 
     def replicas(self, instance: str) -> list[Replica]:

@@ -66,9 +66,12 @@ _SCHEMA = (
         port INTEGER NOT NULL,
         host_name TEXT NOT NULL,
         log_position INTEGER NOT NULL,
+        recovering INTEGER NOT NULL DEFAULT 0,
         PRIMARY KEY (name, replica)
     )""",
 )
+# A registry file made before replicas said whether they recover gains the column.
+_RECOVERING_COLUMN = "ALTER TABLE replicas ADD COLUMN recovering INTEGER NOT NULL DEFAULT 0"
 # struct flock: l_type, l_whence, l_start, l_len, l_pid (64-bit Linux); the whole file.
 _FLOCK = struct.Struct("hhqqi")
 _BUSY = (errno.EAGAIN, errno.EACCES)
@@ -90,6 +93,9 @@ class SqlitePrimaryElection:
         with registry._write() as db:
             for statement in _SCHEMA:
                 db.execute(statement)
+            columns = {row[1] for row in db.execute("PRAGMA table_info(replicas)")}
+            if "recovering" not in columns:
+                db.execute(_RECOVERING_COLUMN)
 
     @property
     def where(self) -> str:
@@ -122,7 +128,12 @@ class SqlitePrimaryElection:
     # --- replicas ----------------------------------------------------------------------
 
     def register_replica(
-        self, instance: str, replica: int, address: Endpoint, log_position: int
+        self,
+        instance: str,
+        replica: int,
+        address: Endpoint,
+        log_position: int,
+        recovering: bool = False,
     ) -> None:
         check_replica(replica, log_position, address)
         path = self._path(f"replica.{replica}", instance)
@@ -139,10 +150,12 @@ class SqlitePrimaryElection:
                 with self._registry._write() as db:
                     self._registry._require(db, instance)
                     db.execute(
-                        "INSERT INTO replicas VALUES (?, ?, ?, ?, ?, ?) "
+                        "INSERT INTO replicas (name, replica, host, port, host_name, "
+                        "log_position, recovering) VALUES (?, ?, ?, ?, ?, ?, ?) "
                         "ON CONFLICT (name, replica) DO UPDATE SET host = excluded.host, "
                         "port = excluded.port, host_name = excluded.host_name, "
-                        "log_position = excluded.log_position",
+                        "log_position = excluded.log_position, "
+                        "recovering = excluded.recovering",
                         (
                             instance,
                             replica,
@@ -150,6 +163,7 @@ class SqlitePrimaryElection:
                             address.port,
                             socket.gethostname(),
                             log_position,
+                            int(recovering),
                         ),
                     )
             except BaseException:
@@ -160,17 +174,18 @@ class SqlitePrimaryElection:
 
     def replicas(self, instance: str) -> list[Replica]:
         rows = self._read(
-            "SELECT replica, host, port, log_position, host_name FROM replicas "
+            "SELECT replica, host, port, log_position, host_name, recovering FROM replicas "
             "WHERE name = ? ORDER BY replica",
             (instance,),
         )
         found = []
-        for replica, host, port, log_position, host_name in rows:
+        for replica, host, port, log_position, host_name, recovering in rows:
             assert isinstance(replica, int) and isinstance(port, int)
             assert isinstance(log_position, int)
             if _locked(self._path(f"replica.{replica}", instance)):
+                address = Endpoint(str(host), port)
                 found.append(
-                    Replica(replica, Endpoint(str(host), port), log_position, str(host_name))
+                    Replica(replica, address, log_position, str(host_name), bool(recovering))
                 )
         return found
 

@@ -43,7 +43,7 @@ class Leading:
     core: Primary | Secondary
     term: Term | None
     address: Endpoint
-    _published: int
+    _published: tuple[int, bool]
     _seen: Term | None
     _won: asyncio.Future[Term]
     _failed: asyncio.Future[None]
@@ -62,19 +62,20 @@ class Leading:
         raise NotImplementedError
 
     async def _publish(self) -> None:
-        """Register (again) where this replica listens and how far its log reaches."""
-        end = self._end()
+        """Register (again) where this replica listens, how far its log reaches and
+        whether it recovers."""
+        said = (self._end(), self.disk.state.recovering)
         await asyncio.to_thread(
-            self.election.register_replica, self.instance, self.replica, self.address, end
+            self.election.register_replica, self.instance, self.replica, self.address, *said
         )
-        self._published = end
+        self._published = said
 
     async def _positions(self) -> None:
         """Keep the log position the registry shows (``instances``: how far behind each
         replica is) within a second of the log's."""
         while True:
             await asyncio.sleep(POSITION_EVERY)
-            if self._end() != self._published:
+            if (self._end(), self.disk.state.recovering) != self._published:
                 try:
                     await self._publish()
                 except RegistryError as exc:  # shown late, not wrong: said, and tried again

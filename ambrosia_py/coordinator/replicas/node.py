@@ -165,7 +165,7 @@ class ReplicaNode(LogWork, Leading, Versions):
         # A secondary rolls its log for a checkpoint of its own past this many bytes.
         self.trigger_bytes: int | None = None
         self._deferred: deque[Callable[[], None]] = deque()  # disk steps after a sync
-        self._published = -1  # the log position last registered
+        self._published = (-1, False)  # the log position, recovering, last registered
         self._version_said: VersionFrom | None = None  # before a follower was attached
 
     # --- start and stop -------------------------------------------------------------------
