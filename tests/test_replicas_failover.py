@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from ambrosia_py.bench.replica_cluster import could_lead
 from ambrosia_py.client import Client
 from ambrosia_py.coordinator.registry.backends import open_registry
 from ambrosia_py.coordinator.registry.primary import Term, open_election
@@ -61,10 +62,8 @@ class Machine:
         self.service = service
         self.instance = instance
         self.process: ServiceProcess | None = None
-        self.started_empty = False  # its data dir held nothing at its last start
 
     def start(self, env: dict[str, str] | None = None, extra: tuple[str, ...] = ()) -> None:
-        self.started_empty = not self.data_dir.exists() or not any(self.data_dir.iterdir())
         args = [
             "--registry",
             self.registry.spec,
@@ -131,13 +130,12 @@ def newer_term(registry: Registry, than: Term) -> bool:
 
 
 def installed(machine: Machine) -> bool:
-    """Whether a replica could take over: it was sent a checkpoint and, started with an
-    empty data dir, has caught up since (until then no new term counts it)."""
+    """Whether a replica could take over: it was sent a checkpoint and, if it started
+    empty once the instance was founded (it recovers), has caught up since (until then
+    no new term counts it)."""
     assert machine.process is not None
     machine.process.check_alive()
-    out = machine.process.output()
-    caught_up = not machine.started_empty or "caught up (its log is durable" in out
-    return "installed a shipped checkpoint" in out and caught_up
+    return could_lead(machine.process.output())
 
 
 def sqlite_machines(tmp_path: Path, n: int = 3, *group: str) -> list[Machine]:

@@ -43,15 +43,27 @@ from ..testing import ServiceProcess, wait_for
 from ..testing.ports import free_ports
 from .compare_peer_process import PeerProcess, group_gone
 
-__all__ = ["GROUP_LEADER", "SERVICE", "ReplicaGroup", "ReplicaMachine"]
+__all__ = ["GROUP_LEADER", "SERVICE", "ReplicaGroup", "ReplicaMachine", "could_lead"]
 
 # The durable counter every caller of ``bench compare`` calls (``add(b"x")`` adds one).
 SERVICE = "ambrosia_py.bench.ingress:IngressBench"
 INSTANCE = "counter"
 READY = "ingress listening on"  # what a primary (or a standalone instance) prints
-# What a secondary started empty prints once it could lead: it holds a checkpoint and has
-# caught up (docs/replication.md, "A machine lost with its disk").
+# What a secondary prints once it holds a checkpoint the primary sent; one started empty
+# once the instance was founded says so, and that it has caught up after (it counts
+# toward a new term only then: docs/replication.md, "A machine lost with its disk").
+INSTALLED = "installed a shipped checkpoint"
+RECOVERS = "starts empty after"
 CAUGHT_UP = "caught up (its log is durable"
+
+
+def could_lead(output: str) -> bool:
+    """Whether a secondary's ``output`` (of one start) says it holds a checkpoint the
+    primary sent and counts toward a new term (it does not recover, or caught up)."""
+    caught_up = RECOVERS not in output or CAUGHT_UP in output
+    return INSTALLED in output and caught_up
+
+
 GONE_TIMEOUT = 10.0
 # ``python -c GROUP_LEADER BENCH_PID ARGV...``: run ARGV, and SIGKILL the whole process
 # group when the bench dies (also if it died before the signal was asked for).
@@ -207,9 +219,14 @@ class ReplicaGroup:
                 self.wait_caught_up(machine, timeout)
 
     def wait_caught_up(self, machine: ReplicaMachine, timeout: float) -> None:
-        """Wait until ``machine``, a secondary started empty, holds a checkpoint the
-        primary sent and has caught up (it counts toward a new term)."""
-        wait_for(f"{machine.name} to catch up", lambda: machine.says(CAUGHT_UP), timeout)
+        """Wait until ``machine``, a secondary, holds a checkpoint the primary sent and,
+        if it recovers, has caught up: it counts toward a new term."""
+
+        def counts() -> bool:
+            machine.says(INSTALLED)  # raises if it exited
+            return could_lead(machine.output())
+
+        wait_for(f"{machine.name} to catch up", counts, timeout)
 
     def election(self) -> PrimaryElection:
         """The primary role in the group's registry (opened once, by this process)."""

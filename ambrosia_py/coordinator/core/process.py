@@ -190,10 +190,21 @@ async def _start_replica(
         raise CoordinatorError(str(exc)) from None
     state = load_replica_state(files, replica=config.replica)
     if state is None:
-        # An empty data dir: a new machine, or one that lost its disk. It may have
+        # An empty data dir. Once the instance was founded (the registry holds its first
+        # checkpoint), it is a new machine or one that lost its disk: it may have
         # acknowledged records it no longer holds, so it recovers (new terms do not
-        # count it) until it has caught up; founding the instance, it does not.
-        state = ReplicaState(config.replica, 0, (), recovering=True, group=group.shape)
+        # count it) until it has caught up. Before, it is one of the replicas replica 0
+        # waits for to found it: nothing was committed yet.
+        info = registry.get(config.instance)
+        founded = info is not None and info.last_checkpoint is not None
+        state = ReplicaState(config.replica, 0, (), recovering=founded, group=group.shape)
+        if founded:
+            log.info(
+                "replica %d starts empty after %r was founded: it recovers (no new term "
+                "counts it) until it has caught up",
+                config.replica,
+                config.instance,
+            )
     else:
         _check_group(state, group, files)
         state = attrs.evolve(state, group=group.shape)  # saved with the next save
