@@ -46,7 +46,7 @@ def test_a_log_the_primary_cannot_vouch_for_is_replaced_by_its_checkpoint() -> N
     # Replica 1 holds 0..12 of terms 1 and 2; the primary's history starts at 20.
     s = secondary(9, H([(1, 0), (2, 6)]), 12, commit_end=8)
     primary_history = H([(4, 20), (9, 40)])
-    s.receive(0, Sync(9, primary_history), 0.0)
+    s.receive(0, Sync(9, primary_history, log_end=40), 0.0)
     events = s.events()
     # Nothing truncated, saved or acknowledged: it waits for the checkpoint.
     assert not [e for e in events if isinstance(e, TruncateLog | SaveHistory)]
@@ -64,7 +64,7 @@ def test_a_log_sharing_no_epoch_but_wholly_past_the_first_entry_is_truncated() -
     """No record below the primary's first entry: those of terms it never heard of are
     not committed, as before compaction."""
     s = secondary(9, H([(2, 20)]), 30, log_base=22, commit_end=22)
-    s.receive(0, Sync(9, H([(4, 20), (9, 40)])), 0.0)
+    s.receive(0, Sync(9, H([(4, 20), (9, 40)]), log_end=40), 0.0)
     assert TruncateLog(22) in s.events()
     assert s.state is SecondaryState.STREAMING
 
@@ -94,7 +94,7 @@ def test_a_secondary_keeps_its_own_entries_below_the_primarys_first() -> None:
     """Its history must reach every record of its log above its checkpoint, so that as a
     primary it compacts only below a checkpoint of its own."""
     s = secondary(9, H([(1, 0), (3, 5), (4, 12)]), 30, log_base=2, commit_end=2)
-    s.receive(0, Sync(9, H([(4, 12), (9, 30)])), 0.0)
+    s.receive(0, Sync(9, H([(4, 12), (9, 30)]), log_end=30), 0.0)
     joined = H([(1, 0), (3, 5), (4, 12), (9, 30)])
     assert SaveHistory(joined) in s.events()
     assert s.history == joined

@@ -31,7 +31,7 @@ def asking(*, version: int = 0, term_version: int = 0) -> Secondary:
     """Replica 1, started to upgrade, synced at 10 to the primary of epoch 5 (replica 0)."""
     s = secondary(5, ONE, 10, version=version, upgrade_to=version + 1)
     s.group = Group.of({s.replica})  # alone: no probe before the report
-    s.receive(0, Sync(5, TERM, term_version, 0), 0.0)
+    s.receive(0, Sync(5, TERM, term_version, 0, log_end=10), 0.0)
     s.events()
     return s
 
@@ -141,7 +141,7 @@ def test_the_replica_handed_the_role_takes_it_and_the_others_leave_it() -> None:
     assert RoleHandedOver(5, 0) in s.events()
 
     other = secondary(5, ONE, 10)
-    other.receive(0, Sync(5, TERM), 0.0)
+    other.receive(0, Sync(5, TERM, log_end=10), 0.0)
     other.events()
     other.receive(0, Handover(5, 2, 10), 0.01)
     assert other.events() == []
@@ -161,7 +161,7 @@ def test_a_late_ask_reaching_a_replica_no_longer_primary_is_ignored() -> None:
     """Meant for a primary: a secondary (the old primary, once it stepped down) drops it
     rather than take its sender for a second primary of the epoch."""
     s = secondary(5, ONE, 10)
-    s.receive(0, Sync(5, TERM), 0.0)
+    s.receive(0, Sync(5, TERM, log_end=10), 0.0)
     s.events()
     s.receive(2, AskRole(5, 10), 0.01)
     assert s.events() == []

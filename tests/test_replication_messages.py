@@ -60,7 +60,10 @@ VECTORS: list[tuple[Message, str]] = [
     (Position(4, 0, History(), (5, 3)), "08 01 02 04 00 00 05 03 00"),
     (Position(7, 0, History(), (3, 2), recovering=True), "08 01 02 07 00 00 03 02 01"),
     # ... then version 2 of the instance from seq 300; the primary's log ends at 301
-    (Sync(4, History.of([(1, 0), (4, 20)]), 2, 300, 301), "0d 01 03 04 02 0100 0414 02 ac02 ad02"),
+    (
+        Sync(4, History.of([(1, 0), (4, 20)]), 2, 300, log_end=301),
+        "0d 01 03 04 02 0100 0414 02 ac02 ad02",
+    ),
     (CheckpointChunk(2, 40, 5, 2, b"cd"), "08 01 09 02 28 05 02 6364"),
     (CheckpointChunk(2, 40, 0, 0, b""), "06 01 09 02 28 00 00"),
     (Append(2, 7, 6, (EMPTY_RECORD_7,)), "21 01 04 02 07 06 01 1a" + EMPTY_RECORD_7.hex()),
@@ -131,7 +134,7 @@ def syncs(draw: st.DrawFn) -> Sync:
     log_end = start + draw(st.integers(0, 100))
     since = draw(st.integers(0, log_end))
     version = draw(st.integers(0, 2**31 - 1))
-    return Sync(epoch, history.extended(epoch, start), version, since, log_end)
+    return Sync(epoch, history.extended(epoch, start), version, since, log_end=log_end)
 
 
 messages = st.one_of(

@@ -40,7 +40,7 @@ def secondary(replica: int, group: Group | None, epoch: int = 3) -> Secondary:
 def streaming(replica: int = 1, group: Group | None = None, epoch: int = 3) -> Secondary:
     """A secondary of a group of three, synced to replica 0, primary of ``epoch``."""
     s = secondary(replica, Group.of({0, 1, 2}) if group is None else group, epoch)
-    s.receive(0, Sync(epoch, History.of([(1, 0), (epoch, 5)])), 0.0)
+    s.receive(0, Sync(epoch, History.of([(1, 0), (epoch, 5)]), log_end=5), 0.0)
     s.events()
     return s
 

@@ -32,7 +32,7 @@ def streaming(epoch: int = 5) -> Secondary:
     """Replica 1, synced to replica 0, primary of ``epoch`` since seq 10."""
     s = secondary(epoch, ONE, 10)
     s.timing = TIMING
-    s.receive(0, Sync(epoch, History.of([(1, 0), (epoch, 10)])), 0.0)
+    s.receive(0, Sync(epoch, History.of([(1, 0), (epoch, 10)]), log_end=10), 0.0)
     s.events()
     return s
 

@@ -85,7 +85,7 @@ def secondary(epoch: int = 3, history: History = ONE, end: int = 5, **kw: int) -
 def streaming(epoch: int = 3, end: int = 5) -> Secondary:
     """A secondary synced to replica 0, primary of ``epoch`` since seq 5."""
     s = secondary(epoch, H([(1, 0)]), end)
-    s.receive(0, Sync(epoch, H([(1, 0), (epoch, 5)])), 0.0)
+    s.receive(0, Sync(epoch, H([(1, 0), (epoch, 5)]), log_end=5), 0.0)
     s.events()
     return s
 
@@ -214,7 +214,7 @@ def test_joining_it_writes_acknowledges_and_learns_nothing() -> None:
 
 def test_sync_truncates_the_disagreeing_tail_then_takes_the_history() -> None:
     s = secondary(epoch=4, history=H([(1, 0), (2, 5)]), end=9)
-    s.receive(0, Sync(4, H([(1, 0), (3, 6), (4, 8)])), 0.1)
+    s.receive(0, Sync(4, H([(1, 0), (3, 6), (4, 8)]), log_end=8), 0.1)
     # Record 5 is of epoch 2 here, of epoch 1 there: the logs agree below 5.
     assert s.events() == [
         TruncateLog(5),
@@ -229,7 +229,7 @@ def test_a_late_or_repeated_sync_truncates_nothing_more() -> None:
     s = streaming(epoch=3)
     s.receive(0, Append(3, 5, 0, recs(5, 9)), 0.1)
     s.events()
-    s.receive(0, Sync(3, H([(1, 0), (3, 5)])), 0.2)
+    s.receive(0, Sync(3, H([(1, 0), (3, 5)]), log_end=5), 0.2)
     assert not any(isinstance(e, TruncateLog | SaveHistory) for e in s.events())
     assert s.log_end == 9
 
@@ -237,7 +237,7 @@ def test_a_late_or_repeated_sync_truncates_nothing_more() -> None:
 def test_sync_never_truncates_what_it_knows_committed() -> None:
     s = secondary(epoch=4, history=H([(1, 0), (2, 5)]), end=9, commit_end=8)
     with pytest.raises(ReplicationRuleError, match="known committed"):
-        s.receive(0, Sync(4, H([(1, 0), (4, 6)])), 0.1)
+        s.receive(0, Sync(4, H([(1, 0), (4, 6)]), log_end=6), 0.1)
 
 
 def test_a_log_agrees_with_every_history_below_its_checkpoint() -> None:
@@ -245,7 +245,7 @@ def test_a_log_agrees_with_every_history_below_its_checkpoint() -> None:
     yet; a SYNC then finds no epoch in common. What lies below the checkpoint is committed,
     so the log agrees there: nothing is truncated, nothing refused."""
     s = secondary(epoch=3, history=H([]), end=40, log_base=40, commit_end=40)
-    s.receive(0, Sync(3, H([(1, 0), (3, 30)])), 0.1)
+    s.receive(0, Sync(3, H([(1, 0), (3, 30)]), log_end=30), 0.1)
     events = s.events()
     assert not any(isinstance(e, TruncateLog) for e in events)
     assert SaveHistory(H([(1, 0), (3, 30)])) in events
@@ -552,7 +552,7 @@ def _figure_8() -> tuple[Primary, Secondary]:
     a.records_read(2, 5, (rec(5, "e2-"),), 0.02)
     append = sent(a.events())[-1][1]
     c = secondary(epoch=3, history=H([(1, 0)]), end=5, commit_end=5, replica=2)
-    c.receive(0, Sync(4, a.history), 0.03)
+    c.receive(0, Sync(4, a.history, log_end=a.log_end), 0.03)
     c.receive(0, append, 0.03)
     c.records_durable(6)
     acks = [m for _, m in sent(c.events()) if isinstance(m, Ack)]
@@ -587,7 +587,7 @@ def test_earlier_terms_records_are_not_committed_by_counting_them() -> None:
     c.receive(1, NewTerm(5, GROUP.shape), 0.06)
     b.receive(2, sent(c.events())[-1][1], 0.06)
     assert b.state.name == "ESTABLISHED"
-    c.receive(1, Sync(5, b.history), 0.07)
+    c.receive(1, Sync(5, b.history, log_end=b.log_end), 0.07)
     assert TruncateLog(5) in c.events()
 
 

@@ -27,7 +27,7 @@ TERM = History.of([(1, 0), (5, 10)])
 def synced(version: int, *, term_version: int, since: int, end: int = 10) -> Secondary:
     """Replica 1, its binding at ``version``, synced to the primary of epoch 5."""
     s = secondary(5, ONE, end, version=version)
-    s.receive(0, Sync(5, TERM, term_version, since), 0.0)
+    s.receive(0, Sync(5, TERM, term_version, since, log_end=10), 0.0)
     return s
 
 
@@ -81,7 +81,7 @@ def test_once_upgraded_in_place_the_new_version_is_its_own() -> None:
 def test_a_higher_epoch_forgets_the_terms_version() -> None:
     s = synced(0, term_version=1, since=10)
     s.events()
-    s.receive(2, Sync(6, TERM.extended(6, 10), 0, 0), 0.01)
+    s.receive(2, Sync(6, TERM.extended(6, 10), 0, 0, log_end=10), 0.01)
     assert not [e for e in s.events() if isinstance(e, VersionFrom)]
     assert s.term_version == (0, 0)
 

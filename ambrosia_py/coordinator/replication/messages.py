@@ -200,7 +200,8 @@ class Sync:
     history: History
     version: int = 0
     since: int = 0
-    log_end: int = 0
+    # Said by every SYNC (a recovering replica's safety rests on it): no default.
+    log_end: int = attrs.field(kw_only=True)
 
 
 @attrs.frozen
@@ -513,7 +514,7 @@ def decode_body(body: memoryview, base: int = 0) -> Message:
                 f.fail(f"since {since} is past log_end {log_end}", since_at)
             if history.entries[-1].start > log_end:
                 f.fail(f"history starts epoch {epoch} past log_end {log_end}", end_at)
-            msg = Sync(epoch, history, version, since, log_end)
+            msg = Sync(epoch, history, version, since, log_end=log_end)
         case Kind.APPEND:
             first_seq = f.uint("first_seq")
             commit_end = f.uint("commit_end")

@@ -485,7 +485,7 @@ class Primary(Handing, EventQueue):
         assert feed.position is not None
         pos = feed.position
         agreed = agreement(pos.history, pos.log_end, self.history, self.log_end)
-        sync = Sync(self.epoch, self.history, self.version, self.since, self.log_end)
+        sync = Sync(self.epoch, self.history, self.version, self.since, log_end=self.log_end)
         self._send(replica, sync, now)
         if agreed is None:
             # No epoch in common: nothing it holds is vouched for (this history may be
