@@ -71,6 +71,7 @@ pre-vote). A replica answers "silent" when it has heard nothing from its primary
 ``failover_after / 2``; a primary always answers "not silent". The report comes again,
 after a new round, every ``failover_after`` while the silence lasts. Probes neither
 raise nor refuse epochs. In a group of one (a core alone) the report comes at once.
+The probing is in :mod:`.prevote`.
 
 A NEW_TERM of another group than this replica's (``--replicas`` and
 ``--replication-ack`` differ) stops it (:class:`~.errors.GroupMismatchError`): a term's
@@ -87,7 +88,6 @@ from .events import (
     EventQueue,
     Group,
     InstallCheckpoint,
-    PrimaryLost,
     Recovered,
     Replayable,
     SaveEpoch,
@@ -122,6 +122,7 @@ from .messages import (
     Sync,
     TakenChunk,
 )
+from .prevote import Probing
 from .states import SECONDARY, SecondaryEvent, SecondaryState, step
 
 __all__ = ["LogState", "Secondary"]
@@ -150,7 +151,7 @@ class LogState(Protocol):
     def commit_end(self) -> int: ...
 
 
-class Secondary(Asking, EventQueue):
+class Secondary(Asking, Probing, EventQueue):
     """A secondary replica (see the module). ``epoch`` and ``history`` are what it saved;
     ``log_base`` the seq its latest checkpoint stands before, ``log_end`` where its log
     ends, ``durable_end`` where its durable part ends (``log_end`` if not given: a log
@@ -208,7 +209,7 @@ class Secondary(Asking, EventQueue):
         self._lost_said = now  # the last PrimaryLost, or the start
         self.group = group
         self._round = 0  # the last probe round asked
-        self._probe: _Round | None = None  # the round under way, if any
+        self._probe = None  # the round under way, if any (prevote.py)
         self._asked: tuple[type[Message], int, float] | None = None
         self._checkpoint: ChunkTransfer | None = None
         self._checkpoint_heard = now
@@ -285,8 +286,7 @@ class Secondary(Asking, EventQueue):
         if isinstance(msg, Position | Ack | Resend | Refuse | TakenChunk | AskRole):
             return  # meant for a primary: this replica is not one
         if isinstance(msg, Probe):
-            silent = now - self._heard >= self.timing.failover_after / 2
-            self._events.append(Send(sender, Silence(self.epoch, msg.round, silent)))
+            self._answer_probe(sender, msg, now)
             return
         if isinstance(msg, Silence):
             self._answered(sender, msg, now)
@@ -393,17 +393,8 @@ class Secondary(Asking, EventQueue):
     def tick(self, now: float) -> None:
         """Time passes: a silent primary is probed, then reported lost; a stalled transfer
         given up; the role asked for (see the module)."""
-        failover_after = self.timing.failover_after
         self._ask_role(now)
-        if now - max(self._heard, self._lost_said) >= failover_after and not self.leaves_role(now):
-            others = self._others()
-            if not others:
-                self._lost(now)
-            elif self._probe is None or now - self._probe.sent >= failover_after / 2:
-                self._round += 1
-                self._probe = _Round(self._round, now)
-                for replica in others:
-                    self._events.append(Send(replica, Probe(self.epoch, self._round)))
+        self._watch_primary(now)
         if (
             self.state is SecondaryState.INSTALLING
             and now - self._checkpoint_heard >= self.timing.retry_after
@@ -413,25 +404,6 @@ class Secondary(Asking, EventQueue):
             self._ask(Position, self.log_end, now, force=True)
 
     # --- inside --------------------------------------------------------------------------
-
-    def _others(self) -> list[int]:
-        """The replicas to probe; none when no other's word is needed."""
-        if self.group.term_quorum <= 1:
-            return []
-        return sorted(self.group.replicas - {self.replica})
-
-    def _answered(self, sender: int, msg: Silence, now: float) -> None:
-        probe = self._probe
-        if probe is None or msg.round != probe.round or not msg.silent:
-            return
-        probe.agreed.add(sender)
-        if len(probe.agreed) >= self.group.term_quorum - 1:
-            self._lost(now)
-
-    def _lost(self, now: float) -> None:
-        self._probe = None
-        self._lost_said = now
-        self._events.append(PrimaryLost(self.epoch, self.primary))
 
     def _adopt(self, epoch: int) -> None:
         self.epoch = epoch
@@ -608,12 +580,3 @@ class Secondary(Asking, EventQueue):
             self._offered_said = True
             self._events.append(VersionFrom(msg.epoch, version, msg.seq, offered=True))
         return False
-
-
-class _Round:
-    """One round of probes: when it was asked, and who answered "silent"."""
-
-    def __init__(self, round: int, sent: float) -> None:
-        self.round = round
-        self.sent = sent
-        self.agreed: set[int] = set()
