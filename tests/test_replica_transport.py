@@ -43,10 +43,13 @@ from ambrosia_py.coordinator.replication import (
     TakenChunk,
     encode_frame,
 )
+from ambrosia_py.coordinator.replication import Group as ReplicaGroup
 from ambrosia_py.wire import IncomingRpc, RpcType, encode_message
 from ambrosia_py.wire.records import Watermark, encode_disk_record
 from tests.certs import mutual_tls, needs_openssl
 from tests.fault_proxy import FaultPlan, FaultProxy, Faults
+
+G3 = ReplicaGroup.of({0, 1, 2})
 
 DEADLINE = 30.0
 INSTANCE = "bank"
@@ -79,7 +82,7 @@ def _confirm(transcript: bytes, label: bytes = b"dialer", secret: bytes = SECRET
 
 def _frame(transcript: bytes, counter: int) -> bytes:
     key = _hmac(SECRET, b"ambrosia-replica-v1 key dialer->acceptor", transcript)
-    return _tagged(key, counter, encode_frame(NewTerm(4, (3, 2))))
+    return _tagged(key, counter, encode_frame(NewTerm(4, G3)))
 
 
 async def _raw_dial(
@@ -137,11 +140,11 @@ def test_the_handshake_and_a_frame_are_the_layouts_bytes() -> None:
 @pytest.mark.parametrize(
     ("after", "error", "offset"),
     [  # what the dialer sends after a good CHALLENGE (T, the transcript); where it fails:
-        # the CONFIRM's proof at 82 + 10, the first frame at 82 + 42, the second 22 on
+        # the CONFIRM's proof at 82 + 10, the first frame at 82 + 42, the second 27 on
         (lambda t: _confirm(t)[:10] + _hmac(SECRET, b"ambrosia-link-v1 dialer", t), "proof", 92),
         (lambda t: _confirm(t, b"acceptor"), "proof does not match", 92),  # reflected
         (lambda t: _confirm(t, secret=b"another secret, 32 bytes long..."), "proof does", 92),
-        (lambda t: _confirm(t) + _frame(t, 0) * 2, "frame 1 on the replica connection", 146),
+        (lambda t: _confirm(t) + _frame(t, 0) * 2, "frame 1 on the replica connection", 151),
         (lambda t: _confirm(t) + _frame(t, 1), "frame 0 on the replica connection fails", 124),
     ],
 )
@@ -261,8 +264,8 @@ def _record(seq: int, size: int = 5) -> bytes:
 def _every_kind(sender: int) -> list[Message]:
     history = History.of([(1, 0), (sender + 2, 7)])
     return [
-        NewTerm(sender + 2, (3, 2)),
-        Position(sender + 2, 9, history, (3, 2)),
+        NewTerm(sender + 2, G3),
+        Position(sender + 2, 9, history, G3),
         Sync(sender + 2, history, log_end=9),
         Append(sender + 2, 7, 7, tuple(_record(seq) for seq in range(7, 10))),
         Heartbeat(sender + 2, 10, 9),
@@ -456,10 +459,10 @@ async def test_a_queue_to_an_unreachable_replica_is_dropped_counted_and_bounded(
         assert sum("passed the limit of 65536 bytes" in r.getMessage() for r in caplog.records) == 1
         assert _said(caplog, "cannot replicate to replica 0 of 'bank' at 127.0.0.1:")
     group.book[0] = reachable  # asked again at the next dial
-    sender.send(0, NewTerm(7, (3, 2)))
-    await _until("the message after", lambda: (1, NewTerm(7, (3, 2))) in group.inboxes[0])
+    sender.send(0, NewTerm(7, G3))
+    await _until("the message after", lambda: (1, NewTerm(7, G3)) in group.inboxes[0])
     kept = [_filler(1000 + i) for i in range(1000 - queued, 1000)]
-    assert group.of(0, 1) == [*kept, NewTerm(7, (3, 2))]
+    assert group.of(0, 1) == [*kept, NewTerm(7, G3)]
     await _until("the end of the drops said", lambda: _said(caplog, "takes frames again"))
     sender.forget(0)  # a replica that left: its connection and queue go
     assert not sender.connected(0) and sender.queued_bytes(0) == 0
@@ -554,8 +557,8 @@ async def test_a_newcomer_evicts_a_silent_connection_when_every_slot_is_taken(
         sender = await group.add(1)
         silent = [await asyncio.open_connection("127.0.0.1", group.book[0].port) for _ in range(2)]
         await _until("both admitted", lambda: group.transports[0].admission.open == 2)
-        sender.send(0, NewTerm(3, (3, 2)))
-        await _until("the message", lambda: group.inboxes[0] == [(1, NewTerm(3, (3, 2)))])
+        sender.send(0, NewTerm(3, G3))
+        await _until("the message", lambda: group.inboxes[0] == [(1, NewTerm(3, G3))])
         await _closed_by_peer(silent[0][0])  # the oldest went
         assert _said(caplog, "closed: all 2 connection slots are taken")
         for _, writer in silent:
@@ -576,7 +579,7 @@ async def test_the_same_exchange_over_mutual_tls(
         await _exchange(group)
         # A holder of the secret without TLS gets nowhere: TLS refuses it first.
         await group.add(3, settings=LinkSettings(secret_file=secret_file))
-        group.transports[3].send(0, NewTerm(9, (3, 2)))
+        group.transports[3].send(0, NewTerm(9, G3))
         await _until("the refusal", lambda: _said(caplog, "replica connection from", "TLS failed"))
         assert not group.transports[3].connected(0)
         assert all(sender != 3 for sender, _ in group.inboxes[0])

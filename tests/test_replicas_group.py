@@ -64,8 +64,9 @@ def test_a_replica_of_another_group_stops_saying_so_and_rejoins_as_the_others(
     shutil.rmtree(replica.data_dir)
     replica.start(extra=("--replication-ack", "3"))
     out = _stops(replica)
-    assert f"replica {term.replica}, primary of epoch {term.epoch}, runs a group of 3" in out
-    assert "committing on 2; this replica was started with 3 and 3" in out
+    assert f"replica {term.replica}, primary of epoch {term.epoch}, runs in a group of " in out
+    assert "replicas 0,1,2 committing on 2; this replica was started in one of replicas " in out
+    assert "0,1,2 committing on 3 (--replicas, --replication-ack)" in out
 
     # As the others, it rejoins; the primary's term went on throughout.
     replica.start()

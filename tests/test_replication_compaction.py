@@ -36,7 +36,7 @@ def test_a_new_primary_keeps_the_terms_since_its_checkpoint() -> None:
         now=0.0,
         timing=TIMING,
     )
-    p.receive(1, Position(9, 40, H([(1, 0), (3, 5), (4, 12), (7, 30)]), GROUP.shape), 0.01)
+    p.receive(1, Position(9, 40, H([(1, 0), (3, 5), (4, 12), (7, 30)]), GROUP), 0.01)
     compacted = H([(4, 12), (7, 30), (9, 40)])
     assert SaveHistory(compacted) in p.events()
     assert p.history == compacted
@@ -84,9 +84,9 @@ def test_the_primary_sends_its_checkpoint_to_a_log_sharing_no_epoch() -> None:
         now=0.0,
         timing=TIMING,
     )
-    p.receive(1, Position(9, 40, H([(4, 20)]), GROUP.shape), 0.01)
+    p.receive(1, Position(9, 40, H([(4, 20)]), GROUP), 0.01)
     p.events()
-    p.receive(2, Position(9, 12, H([(1, 0), (2, 6)]), GROUP.shape), 0.02)
+    p.receive(2, Position(9, 12, H([(1, 0), (2, 6)]), GROUP), 0.02)
     assert SendCheckpoint(2) in p.events()
 
 

@@ -14,6 +14,7 @@ from ambrosia_py.coordinator.replication import (
     AskRole,
     CheckpointChunk,
     FrameReader,
+    Group,
     Handover,
     Heartbeat,
     History,
@@ -44,25 +45,36 @@ EMPTY_RECORD_7 = bytes.fromhex(
     "01000000" "e7ffffff" "99e9d85137db46ef" "0700000000000000" "00" "00"
 )  # fmt: skip
 
+G3 = Group.of({0, 1, 2}, 2)
+CHANGING = Group.of({0, 1, 2, 3}, 3, version=300, previous=G3)
+TWO = Group.of({5, 129}, 1, version=1)
+
 VECTORS: list[tuple[Message, str]] = [
     # length | version 1 | kind | fields (LEB128: 300 is "ac 02", 129 is "81 01")
-    # a group of 3 replicas committing on 2
-    (NewTerm(5, (3, 2)), "05 01 01 05 03 02"),
-    (NewTerm(6, (300, 129)), "07 01 01 06 ac02 8101"),
+    # a group: version | members (count, then each, increasing) | ack | changing, then
+    # if changing the group it changes from (members | ack). Replicas 0, 1, 2
+    # committing on 2, as the store's group 0:
+    (NewTerm(5, G3), "0a 01 01 05 00 03 000102 02 00"),
+    # group 300: replicas 0 to 3 committing on 3, changing from 0 to 2 committing on 2
+    (NewTerm(6, CHANGING), "11 01 01 06 ac02 04 00010203 03 01 03 000102 02"),
     (Refuse(300), "04 01 08 ac02"),
     (Heartbeat(2, 129, 7), "06 01 05 02 8101 07"),
     (Ack(3, 10, 12), "05 01 06 03 0a 0c"),
     (Resend(1, 0), "04 01 07 01 00"),
     (
-        Position(4, 20, History.of([(1, 0), (3, 15)]), (3, 2)),
-        "0c 01 02 04 14 02 0100 030f 03 02 00",
+        Position(4, 20, History.of([(1, 0), (3, 15)]), G3),
+        "12 01 02 04 14 02 0100 030f 00 03 000102 02 00 00 00",
     ),
-    (Position(4, 0, History(), (5, 3)), "08 01 02 04 00 00 05 03 00"),
-    (Position(7, 0, History(), (3, 2), recovering=True), "08 01 02 07 00 00 03 02 01"),
+    # group 1: replicas 5 and 129 committing on 1; incarnation 300
+    (Position(4, 0, History(), TWO, False, 300), "0f 01 02 04 00 00 01 02 05 8101 01 00 00 ac02"),
+    (
+        Position(7, 0, History(), G3, recovering=True, incarnation=5),
+        "0e 01 02 07 00 00 00 03 000102 02 00 01 05",
+    ),
     # ... then version 2 of the instance from seq 300; the primary's log ends at 301
     (
-        Sync(4, History.of([(1, 0), (4, 20)]), 2, 300, log_end=301),
-        "0d 01 03 04 02 0100 0414 02 ac02 ad02",
+        Sync(4, History.of([(1, 0), (4, 20)]), 2, 300, log_end=301, answers=129),
+        "0f 01 03 04 02 0100 0414 02 ac02 ad02 8101",
     ),
     (CheckpointChunk(2, 40, 5, 2, b"cd"), "08 01 09 02 28 05 02 6364"),
     (CheckpointChunk(2, 40, 0, 0, b""), "06 01 09 02 28 00 00"),
@@ -111,8 +123,21 @@ def sorted_history(draw: st.DrawFn) -> History:
 
 
 positions = st.integers(0, 2**63 - 1)
-# (replicas, ack): 1 <= ack <= replicas
-groups = st.integers(1, 2**31).flatmap(lambda n: st.tuples(st.just(n), st.integers(1, n)))
+members = st.frozensets(st.integers(0, 2**31 - 1), min_size=1, max_size=8)
+
+
+@st.composite
+def groups(draw: st.DrawFn) -> Group:
+    """1 <= ack <= members; the group changed from (if any) has version 0 (unsaid)."""
+
+    def one(version: int) -> Group:
+        replicas = draw(members)
+        return Group.of(replicas, draw(st.integers(1, len(replicas))), version=version)
+
+    current = one(draw(st.integers(0, 2**40)))
+    if draw(st.booleans()):
+        return current
+    return Group.of(current.replicas, current.k, version=current.version, previous=one(0))
 
 
 @st.composite
@@ -134,21 +159,25 @@ def syncs(draw: st.DrawFn) -> Sync:
     log_end = start + draw(st.integers(0, 100))
     since = draw(st.integers(0, log_end))
     version = draw(st.integers(0, 2**31 - 1))
-    return Sync(epoch, history.extended(epoch, start), version, since, log_end=log_end)
+    answers = draw(positions)
+    return Sync(
+        epoch, history.extended(epoch, start), version, since, log_end=log_end, answers=answers
+    )
 
 
 messages = st.one_of(
-    st.builds(NewTerm, positions, groups),
+    st.builds(NewTerm, positions, groups()),
     st.builds(Refuse, positions),
     st.builds(
-        lambda e, h, extra, g, r: Position(
-            e, (h.entries[-1].start if h.entries else 0) + extra, h, g, r
+        lambda e, h, extra, g, r, i: Position(
+            e, (h.entries[-1].start if h.entries else 0) + extra, h, g, r, i
         ),
         positions,
         sorted_history(),
         st.integers(0, 100),
-        groups,
+        groups(),
         st.booleans(),
+        positions,
     ),
     syncs(),
     appends(),
@@ -202,10 +231,14 @@ MALFORMED = [
     ("05 01 05 02 8101", "HEARTBEAT: field commit_end: varint truncated", 6),
     ("0d 01 01 " + "80" * 10 + "01", "NEW_TERM: field epoch: varint longer than 10 bytes", 3),
     ("0c 01 01 80808080808080808001", "NEW_TERM: field epoch is 9223372036854775808", 3),
-    ("06 01 01 05 03 02 00", "NEW_TERM: 1 trailing bytes", 6),
-    ("05 01 01 05 02 03", "NEW_TERM: a group of 2 replicas committing on 3", 4),
-    ("05 01 01 05 03 00", "NEW_TERM: a group of 3 replicas committing on 0", 4),
-    ("04 01 01 05 03", "NEW_TERM: field ack: varint truncated", 5),
+    ("0b 01 01 05 00 03 000102 02 00 00", "NEW_TERM: 1 trailing bytes", 11),
+    ("09 01 01 05 00 02 0001 03 00", "NEW_TERM: a group of 2 replicas committing on 3", 5),
+    ("0a 01 01 05 00 03 000102 00 00", "NEW_TERM: a group of 3 replicas committing on 0", 5),
+    ("08 01 01 05 00 03 000102", "NEW_TERM: field group ack: varint truncated", 9),
+    ("0a 01 01 05 00 03 000201 02 00", "NEW_TERM: group member 1 out of order", 8),
+    ("06 01 01 05 00 8002", "NEW_TERM: field group members is 256, over 255", 5),
+    ("0a 01 01 05 00 03 000102 02 02", "NEW_TERM: field changing is 2, not 0 or 1", 10),
+    ("0a 01 01 05 01 01 00 01 01 00 00", "NEW_TERM: a previous group of 0 replicas", 9),
     ("09 01 02 04 14 02 0300 0205", "POSITION: history[1] (2, 5) does not follow", 8),
     ("07 01 02 04 14 01 0000", "POSITION: history[0].epoch is 0", 6),
     ("08 01 02 04 14 83800400", "POSITION: field history count is 65539, over 65536", 5),
@@ -213,10 +246,12 @@ MALFORMED = [
     ("06 01 03 04 01 0300", "SYNC: history does not end in the sender's epoch 4", 4),
     ("07 01 03 04 01 0400 02", "SYNC: field since: varint truncated", 8),
     ("08 01 03 04 01 0400 00 05", "SYNC: field log_end: varint truncated", 9),
-    ("09 01 03 04 01 0400 00 05 03", "SYNC: since 5 is past log_end 3", 8),
-    ("09 01 03 04 01 0405 00 00 03", "SYNC: history starts epoch 4 past log_end 3", 9),
-    ("08 01 02 04 00 00 03 02 02", "POSITION: field recovering is 2, not 0 or 1", 8),
-    ("08 01 02 04 00 00 00 00 00", "POSITION: a group of 0 replicas committing on 0", 6),
+    ("0a 01 03 04 01 0400 00 05 03 00", "SYNC: since 5 is past log_end 3", 8),
+    ("0a 01 03 04 01 0405 00 00 03 00", "SYNC: history starts epoch 4 past log_end 3", 9),
+    ("09 01 03 04 01 0400 00 00 03", "SYNC: field answers: varint truncated", 10),
+    ("0d 01 02 04 00 00 00 03 000102 02 00 00", "POSITION: field incarnation: varint", 14),
+    ("0d 01 02 04 00 00 00 03 000102 02 00 02", "POSITION: field recovering is 2, not 0 or 1", 13),
+    ("09 01 02 04 00 00 00 00 00 00", "POSITION: a group of 0 replicas committing on 0", 7),
     ("05 01 05 02 04 05", "HEARTBEAT: commit_end 5 past log_end 4", 5),
     ("05 01 06 03 0d 0c", "ACK: durable_end 13 past log_end 12", 5),
     ("08 01 09 02 28 03 02 6364", "CHECKPOINT: 2 bytes at offset 2 run past total 3", 6),
@@ -264,11 +299,11 @@ def test_malformed_frames_are_refused_naming_field_and_offset(
 
 def test_errors_name_the_offset_in_the_stream_and_the_reader_stays_broken() -> None:
     reader = FrameReader()
-    reader.receive_data(encode_frame(NewTerm(1, (3, 2))) + bytes.fromhex("05 01 06 03 0d 0c"))
-    assert reader.next_message() == NewTerm(1, (3, 2))
+    reader.receive_data(encode_frame(NewTerm(1, G3)) + bytes.fromhex("05 01 06 03 0d 0c"))
+    assert reader.next_message() == NewTerm(1, G3)
     with pytest.raises(ReplicationProtocolError) as info:
         reader.next_message()
-    assert info.value.offset == 6 + 5  # the first frame's 6 bytes, then the field's place
+    assert info.value.offset == 11 + 5  # the first frame's 11 bytes, then the field's place
     with pytest.raises(ReplicationProtocolError):
         reader.receive_data(b"\x00")
 
@@ -301,7 +336,7 @@ def test_a_cut_frame_and_bytes_after_one_are_refused() -> None:
 
 def test_encoding_refuses_values_no_frame_can_hold() -> None:
     with pytest.raises(ReplicationRuleError, match="epoch -1"):
-        encode_frame(NewTerm(-1, (3, 2)))
+        encode_frame(NewTerm(-1, G3))
     with pytest.raises(ReplicationRuleError, match="log_end 9223372036854775808"):
         encode_frame(Heartbeat(1, 2**63, 0))
 

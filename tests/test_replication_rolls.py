@@ -138,7 +138,7 @@ def test_a_secondary_not_streaming_or_in_a_new_term_sends_nothing_back() -> None
     s = streaming()
     s.receive(0, Roll(5, 12), 0.01)
     s.events()
-    s.receive(2, NewTerm(6, GROUP.shape), 0.02)  # replica 2 took over: 0 asked, 2 did not
+    s.receive(2, NewTerm(6, GROUP), 0.02)  # replica 2 took over: 0 asked, 2 did not
     s.events()
     s.checkpoint_taken(12, b"ab")
     assert s.events() == []

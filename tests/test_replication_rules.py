@@ -197,15 +197,15 @@ def test_a_lower_epoch_is_refused_with_the_epoch_held() -> None:
 
 def test_a_higher_epoch_is_saved_before_the_position_goes_out() -> None:
     s = secondary(epoch=3)
-    s.receive(2, NewTerm(4, GROUP.shape), 0.1)
-    assert s.events() == [SaveEpoch(4), Send(2, Position(4, 5, H([(1, 0)]), GROUP.shape))]
+    s.receive(2, NewTerm(4, GROUP), 0.1)
+    assert s.events() == [SaveEpoch(4), Send(2, Position(4, 5, H([(1, 0)]), GROUP))]
     assert s.primary == 2
 
 
 def test_joining_it_writes_acknowledges_and_learns_nothing() -> None:
     s = secondary(epoch=3)
     s.receive(0, Append(3, 5, 7, recs(5, 7)), 0.1)
-    assert s.events() == [Send(0, Position(3, 5, H([(1, 0)]), GROUP.shape))]
+    assert s.events() == [Send(0, Position(3, 5, H([(1, 0)]), GROUP))]
     s.receive(0, Heartbeat(3, 7, 7), 0.12)  # within retry_after: not asked again
     s.records_durable(5)
     assert s.events() == []
@@ -326,7 +326,7 @@ def test_a_stalled_transfer_is_given_up_for_a_new_sync() -> None:
     s.receive(0, CheckpointChunk(3, 40, 10, 0, b"012"), 0.1)
     s.events()
     s.tick(0.1 + TIMING.retry_after)
-    assert s.events() == [Send(0, Position(3, 5, H([(1, 0), (3, 5)]), GROUP.shape))]
+    assert s.events() == [Send(0, Position(3, 5, H([(1, 0), (3, 5)]), GROUP))]
     assert s.state.name == "JOINING"
 
 
@@ -362,17 +362,17 @@ def test_a_term_starts_with_the_epoch_saved_and_new_term_sent_no_history_yet() -
     p = primary()
     assert p.events() == [
         SaveEpoch(5),
-        Send(1, NewTerm(5, GROUP.shape)),
-        Send(2, NewTerm(5, GROUP.shape)),
+        Send(1, NewTerm(5, GROUP)),
+        Send(2, NewTerm(5, GROUP)),
     ]
 
 
 def test_established_by_a_quorum_not_ahead_then_syncs() -> None:
     p = primary()
     p.events()
-    p.receive(1, Position(5, 12, H([(1, 0)]), GROUP.shape), 0.01)  # ahead: not enough alone
+    p.receive(1, Position(5, 12, H([(1, 0)]), GROUP), 0.01)  # ahead: not enough alone
     assert p.events() == [] and p.state.name == "GATHERING"
-    p.receive(2, Position(5, 8, H([(1, 0)]), GROUP.shape), 0.02)
+    p.receive(2, Position(5, 8, H([(1, 0)]), GROUP), 0.02)
     term = H([(1, 0), (5, 10)])
     assert p.events() == [
         SaveHistory(term),
@@ -387,7 +387,7 @@ def test_established_by_a_quorum_not_ahead_then_syncs() -> None:
 def test_outranked_by_too_many_it_steps_down_naming_the_best() -> None:
     p = primary(group=Group.of({0, 1, 2}, k=1))  # every replica's position is needed
     p.events()
-    p.receive(2, Position(5, 3, H([(1, 0), (4, 2)]), (3, 1)), 0.01)
+    p.receive(2, Position(5, 3, H([(1, 0), (4, 2)]), Group.of({0, 1, 2}, k=1)), 0.01)
     assert p.events() == [SteppedDown(5, "1 replicas hold logs ahead of this one's", 2)]
     assert p.history == H([(1, 0)])  # the term that never was left no entry
 
@@ -404,7 +404,7 @@ def test_a_higher_epoch_anywhere_deposes_the_primary() -> None:
     p.events()
     p.receive(1, Refuse(7), 0.01)
     assert p.events() == [SaveEpoch(7), SteppedDown(7, "replica 1 holds epoch 7", None)]
-    p.receive(2, Position(5, 1, History(), GROUP.shape), 0.02)  # deposed: takes nothing more
+    p.receive(2, Position(5, 1, History(), GROUP), 0.02)  # deposed: takes nothing more
     assert p.events() == []
 
 
@@ -415,8 +415,8 @@ def test_a_deposed_primary_goes_on_as_a_secondary_with_its_log_as_it_was() -> No
     assert p.events()[-1] == SteppedDown(7, "replica 1 holds epoch 7", None)
     s = Secondary.following(p, epoch=7, now=0.03, timing=TIMING, group=GROUP)
     assert (s.epoch, s.log_end, s.durable_end, s.history) == (7, 12, 10, H([(1, 0), (5, 10)]))
-    s.receive(2, NewTerm(7, GROUP.shape), 0.04)
-    assert s.events() == [Send(2, Position(7, 12, H([(1, 0), (5, 10)]), GROUP.shape))]
+    s.receive(2, NewTerm(7, GROUP), 0.04)
+    assert s.events() == [Send(2, Position(7, 12, H([(1, 0), (5, 10)]), GROUP))]
     s.records_durable(12)
     assert s.events() == []  # not synced to the primary of 7: no acknowledgement
 
@@ -441,7 +441,7 @@ def established(k: int | None = None) -> Primary:
     """Primary of epoch 5 since seq 10, both others synced and caught up at 10."""
     p = primary(group=Group.of({0, 1, 2}, k))
     for r in (1, 2):
-        p.receive(r, Position(5, 10, H([(1, 0)]), GROUP.shape), 0.01)
+        p.receive(r, Position(5, 10, H([(1, 0)]), GROUP), 0.01)
     p.events()
     return p
 
@@ -462,7 +462,7 @@ def test_commit_needs_the_primary_durable_and_k_minus_one_acknowledgements() -> 
 def test_a_lagging_replica_is_fed_from_the_log_within_the_inflight_bound() -> None:
     p = primary(end=10)
     p.timing = Timing(max_inflight=4)
-    p.receive(1, Position(5, 2, H([(1, 0)]), GROUP.shape), 0.01)
+    p.receive(1, Position(5, 2, H([(1, 0)]), GROUP), 0.01)
     assert p.events()[-1] == ReadLog(1, 2)
     p.receive(1, Ack(5, 2, 2), 0.015)  # what a synced replica says first
     p.records_read(1, 2, recs(2, 5), 0.02)
@@ -503,7 +503,7 @@ def test_a_replica_behind_the_pruned_log_is_sent_the_checkpoint() -> None:
     p.receive(1, Ack(5, 12, 12), 0.03)
     p.log_pruned(11)
     p.events()
-    p.receive(2, Position(5, 4, H([(1, 0)]), GROUP.shape), 0.04)  # restarted, with less
+    p.receive(2, Position(5, 4, H([(1, 0)]), GROUP), 0.04)  # restarted, with less
     assert p.events()[-1] == SendCheckpoint(2)
     p.checkpoint_read(2, 11, b"x" * (TIMING.checkpoint_chunk + 1), 0.05)
     chunks = [m for _, m in sent(p.events())]
@@ -547,7 +547,7 @@ def _figure_8() -> tuple[Primary, Secondary]:
     (ranks (2, 7) and (1, 5)) and brings it up to 6, which it acknowledges."""
     a = primary(epoch=4, history=H([(1, 0), (2, 5)]), end=7, commit=5)
     a.events()
-    a.receive(2, Position(4, 5, H([(1, 0)]), GROUP.shape), 0.01)
+    a.receive(2, Position(4, 5, H([(1, 0)]), GROUP), 0.01)
     assert a.events()[-1] == ReadLog(2, 5)
     a.records_read(2, 5, (rec(5, "e2-"),), 0.02)
     append = sent(a.events())[-1][1]
@@ -584,7 +584,7 @@ def test_earlier_terms_records_are_not_committed_by_counting_them() -> None:
     assert not any(isinstance(e, CommitAdvanced) for e in a.events())
     b = _primary_of_3_again(5)
     b.events()
-    c.receive(1, NewTerm(5, GROUP.shape), 0.06)
+    c.receive(1, NewTerm(5, GROUP), 0.06)
     b.receive(2, sent(c.events())[-1][1], 0.06)
     assert b.state.name == "ESTABLISHED"
     c.receive(1, Sync(5, b.history, log_end=b.log_end), 0.07)
@@ -603,6 +603,6 @@ def test_they_are_committed_with_the_first_record_of_the_new_term() -> None:
     assert a.events() == [CommitAdvanced(7)]
     assert c.position().rank() == (4, 7)
     b = _primary_of_3_again(5)
-    c.receive(1, NewTerm(5, GROUP.shape), 0.1)
+    c.receive(1, NewTerm(5, GROUP), 0.1)
     b.receive(2, sent(c.events())[-1][1], 0.1)
     assert b.state.name == "GATHERING"

@@ -15,7 +15,14 @@ or for the replica a deposed candidate names. Time is a number the simulation ad
 After every step it checks the package's invariants (I4 to I6 of its docstring), and
 every few steps and at the end I1 and I2; each run ends healed and quiet, and must then
 converge: one established primary, every log equal to its log, all of it committed.
-A failure names its seed; ``Sim(seed, n).run()`` replays it exactly.
+With ``changes``, the registry's group changes too, as an operator would change it (a
+replica added, one removed, one replaced, the ack changed), with two replicas more on
+hand to add: the store's group becomes the new one changing from the old, a new term
+begins soon after, and the primary of a term of it settles the change once it has
+committed its start. A replica that leaves is stopped once the change is settled; one
+that joins starts empty (recovering), or from the disk it left with.
+
+A failure names its seed; ``Sim(seed, n, k, changes).run()`` replays it exactly.
 """
 
 from __future__ import annotations
@@ -31,7 +38,6 @@ from ambrosia_py.coordinator.replication import (
     Ack,
     CheckpointTaken,
     CommitAdvanced,
-    EpochStart,
     Established,
     Event,
     Group,
@@ -62,26 +68,9 @@ from ambrosia_py.coordinator.replication import (
 from ambrosia_py.coordinator.replication.states import SecondaryState
 from ambrosia_py.wire.records import encode_disk_record
 from ambrosia_py.wire.varint import decode_uvarint, encode_uvarint
+from tests.replication_sim_invariants import Core, Invariants, Node
 
 TIMING = Timing(max_inflight=6, max_inflight_bytes=300, max_append_bytes=200, checkpoint_chunk=512)
-Core = Primary | Secondary
-
-
-class Node:
-    """A replica: its core, and what its disk and memory hold."""
-
-    def __init__(self, rid: int) -> None:
-        self.rid = rid
-        self.up = True
-        self.core: Core | None = None
-        self.log: list[bytes] = []  # written, from seq 0 (below base: the checkpoint's)
-        self.d_log: list[bytes] = []  # durable
-        self.d_base = 0
-        self.d_epoch = 0
-        self.d_history = History()
-        self.staged = bytearray()
-        self.seen: tuple[object, int, int] | None = None  # (core, commit, replayed)
-        self.d_recovering = False  # saved: lost with its disk, not caught up since
 
 
 def checkpoint_bytes(records: list[bytes]) -> bytes:
@@ -97,12 +86,13 @@ def checkpoint_records(data: bytes) -> list[bytes]:
     return out
 
 
-class Sim:
-    def __init__(self, seed: int, n: int, k: int | None = None) -> None:
+class Sim(Invariants):
+    def __init__(self, seed: int, n: int, k: int | None = None, *, changes: bool = False) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
-        self.group = Group.of(set(range(n)), k)
-        self.nodes = [Node(i) for i in range(n)]
+        self.group = Group.of(set(range(n)), k, version=1)  # the store's
+        spare = 2 if changes else 0
+        self.nodes = [Node(i, up=i < n) for i in range(n + spare)]
         self.now = 0.0
         self.net: list[tuple[float, int, int, int, bytes]] = []
         self.later: list[tuple[float, int, Callable[[], None]]] = []
@@ -122,8 +112,9 @@ class Sim:
         # Replicas that ask for the role as ones started to upgrade do (ASK_ROLE).
         self.p_ask = self.rng.choice((0.0, 0.5))
         self.p_lose = self.rng.choice((0.0, 0.004))
+        self.p_change = self.rng.choice((0.005, 0.02)) if changes else 0.0
         self.chaos = True
-        for node in self.nodes:
+        for node in self.nodes[:n]:
             node.core = self.fresh_secondary(node)
         self.grant(self.rng.randrange(n))
 
@@ -142,6 +133,7 @@ class Sim:
                 timing=TIMING,
                 group=self.group,
                 recovering=node.d_recovering,
+                incarnation=self.rng.randrange(1, 2**62),  # picked anew at each start
             )
         )
 
@@ -184,6 +176,8 @@ class Sim:
                 assert node.log[:end] == self.committed[:end], "replays an uncommitted record"
             case CommitAdvanced(end):
                 self.commit(node, end)
+                if isinstance(core, Primary):
+                    self.settle(core, end)
             case Established():
                 self.stats["established"] += 1
                 if self.chaos and self.rng.random() < self.p_crash * 25:  # mid term start
@@ -217,7 +211,7 @@ class Sim:
                 self.stats["recovered"] += 1
                 node.d_recovering = False
             case RoleHandedOver(epoch, _):
-                if self.term[0] == epoch:  # as the registry would let it take the role
+                if self.term[0] == epoch and self.may_lead(node):  # as the registry would
                     self.stats["role-handed"] += 1
                     self.grant(node.rid)
 
@@ -303,11 +297,15 @@ class Sim:
 
     def may_lead(self, node: Node) -> bool:
         """As the adapter: a replica lost with its disk does not campaign until it has
-        caught up (it holds no checkpoint until one is installed, and then recovers)."""
-        return not node.d_recovering
+        caught up (it holds no checkpoint until one is installed, and then recovers); one
+        not of the store's group's members never does."""
+        return not node.d_recovering and node.rid in self.group.members
 
     def grant(self, rid: int) -> None:
+        """A new term for ``rid``, in the store's group (a term of any other cannot
+        begin: the store checks the group in the transaction)."""
         node = self.nodes[rid]
+        assert rid in self.group.members
         old = node.core
         assert old is not None
         epoch = self.term[0] + 1
@@ -348,7 +346,7 @@ class Sim:
         assert isinstance(core, Primary)
         self.stats["step-downs"] += 1
         node.core = self.asking(
-            Secondary.following(core, epoch=epoch, now=self.now, timing=TIMING, group=self.group)
+            Secondary.following(core, epoch=epoch, now=self.now, timing=TIMING, group=core.group)
         )
         if (
             better is not None
@@ -384,6 +382,86 @@ class Sim:
             # out and its watchers see the role free: one of them takes it.
             self.schedule(self.rng.uniform(0.05, 0.3), lambda e=self.term[0]: self.lapse(e))
 
+    def recovering(self, rid: int) -> bool:
+        """Holds nothing a term may count: lost with its disk, or a new machine."""
+        node = self.nodes[rid]
+        return node.d_recovering or not node.started
+
+    def may_lose(self, node: Node) -> bool:
+        """At most ``k - 1`` of a group's members lost with their disks and not caught
+        up (of each part, while it changes)."""
+        parts = (self.group, self.group.previous)
+        for g in (g for g in parts if g is not None and node.rid in g.replicas):
+            if sum(map(self.recovering, g.replicas)) >= g.k - 1:
+                return False
+        return True
+
+    def change(self) -> None:
+        """The operator changes the store's group; the primary steps down (the next
+        term, of the new group, begins soon after)."""
+        old = self.group
+        if old.previous is not None:
+            return  # one change at a time: the store refuses another
+        members = set(old.replicas)
+        outside = [n.rid for n in self.nodes if n.rid not in members]
+        what = self.rng.choice(("add", "remove", "replace", "ack"))
+        if what in ("add", "replace") and outside:
+            members.add(self.rng.choice(outside))
+        if what in ("remove", "replace") and len(members) > 1:
+            members.discard(self.rng.choice(sorted(members)))
+        k = self.rng.choice((None, self.rng.randint(1, len(members))))
+        new = old.changed(members, k)
+        for rid in new.replicas - old.replicas:
+            node = self.nodes[rid]
+            if not node.up and node.started and self.rng.random() < 0.5:
+                node.started = False  # a new machine this time, not the disk it left with
+                node.log, node.d_log, node.d_base = [], [], 0
+                node.d_epoch, node.d_history = 0, History()
+        # As the command refuses it: a group whose terms could not be established until
+        # replicas that cannot catch up without a term have caught up (a new one joins
+        # recovering, empty).
+        if sum(map(self.recovering, members)) > new.k - 1:
+            return
+        self.group = new
+        self.stats["changes"] += 1
+        for rid in self.group.replicas - old.replicas:
+            node = self.nodes[rid]
+            self.schedule(self.rng.uniform(0.01, 0.2), lambda n=node: n.up or self.restart(n))
+
+    def poll(self) -> None:
+        """A primary finds the store's group changed since its term began (its
+        periodic read of the store) and resigns: whoever takes the role next (itself
+        included) begins a term of the new group."""
+        primary = self.nodes[self.term[1]] if self.term[1] is not None else None
+        if primary is None or not isinstance(primary.core, Primary):
+            return
+        group = primary.core.group
+        if group != self.group and group.settled != self.group:
+            self.stats["resigned"] += 1
+            self.lapse(self.term[0])
+
+    def settle(self, core: Primary, end: int) -> None:
+        """The primary of a changing group's term, once it has committed its start,
+        settles the change (if its term is still the current one); the replicas that
+        left stop."""
+        group = core.group
+        if (
+            group.previous is None
+            or end < core.term_start
+            or self.term[0] != core.epoch
+            or self.group != group
+        ):
+            return
+        self.group = group.settled
+        self.stats["settled"] += 1
+        for node in self.nodes:
+            if node.up and node.rid not in self.group.replicas:
+                self.crash(node)
+        if core.replica not in self.group.replicas:
+            # It resigned as it stopped: the role is free, and a watcher campaigns.
+            self.stats["left-primary"] += 1
+            self.schedule(self.rng.uniform(0.01, 0.1), lambda e=core.epoch: self.lapse(e))
+
     def lapse(self, epoch: int) -> None:
         live = [n for n in self.nodes if n.up and self.may_lead(n)]
         if self.term[0] == epoch and live:
@@ -391,6 +469,8 @@ class Sim:
             self.grant(self.rng.choice(live).rid)
 
     def restart(self, node: Node) -> None:
+        if not node.started:  # a new machine, once the instance was founded
+            node.started, node.d_recovering = True, True
         node.up = True
         node.core = self.fresh_secondary(node)
         self.drain(node)
@@ -441,6 +521,8 @@ class Sim:
 
     def step(self, chaos: bool) -> None:
         self.now += self.rng.uniform(0.001, 0.012)
+        if self.rng.random() < 0.2:
+            self.poll()
         if self.blocked and self.now >= self.heal_at:
             self.blocked = set()
         while self.net and self.net[0][0] <= self.now:
@@ -467,17 +549,17 @@ class Sim:
                 self.roll(primary)
         if not chaos:
             for node in self.nodes:
-                if not node.up:
+                if not node.up and node.rid in self.group.members:
                     self.restart(node)
             return
-        lost = sum(n.d_recovering for n in self.nodes)
+        if self.rng.random() < self.p_change:
+            self.change()
         for node in self.nodes:
-            if node.up and lost < self.group.k - 1 and self.rng.random() < self.p_lose:
+            if node.up and self.may_lose(node) and self.rng.random() < self.p_lose:
                 self.lose(node)
-                lost += 1
             elif node.up and self.rng.random() < self.p_crash:
                 self.crash(node)
-            elif not node.up and self.rng.random() < 0.02:
+            elif not node.up and node.rid in self.group.members and self.rng.random() < 0.02:
                 self.restart(node)
             elif node.up and self.rng.random() < 0.01:
                 self.prune(node)
@@ -487,75 +569,6 @@ class Sim:
         if live and self.rng.random() < 0.003:  # the lease lapses: a live primary's taken
             self.stats["lapses"] += 1
             self.grant(self.rng.choice(live).rid)
-
-    # --- the invariants ------------------------------------------------------------------
-
-    def check(self) -> None:
-        g = len(self.committed)
-        # A lost replica holds nothing until it has caught up (Recovered).
-        lost = sum(n.d_recovering for n in self.nodes)
-        durable = sorted((n.d_log[:g] == self.committed for n in self.nodes), reverse=True)
-        assert durable[self.group.k - 1 - lost], "a committed record is durable on fewer than k"
-        for node in self.nodes:
-            core = node.core
-            if core is None:
-                continue
-            upto = min(core.commit_end, len(node.log))
-            assert upto <= g and node.log[:upto] == self.committed[:upto], (
-                f"replica {node.rid}'s committed prefix is not the committed log"
-            )
-            replayed = core.replayed_end if isinstance(core, Secondary) else core.commit_end
-            if node.seen is not None and node.seen[0] is core:
-                assert core.commit_end >= node.seen[1], "a commit point went backward"
-                assert replayed >= node.seen[2], "a replay point went backward"
-            node.seen = (core, core.commit_end, replayed)
-            if isinstance(core, Primary) and core.state.name != "DEPOSED":
-                self.check_deposed(core)
-
-    def check_deposed(self, core: Primary) -> None:
-        """I6: once a term quorum holds a higher epoch, the old primary's commit point
-        moves no further than what a member of that quorum acknowledged before."""
-        epoch = core.epoch
-        if epoch not in self.frozen:
-            higher = [n.rid for n in self.nodes if n.d_epoch > epoch]
-            if len(higher) < self.group.term_quorum:
-                return
-            acked = self.acks.get(epoch, {})
-            bound = max((acked.get(r, 0) for r in higher if r != core.replica), default=0)
-            self.frozen[epoch] = (bound, core.commit_end)
-            self.stats["deposed-checked"] += 1
-        bound, then = self.frozen[epoch]
-        assert core.commit_end <= max(bound, then), "a deposed primary advanced its commit"
-
-    def check_histories(self) -> None:
-        """I1 and I2: each record's epoch, by its log's history, is its writer's (from
-        the history's first entry on: it is compacted below a checkpoint); every two
-        histories holding an epoch hold the same entries up to it, from the later of
-        their first entries on."""
-        held: list[tuple[EpochStart, ...]] = []
-        for node in self.nodes:
-            if node.core is None:
-                continue
-            history = node.core.history
-            first = history.entries[0].start if history.entries else 0
-            # Every record of its log above its checkpoint is in its history's reach.
-            core = node.core
-            assert first <= core.log_base or core.log_end == core.log_base, (node.rid, first)
-            for seq, record in enumerate(node.log):
-                if seq >= first:
-                    assert history.epoch_at(seq) == self.writer[record], (node.rid, seq)
-            held.append(history.entries)
-            self.stats["compacted"] += bool(history.entries) and history.entries[0].epoch > 1
-        for a in held:
-            for b in held:
-                for i, entry in enumerate(a):
-                    j = next((j for j, e in enumerate(b) if e.epoch == entry.epoch), None)
-                    if j is None:
-                        continue
-                    lo = max(a[0].epoch, b[0].epoch)
-                    mine = [e for e in a[: i + 1] if e.epoch >= lo]
-                    theirs = [e for e in b[: j + 1] if e.epoch >= lo]
-                    assert mine == theirs, "histories fork"
 
     # --- a run ---------------------------------------------------------------------------
 
@@ -575,46 +588,39 @@ class Sim:
             self.check()
         self.check_histories()
 
-    def converged(self) -> bool:
-        primary = self.nodes[self.term[1]] if self.term[1] is not None else None
-        if primary is None or not isinstance(primary.core, Primary):
-            return False
-        core = primary.core
-        if core.state.name != "ESTABLISHED" or core.commit_end != len(primary.log):
-            return False
-        return all(
-            n.log == primary.log
-            and isinstance(n.core, Secondary)
-            and n.core.replayed_end == len(n.log)
-            for n in self.nodes
-            if n is not primary
-        )
-
 
 ALL_PATHS = ("truncations", "installs", "step-downs", "deposed-checked")
 LOSSES = ("losses", "recovered")  # machines lost with their disks, and caught up again
 
 
+CHANGES = ("changes", "settled", "resigned", "recovered")
+
+
 @pytest.mark.parametrize(
-    ("n", "k", "runs", "paths"),
+    ("n", "k", "runs", "paths", "changes"),
     [
-        (3, None, 1000, (*ALL_PATHS, *LOSSES, "role-handed", "compacted", "apart")),
-        (5, None, 400, (*ALL_PATHS, *LOSSES, "role-handed", "compacted", "apart")),
-        (5, 2, 200, ("installs", "step-downs", *LOSSES)),  # a term needs 4 of 5
-        (5, 4, 200, (*ALL_PATHS, *LOSSES)),  # a term needs 2 of 5
-        (3, 1, 200, ("installs", "step-downs")),  # every replica's position is needed
+        (3, None, 1000, (*ALL_PATHS, *LOSSES, "role-handed", "compacted", "apart"), False),
+        (5, None, 400, (*ALL_PATHS, *LOSSES, "role-handed", "compacted", "apart"), False),
+        (5, 2, 200, ("installs", "step-downs", *LOSSES), False),  # a term needs 4 of 5
+        (5, 4, 200, (*ALL_PATHS, *LOSSES), False),  # a term needs 2 of 5
+        (3, 1, 200, ("installs", "step-downs"), False),  # every replica's position is needed
+        # the group changes: members added, removed and replaced, the ack changed
+        (3, None, 400, (*ALL_PATHS, *CHANGES), True),
+        (5, None, 200, (*ALL_PATHS, *CHANGES), True),
     ],
 )
 def test_random_runs_keep_the_invariants(
-    n: int, k: int | None, runs: int, paths: tuple[str, ...]
+    n: int, k: int | None, runs: int, paths: tuple[str, ...], changes: bool
 ) -> None:
     totals: Counter[str] = Counter()
     for seed in range(runs):
-        sim = Sim(seed, n, k)
+        sim = Sim(seed, n, k, changes=changes)
         try:
             sim.run()
         except Exception as exc:
-            raise AssertionError(f"Sim({seed}, {n}, {k}).run(): {exc!r}") from exc
+            raise AssertionError(
+                f"Sim({seed}, {n}, {k}, changes={changes}).run(): {exc!r}"
+            ) from exc
         totals += sim.stats
     # The runs went down every path the invariants are about.
     for what in ("crashes", "partitions", "lapses", "refusals", "taken", *paths):

@@ -107,7 +107,7 @@ def test_the_primarys_sync_says_its_version_from_its_base_or_as_given(
     kw: dict[str, int], since: int
 ) -> None:
     p = primary(**kw)
-    p.receive(1, Position(5, 10, ONE, GROUP.shape), 0.01)
+    p.receive(1, Position(5, 10, ONE, GROUP), 0.01)
     syncs = [m for _, m in sent(p.events()) if isinstance(m, Sync)]
     assert syncs == [Sync(5, TERM, kw["version"], since, log_end=10)]
 

@@ -156,7 +156,7 @@ def _check_group(state: ReplicaState, group: Group, files: InstanceFiles) -> Non
     """Refuse to run a replica that holds a checkpoint in another group than the one it
     was started with: a term's quorum meets every set of replicas a record was committed
     on only while the group stays the same."""
-    if state.checkpoint is None or state.group is None or state.group == group.shape:
+    if state.checkpoint is None or state.group is None or state.group == (group.n, group.k):
         return
     replicas, ack = state.group
     raise CoordinatorError(
@@ -197,7 +197,7 @@ async def _start_replica(
         # waits for to found it: nothing was committed yet.
         info = registry.get(config.instance)
         founded = info is not None and info.last_checkpoint is not None
-        state = ReplicaState(config.replica, 0, (), recovering=founded, group=group.shape)
+        state = ReplicaState(config.replica, 0, (), recovering=founded, group=(group.n, group.k))
         if founded:
             log.info(
                 "replica %d starts empty after %r was founded: it recovers (no new term "
@@ -207,7 +207,7 @@ async def _start_replica(
             )
     else:
         _check_group(state, group, files)
-        state = attrs.evolve(state, group=group.shape)  # saved with the next save
+        state = attrs.evolve(state, group=(group.n, group.k))  # saved with the next save
     election = open_election(registry)
     node = ReplicaNode(
         instance=config.instance,

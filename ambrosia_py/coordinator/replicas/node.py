@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import secrets
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine
@@ -187,6 +188,7 @@ class ReplicaNode(LogWork, Leading, Versions):
             version=self.version,
             upgrade_to=self.upgrade_to,
             recovering=state.recovering,
+            incarnation=secrets.randbits(62) | 1,  # this start's: never 0
         )
 
     async def start(self, host: str, port: int, advertised: str) -> None:

@@ -15,6 +15,7 @@ from collections import deque
 
 import attrs
 
+from .group import Group
 from .history import History
 from .messages import Buffer, Message
 
@@ -44,43 +45,6 @@ __all__ = [
     "VersionFrom",
     "WriteRecords",
 ]
-
-
-@attrs.frozen
-class Group:
-    """The registered replicas of an instance and the replication ack ``k``: a record is
-    committed once durable on ``k`` replicas, the primary among them (default: a
-    majority). A new primary needs positions from ``term_quorum`` replicas, itself
-    counted: ``n - k + 1``, so that every such quorum meets every set of ``k``."""
-
-    replicas: frozenset[int]
-    k: int
-
-    @classmethod
-    def of(cls, replicas: frozenset[int] | set[int], k: int | None = None) -> Group:
-        members = frozenset(replicas)
-        if not members:
-            raise ValueError("a replica group needs at least one replica")
-        if any(r < 0 for r in members):
-            raise ValueError(f"replica numbers are 0 or more: {sorted(members)}")
-        chosen = len(members) // 2 + 1 if k is None else k
-        if not 1 <= chosen <= len(members):
-            raise ValueError(f"replication ack {chosen} is not in 1..{len(members)}")
-        return cls(members, chosen)
-
-    @property
-    def n(self) -> int:
-        return len(self.replicas)
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        """``(replicas, ack)``, as NEW_TERM and POSITION say it: every replica of an
-        instance must run with the same (the members are numbered from 0)."""
-        return self.n, self.k
-
-    @property
-    def term_quorum(self) -> int:
-        return self.n - self.k + 1
 
 
 @attrs.frozen

@@ -11,6 +11,7 @@ from ...wire import records as wrecords
 from ...wire.errors import ProtocolError
 from ...wire.varint import decode_uvarint
 from .errors import ReplicationProtocolError
+from .group import MAX_REPLICA_NUMBER, MAX_REPLICAS, Group
 from .history import MAX_POSITION, EpochStart, History
 
 __all__ = ["MAX_HISTORY", "MAX_NAME_BYTES", "MAX_RECORDS", "MAX_TRIMS", "MAX_VARINT", "Fields"]
@@ -59,14 +60,36 @@ class Fields:
             self.fail(f"field {name} is {value}, not 0 or 1", start)
         return value == 1
 
-    def group(self) -> tuple[int, int]:
-        """A group: ``replicas | ack``, with ``1 <= ack <= replicas``."""
+    def group(self) -> Group:
+        """A group: ``version | members | ack | changing``, then, if changing (1), the
+        group it changes from: ``members | ack``; ``members`` is a count then each
+        replica number, in increasing order."""
+        version = self.uint("group version")
+        current = self._members("group", version)
         start = self.pos
-        replicas = self.uint("replicas")
-        ack = self.uint("ack")
-        if not 1 <= ack <= replicas:
-            self.fail(f"a group of {replicas} replicas committing on {ack}", start)
-        return replicas, ack
+        if not self.flag("changing"):
+            return current
+        previous = self._members("previous group", 0)
+        try:
+            return Group.of(current.replicas, current.k, version=version, previous=previous)
+        except ValueError as exc:
+            self.fail(str(exc), start)
+            raise AssertionError("unreachable") from None
+
+    def _members(self, name: str, version: int) -> Group:
+        start = self.pos
+        count = self.count(f"{name} members", MAX_REPLICAS)
+        members: list[int] = []
+        for _ in range(count):
+            at = self.pos
+            r = self.uint(f"{name} member")
+            if r > MAX_REPLICA_NUMBER or (members and r <= members[-1]):
+                self.fail(f"{name} member {r} out of order or over {MAX_REPLICA_NUMBER}", at)
+            members.append(r)
+        ack = self.uint(f"{name} ack")
+        if not 1 <= ack <= count:
+            self.fail(f"a {name} of {count} replicas committing on {ack}", start)
+        return Group.of(members, ack, version=version)
 
     def count(self, name: str, limit: int) -> int:
         start = self.pos

@@ -121,7 +121,11 @@ class Handing:
         if self._handing is not None or feed.state not in (FeedState.STREAMING, FeedState.READING):
             return
         self._asks[replica] = now
-        asking = [r for r, t in self._asks.items() if now - t < self.timing.failover_after]
+        asking = [
+            r
+            for r, t in self._asks.items()
+            if now - t < self.timing.failover_after and r in self.group.replicas
+        ]
         if len(asking) < self.group.k:
             return
         to = max(asking, key=lambda r: (self._feeds[r].match, -r))

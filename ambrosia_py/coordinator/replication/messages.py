@@ -4,6 +4,8 @@ Every message travels in one frame::
 
     frame   := uvarint length | u8 version (1) | u8 kind | fields
     history := uvarint count | (uvarint epoch | uvarint start) * count
+    group   := uvarint version | members | ack | changing (0 or 1) [| members | ack]
+    members := uvarint count | uvarint replica * count (increasing)
     records := uvarint count | (uvarint size | on-disk record) * count
 
 ``length`` counts everything after it. Every integer field is an unsigned LEB128 varint
@@ -11,11 +13,11 @@ Every message travels in one frame::
 ``2**63 - 1``. Positions are *ends*: ``log_end`` is the seq the next record will take,
 ``commit_end`` the first seq not known committed, so nothing needs a -1. The kinds::
 
-    1 NEW_TERM    primary -> all        epoch | replicas | ack
+    1 NEW_TERM    primary -> all        epoch | group
     2 POSITION    replica -> primary    epoch | log_end | history (its effective part)
-                                        | replicas | ack | recovering (0 or 1)
+                                        | group | recovering (0 or 1) | incarnation
     3 SYNC        primary -> replica    epoch | history (the primary's, ending in epoch)
-                                        | version | since | log_end
+                                        | version | since | log_end | answers
     4 APPEND      primary -> replica    epoch | first_seq | commit_end | records
     5 HEARTBEAT   primary -> replica    epoch | log_end | commit_end
     6 ACK         replica -> primary    epoch | durable_end | log_end
@@ -49,18 +51,25 @@ any, are of the version before. A term is of one version: a replica started to u
 takes its term at the old version's end and upgrades before it writes a record, so
 ``since`` is that term's start; any other term says its log's base.
 
-NEW_TERM and POSITION say the sender's group: how many replicas the instance has
-(``--replicas``, numbered from 0) and how many make a record committed (``ack``, at
-least 1 and at most ``replicas``). Every replica of an instance must run with the same
-two, or a term's quorum need not meet every set of replicas a record was committed on:
-a primary counts no position of another group and sends that replica its NEW_TERM,
-and a replica sent a NEW_TERM of another group stops, saying so.
+NEW_TERM and POSITION say the group of the sender's term (:mod:`.group`): the store's
+number for it (``version``), its members and how many make a record committed (``ack``,
+at least 1 and at most the members), and, while a change is under way, the members and
+ack it changes from. A term's quorum meets every set of replicas a record was committed
+on only if it counts as the group's rules say, so a primary counts no position that
+names another group and sends that replica its NEW_TERM; a secondary takes the group of
+the term it follows, and stops if a NEW_TERM names another group under its own group's
+number (replicas started with different ``--replicas`` or ``--replication-ack``).
 
 A POSITION's ``recovering`` says the replica started with an empty data dir (a new
 machine, or one that lost its disk) and has not yet caught up: it may have acknowledged
 records before it lost them, so a new term does not count it among the positions it
 needs (:mod:`.primary`). It has caught up once its log is durable up to the ``log_end``
-of a SYNC it was sent since it started: where the primary's log ended then.
+of a SYNC it was sent since it started: where the primary's log ended then. Since it
+started, not before: a SYNC queued for the replica before it lost its disk may reach it
+after, saying where the log ended long ago. So a replica says in each POSITION its
+``incarnation``, a number it picks at random each time it starts, and a SYNC says which
+incarnation's POSITION it ``answers``; a recovering replica counts only a SYNC that
+answers its own.
 
 PROBE and SILENCE are the check before a take-over (Raft's pre-vote): a secondary that
 has heard nothing from the primary for ``failover_after`` asks the others, in a numbered
@@ -93,6 +102,7 @@ from ...wire import records as wrecords
 from ...wire.varint import encode_uvarint, uvarint_size
 from .errors import ReplicationProtocolError, ReplicationRuleError
 from .fields import MAX_HISTORY, MAX_NAME_BYTES, MAX_RECORDS, MAX_TRIMS, Fields
+from .group import Group
 from .history import MAX_POSITION, History
 
 __all__ = [
@@ -156,28 +166,30 @@ class Kind(enum.IntEnum):
 
 @attrs.frozen
 class NewTerm:
-    """The primary of ``epoch`` announces its term, for its ``group`` (replicas, ack):
+    """The primary of ``epoch`` announces its term, for its ``group``:
     adopt the epoch, answer with a :class:`Position`. Sent to every replica until it
     answers."""
 
     KIND: ClassVar = Kind.NEW_TERM
     epoch: int
-    group: tuple[int, int]
+    group: Group
 
 
 @attrs.frozen
 class Position:
     """A replica that holds ``epoch`` tells its primary what its log holds: where it ends,
     the effective part of its epoch history (:meth:`rank` is the Raft order), the
-    ``group`` (replicas, ack) it runs in, and whether it is ``recovering`` (started
-    empty, not caught up yet: not counted by a new term)."""
+    ``group`` of the term it follows, and whether it is ``recovering`` (started
+    empty, not caught up yet: not counted by a new term), and its ``incarnation`` (a
+    number picked at random as it started, that the SYNC answering it repeats)."""
 
     KIND: ClassVar = Kind.POSITION
     epoch: int
     log_end: int
     history: History
-    group: tuple[int, int]
+    group: Group
     recovering: bool = False
+    incarnation: int = 0
 
     @property
     def last_epoch(self) -> int:
@@ -193,7 +205,7 @@ class Sync:
     truncates what disagrees with it (:func:`~.history.agreement`) and takes it. What the
     term ships from ``since`` on is of the instance's ``version``; its log ended at
     ``log_end`` as it sent this (a recovering replica has caught up once it holds that
-    much)."""
+    much); it ``answers`` the POSITION of that incarnation of the replica."""
 
     KIND: ClassVar = Kind.SYNC
     epoch: int
@@ -202,6 +214,7 @@ class Sync:
     since: int = 0
     # Said by every SYNC (a recovering replica's safety rests on it): no default.
     log_end: int = attrs.field(kw_only=True)
+    answers: int = attrs.field(default=0, kw_only=True)
 
 
 @attrs.frozen
@@ -403,11 +416,15 @@ def _trims(points: tuple[tuple[str, int], ...]) -> bytes:
     return b"".join(out)
 
 
-def _group(group: tuple[int, int]) -> bytes:
-    replicas, ack = group
-    if not 1 <= ack <= replicas:
-        raise ReplicationRuleError(f"a group of {replicas} replicas committing on {ack}")
-    return _uint(replicas, "replicas") + _uint(ack, "ack")
+def _group(group: Group) -> bytes:
+    def members(g: Group) -> bytes:
+        out = [encode_uvarint(g.n), *(_uint(r, "member") for r in sorted(g.replicas))]
+        return b"".join(out) + _uint(g.k, "ack")
+
+    out = _uint(group.version, "group version") + members(group)
+    if group.previous is None:
+        return out + b"\x00"
+    return out + b"\x01" + members(group.previous)
 
 
 def encode_parts(msg: Message) -> list[Buffer]:
@@ -424,9 +441,11 @@ def encode_parts(msg: Message) -> list[Buffer]:
         case Position():
             head += _uint(msg.log_end, "log_end") + _history(msg.history)
             head += _group(msg.group) + encode_uvarint(int(msg.recovering))
+            head += _uint(msg.incarnation, "incarnation")
         case Sync():
             head += _history(msg.history) + _uint(msg.version, "version")
             head += _uint(msg.since, "since") + _uint(msg.log_end, "log_end")
+            head += _uint(msg.answers, "answers")
         case Append():
             if len(msg.records) > MAX_RECORDS:
                 raise ReplicationRuleError(f"{len(msg.records)} records, over {MAX_RECORDS}")
@@ -501,7 +520,8 @@ def decode_body(body: memoryview, base: int = 0) -> Message:
             history = f.history("history")
             if history.entries and history.entries[-1].start > log_end:
                 f.fail(f"history starts an epoch past log_end {log_end}", end_at)
-            msg = Position(epoch, log_end, history, f.group(), f.flag("recovering"))
+            group, recovering = f.group(), f.flag("recovering")
+            msg = Position(epoch, log_end, history, group, recovering, f.uint("incarnation"))
         case Kind.SYNC:
             at = f.pos
             history = f.history("history")
@@ -510,11 +530,12 @@ def decode_body(body: memoryview, base: int = 0) -> Message:
             version, since_at = f.uint("version"), f.pos
             since, end_at = f.uint("since"), f.pos
             log_end = f.uint("log_end")
+            answers = f.uint("answers")
             if since > log_end:
                 f.fail(f"since {since} is past log_end {log_end}", since_at)
             if history.entries[-1].start > log_end:
                 f.fail(f"history starts epoch {epoch} past log_end {log_end}", end_at)
-            msg = Sync(epoch, history, version, since, log_end=log_end)
+            msg = Sync(epoch, history, version, since, log_end=log_end, answers=answers)
         case Kind.APPEND:
             first_seq = f.uint("first_seq")
             commit_end = f.uint("commit_end")

@@ -56,16 +56,16 @@ class Probing:
 
     def _others(self) -> list[int]:
         """The replicas to probe; none when no other's word is needed."""
-        if self.group.term_quorum <= 1:
+        if self.group.term_met({self.replica}):
             return []
-        return sorted(self.group.replicas - {self.replica})
+        return sorted(self.group.members - {self.replica})
 
     def _answered(self, sender: int, msg: Silence, now: float) -> None:
         probe = self._probe
         if probe is None or msg.round != probe.round or not msg.silent:
             return
         probe.agreed.add(sender)
-        if len(probe.agreed) >= self.group.term_quorum - 1:
+        if self.group.term_met(probe.agreed | {self.replica}):
             self._lost(now)
 
     def _lost(self, now: float) -> None:

@@ -127,8 +127,8 @@ class Primary(Handing, EventQueue):
         since: int | None = None,
         founding: bool = False,
     ) -> None:
-        if replica not in group.replicas:
-            raise ReplicationRuleError(f"replica {replica} is not one of {sorted(group.replicas)}")
+        if replica not in group.members:
+            raise ReplicationRuleError(f"replica {replica} is not one of {sorted(group.members)}")
         if history.entries and history.entries[-1].epoch >= epoch:
             raise ReplicationRuleError(
                 f"epoch {epoch} is not above the history's last, {history.entries[-1].epoch}"
@@ -164,7 +164,8 @@ class Primary(Handing, EventQueue):
         self.commit_end = min(commit_end, log_end)
         self.state = TermState.GATHERING
         self._started = now
-        self._feeds = {r: Feed(now) for r in sorted(group.replicas) if r != replica}
+        # Every member, old ones too while the group changes: a term counts both.
+        self._feeds = {r: Feed(now) for r in sorted(group.members) if r != replica}
         self._rolled: tuple[int, int] | None = None  # (seq, replica) asked at the last roll
         self._taken: ChunkTransfer | None = None  # what came of that checkpoint so far
         # Handing the role over: to whom, the log's end then (nothing past it is shipped
@@ -178,7 +179,7 @@ class Primary(Handing, EventQueue):
             )
             return
         for r in self._feeds:
-            self._send(r, NewTerm(epoch, group.shape), now)
+            self._send(r, NewTerm(epoch, group), now)
         self._check_quorum(now)
 
     @classmethod
@@ -221,7 +222,7 @@ class Primary(Handing, EventQueue):
         if self.state is TermState.DEPOSED:
             return
         if sender not in self._feeds:
-            raise ReplicationRuleError(f"a message from replica {sender}, not of the group")
+            return  # a replica of another group, following an earlier term
         if isinstance(msg, Probe):  # a secondary that hears nothing: this one is alive
             # Not through _send: no heartbeat is put off by it (a probe's answer is
             # not heard as the primary's word).
@@ -239,9 +240,9 @@ class Primary(Handing, EventQueue):
                 return  # from before the replica took this term
             case Refuse():
                 return  # of a lower epoch than this term's: not about it
-            case Position() if msg.group != self.group.shape:
+            case Position() if msg.group != self.group:
                 # Not counted, nor synced: told this term's group, it stops (secondary.py).
-                self._send(sender, NewTerm(self.epoch, self.group.shape), now)
+                self._send(sender, NewTerm(self.epoch, self.group), now)
             case Position():
                 self.state = step("primary", TERM, self.state, TermEvent.POSITION)
                 self._feeds[sender].position = msg
@@ -303,7 +304,9 @@ class Primary(Handing, EventQueue):
         if seq != self.log_end:
             raise ReplicationRuleError(f"rolled at {seq}, not at the log's end {self.log_end}")
         keeping_up = [
-            (feed.match, -r) for r, feed in self._feeds.items() if feed.state is FeedState.STREAMING
+            (feed.match, -r)
+            for r, feed in self._feeds.items()
+            if feed.state is FeedState.STREAMING and r in self.group.replicas
         ]
         if not keeping_up:
             return None
@@ -404,7 +407,7 @@ class Primary(Handing, EventQueue):
             if now - feed.last_sent < self.timing.heartbeat_every:
                 continue
             if self.state is TermState.GATHERING or feed.position is None:
-                self._send(r, NewTerm(self.epoch, self.group.shape), now)
+                self._send(r, NewTerm(self.epoch, self.group), now)
             else:
                 self._send(r, Heartbeat(self.epoch, self.log_end, self.commit_end), now)
 
@@ -454,17 +457,18 @@ class Primary(Handing, EventQueue):
         return max(ahead)[1] if ahead else None
 
     def _check_quorum(self, now: float) -> None:
-        """Established once ``term_quorum`` replicas (this one counted), none of them
-        recovering, hold logs that rank no higher than this one's did; deposed once too
-        many rank higher for that ever to happen."""
-        ranks = [
-            f.position.rank()
-            for f in self._feeds.values()
+        """Established once replicas holding logs that rank no higher than this one's
+        did (this one counted), none of them recovering, make a quorum of the group
+        (of each part while it changes); deposed once too many rank higher for that
+        ever to happen."""
+        counted = {
+            r: f.position.rank()
+            for r, f in self._feeds.items()
             if f.position is not None and (not f.position.recovering or self.founding)
-        ]
-        behind = sum(1 for rank in ranks if rank <= self.rank_at_start)
-        ahead = len(ranks) - behind
-        if 1 + behind >= self.group.term_quorum:
+        }
+        behind = {r for r, rank in counted.items() if rank <= self.rank_at_start}
+        ahead = set(counted) - behind
+        if self.group.term_met(behind | {self.replica}):
             self.state = step("primary", TERM, self.state, TermEvent.QUORUM)
             self.history = self._term_history
             self._events += (SaveHistory(self.history), Established(self.epoch, self.term_start))
@@ -472,11 +476,11 @@ class Primary(Handing, EventQueue):
                 if feed.position is not None:
                     self._sync(r, now)
             self._advance_commit()
-        elif ahead > self.group.n - self.group.term_quorum:
+        elif self.group.term_lost(ahead):
             self._step_down(
                 self.epoch,
                 TermEvent.OUTRANKED,
-                f"{ahead} replicas hold logs ahead of this one's",
+                f"{len(ahead)} replicas hold logs ahead of this one's",
                 self._best_ahead(),
             )
 
@@ -485,7 +489,14 @@ class Primary(Handing, EventQueue):
         assert feed.position is not None
         pos = feed.position
         agreed = agreement(pos.history, pos.log_end, self.history, self.log_end)
-        sync = Sync(self.epoch, self.history, self.version, self.since, log_end=self.log_end)
+        sync = Sync(
+            self.epoch,
+            self.history,
+            self.version,
+            self.since,
+            log_end=self.log_end,
+            answers=pos.incarnation,
+        )
         self._send(replica, sync, now)
         if agreed is None:
             # No epoch in common: nothing it holds is vouched for (this history may be
@@ -587,9 +598,15 @@ class Primary(Handing, EventQueue):
         frozen = self._frozen_end
         if frozen is not None:
             candidate = min(candidate, frozen)
-        if self.group.k > 1:
-            matches = sorted((f.match for f in self._feeds.values()), reverse=True)
-            candidate = min(candidate, matches[self.group.k - 2])
+        # On k of the (new) members: the old ones count toward terms only. This replica
+        # is one of the k if it is a member; one leaving counts the others alone.
+        members = self.group.replicas
+        others = self.group.k - 1 if self.replica in members else self.group.k
+        if others > 0:
+            matches = sorted(
+                (f.match for r, f in self._feeds.items() if r in members), reverse=True
+            )
+            candidate = min(candidate, matches[others - 1])
         if candidate >= self.term_start and candidate > self.commit_end:
             self.commit_end = candidate
             self._events.append(CommitAdvanced(candidate))

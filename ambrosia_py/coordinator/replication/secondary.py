@@ -51,9 +51,11 @@ the first message of its epoch. It moves through :data:`~.states.SECONDARY`:
 - A replica started with an empty data dir (``recovering``: a new machine, or one that
   lost its disk) may have acknowledged records it no longer holds, so its positions say
   it recovers and new terms do not count them. It has caught up once its log, STREAMING,
-  is durable up to the ``log_end`` of the SYNC of its epoch (where the primary's log
-  ended then: every record it may have acknowledged before is below that, or was never
-  committed), and reports it (:class:`~.events.Recovered`, to be saved).
+  is durable up to the ``log_end`` of a SYNC of its epoch that answers a POSITION of
+  this start (``incarnation``, picked by the adapter at each start: a SYNC queued before
+  the disk was lost may arrive after), where the primary's log ended then: every record
+  it may have acknowledged before is below that, or was never committed. It reports it
+  (:class:`~.events.Recovered`, to be saved).
 - A ROLL asks it, STREAMING, for the state before the primary's roll point
   (:class:`~.events.TakeCheckpointFor`); what its binding takes there it sends back in
   chunks (TAKEN, :meth:`Secondary.checkpoint_taken`), so the primary never pauses to
@@ -73,9 +75,11 @@ after a new round, every ``failover_after`` while the silence lasts. Probes neit
 raise nor refuse epochs. In a group of one (a core alone) the report comes at once.
 The probing is in :mod:`.prevote`.
 
-A NEW_TERM of another group than this replica's (``--replicas`` and
-``--replication-ack`` differ) stops it (:class:`~.errors.GroupMismatchError`): a term's
-quorum meets every set of replicas a record was committed on only if all run alike.
+A secondary runs in the group of the term it follows (:mod:`.group`): a NEW_TERM brings
+it. One that names another group under the same number as this replica's (replicas
+started with other ``--replicas`` or ``--replication-ack``) stops it
+(:class:`~.errors.GroupMismatchError`): a term's quorum meets every set of replicas a
+record was committed on only if all count alike.
 """
 
 from __future__ import annotations
@@ -182,8 +186,11 @@ class Secondary(Asking, Probing, EventQueue):
         version: int = 0,
         upgrade_to: int | None = None,
         recovering: bool = False,
+        incarnation: int = 0,
     ) -> None:
         group = Group.of({replica}) if group is None else group
+        if recovering and incarnation == 0:
+            raise ReplicationRuleError("a recovering replica needs an incarnation other than 0")
         if history.entries and history.entries[-1].epoch > epoch:
             raise ReplicationRuleError(
                 f"history holds epoch {history.entries[-1].epoch}, above the saved {epoch}"
@@ -220,6 +227,7 @@ class Secondary(Asking, Probing, EventQueue):
         self._offered_said = False  # a checkpoint of another version was reported
         self.upgrade_to = upgrade_to
         self.recovering = recovering
+        self.incarnation = incarnation
         self._recover_to: int | None = None  # the log end of this epoch's SYNC, recovering
         self._primary_end = 0  # the primary's log end, as last heard in this epoch
         self._asked_role: float | None = None  # when ASK_ROLE last went out
@@ -263,7 +271,9 @@ class Secondary(Asking, Probing, EventQueue):
     def position(self) -> Position:
         """What this log holds, as a POSITION says it (and the registry may publish)."""
         history = self.history.effective(self.log_end)
-        return Position(self.epoch, self.log_end, history, self.group.shape, self.recovering)
+        return Position(
+            self.epoch, self.log_end, history, self.group, self.recovering, self.incarnation
+        )
 
     def follow(self, epoch: int, primary: int, now: float) -> None:
         """The registry names ``primary`` as holding the term of ``epoch``."""
@@ -294,15 +304,8 @@ class Secondary(Asking, Probing, EventQueue):
         if msg.epoch < self.epoch:
             self._events.append(Send(sender, Refuse(self.epoch)))
             return
-        if isinstance(msg, NewTerm) and msg.group != self.group.shape:
-            raise GroupMismatchError(
-                f"replica {sender}, primary of epoch {msg.epoch}, runs a group of "
-                f"{msg.group[0]} replicas committing on {msg.group[1]}; this replica was "
-                f"started with {self.group.n} and {self.group.k} (--replicas, "
-                "--replication-ack): every replica of an instance must be started with "
-                "the same two, or a record committed on one group's replicas could be "
-                "missing from the other's quorum"
-            )
+        if isinstance(msg, NewTerm) and msg.group != self.group:
+            self._take_group(sender, msg)
         if msg.epoch > self.epoch:
             self._adopt(msg.epoch)
         if self.primary is None:
@@ -405,6 +408,19 @@ class Secondary(Asking, Probing, EventQueue):
 
     # --- inside --------------------------------------------------------------------------
 
+    def _take_group(self, sender: int, msg: NewTerm) -> None:
+        """The term's group is the one this replica runs in from now on: the store's
+        when the term began. Only another group under this one's number is refused."""
+        if msg.group.version == self.group.version:
+            raise GroupMismatchError(
+                f"replica {sender}, primary of epoch {msg.epoch}, runs in a group of "
+                f"{msg.group.describe()}; this replica was started in one of "
+                f"{self.group.describe()} (--replicas, --replication-ack): every replica "
+                "of an instance must be started with the same two, or a record committed "
+                "on one group's replicas could be missing from the other's quorum"
+            )
+        self.group = msg.group
+
     def _adopt(self, epoch: int) -> None:
         self.epoch = epoch
         self.primary = None
@@ -472,8 +488,9 @@ class Secondary(Asking, Probing, EventQueue):
             self._events.append(Recovered(self.epoch, self.durable_end))
 
     def _take_version(self, msg: Sync) -> None:
-        if self.recovering:  # both kinds of SYNC come here
-            self._recover_to = msg.log_end
+        if self.recovering and msg.answers == self.incarnation:  # both kinds come here
+            # Sent once the primary had a POSITION of this start: not one queued before.
+            self._recover_to = max(self._recover_to or 0, msg.log_end)
         self.term_version = (msg.version, msg.since)
         if msg.version != self.version:
             self._events.append(VersionFrom(msg.epoch, msg.version, msg.since))
