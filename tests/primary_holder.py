@@ -20,7 +20,7 @@ def main(argv: list[str]) -> None:
     registry = open_registry(spec, Path(data_dir), cluster)
     election = open_election(registry)
     election.register_replica(name, int(replica), Endpoint("127.0.0.1", 7000 + int(replica)), 0)
-    term = election.campaign(name, int(replica), 0)
+    term = election.campaign(name, int(replica), 0, group_version=0)
     print("lost" if term is None else f"primary {term.epoch}", flush=True)
     for line in sys.stdin:
         if term is not None and line.strip() == "still":

@@ -53,6 +53,7 @@ COMMANDS = {
     "coordinator",
     "debug",
     "demo",
+    "group",
     "instances",
     "log",
     "register",

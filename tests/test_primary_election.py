@@ -136,10 +136,10 @@ def test_the_first_campaign_wins_and_others_lose_while_it_holds(
 ) -> None:
     one, two = elect(1), elect(2)
     assert isinstance(one, PrimaryElection) and one.current(NAME) is None
-    first = one.campaign(NAME, 1, 10)
+    first = one.campaign(NAME, 1, 10, group_version=0)
     assert first is not None and first.replica == 1 and first.log_position == 10
     assert first.epoch > 0
-    assert two.campaign(NAME, 2, 20) is None
+    assert two.campaign(NAME, 2, 20, group_version=0) is None
     assert two.current(NAME) == one.current(NAME) == first
     assert one.still_primary(first) and two.still_primary(first)
     assert [r.replica for r in two.replicas(NAME)] == [1, 2]
@@ -149,10 +149,10 @@ def test_the_first_campaign_wins_and_others_lose_while_it_holds(
     with pytest.raises(RegistryError, match="registered by another live process"):
         two.register_replica(NAME, 1, Endpoint("127.0.0.1", 7003), 0)
     with pytest.raises(RegistryError, match="register it in this process first"):
-        two.campaign(NAME, 3, 0)
+        two.campaign(NAME, 3, 0, group_version=0)
     one.resign(first)
     assert two.current(NAME) is None and not one.still_primary(first)
-    second = two.campaign(NAME, 2, 20)
+    second = two.campaign(NAME, 2, 20, group_version=0)
     assert second is not None and second.epoch > first.epoch
     one.resign(first)  # long over: the term after it stays
     one.resign(second)  # not its own to end
@@ -211,10 +211,10 @@ def test_a_killed_holders_role_is_won_with_a_higher_epoch(
 ) -> None:
     other = elect(2)
     held = holder(1)
-    assert other.current(NAME) == held.term and other.campaign(NAME, 2, 0) is None
+    assert other.current(NAME) == held.term and other.campaign(NAME, 2, 0, group_version=0) is None
     held.signal(signal.SIGKILL)
     # etcd: its lease (1 s) runs out; SQLite: the kernel dropped its lock at once.
-    won = eventually("the role to be won", lambda: other.campaign(NAME, 2, 0))
+    won = eventually("the role to be won", lambda: other.campaign(NAME, 2, 0, group_version=0))
     assert won.epoch > held.term.epoch and other.current(NAME) == won
     wait_for("the killed replica to vanish", lambda: len(other.replicas(NAME)) == 1)
 
@@ -228,7 +228,7 @@ def race_take_overs(
 
     def race(n: int) -> None:
         barrier.wait(DEADLINE)
-        won[n] = elections[n].take_over(NAME, n, seen, 0)
+        won[n] = elections[n].take_over(NAME, n, seen, 0, group_version=0)
 
     threads = [threading.Thread(target=race, args=(n,)) for n in racers]
     for thread in threads:
@@ -240,7 +240,7 @@ def race_take_overs(
 
 def test_racing_take_overs_of_one_term_have_one_winner(backend: Backend, elect: Elect) -> None:
     elections = {n: elect(n) for n in (1, 2, 3)}
-    seen = elections[1].campaign(NAME, 1, 0)
+    seen = elections[1].campaign(NAME, 1, 0, group_version=0)
     assert seen is not None
     for _ in range(20):
         if backend.kind == "sqlite":
@@ -262,16 +262,20 @@ def test_a_paused_holder_is_deposed_and_cannot_disturb_the_next_term(
     held.signal(signal.SIGSTOP)
     if backend.kind == "sqlite":
         # A paused process keeps its lock: no take-over on one machine until it is gone.
-        assert other.take_over(NAME, 2, held.term, 0) is None
-        assert other.campaign(NAME, 2, 0) is None and other.current(NAME) == held.term
+        assert other.take_over(NAME, 2, held.term, 0, group_version=0) is None
+        assert (
+            other.campaign(NAME, 2, 0, group_version=0) is None and other.current(NAME) == held.term
+        )
         held.signal(signal.SIGCONT)
         assert held.ask("still") == "yes"
         held.signal(signal.SIGKILL)
-        won = eventually("the take-over", lambda: other.take_over(NAME, 2, held.term, 0))
+        won = eventually(
+            "the take-over", lambda: other.take_over(NAME, 2, held.term, 0, group_version=0)
+        )
         assert won.epoch > held.term.epoch
         return
     # etcd: taken over at once (lost by the replicas' own heartbeats), before the TTL.
-    won_now = other.take_over(NAME, 2, held.term, 0)
+    won_now = other.take_over(NAME, 2, held.term, 0, group_version=0)
     assert won_now is not None and won_now.epoch > held.term.epoch
     # Past the holder's TTL its lease ends; the term it lost went onto the taker's lease.
     wait_for("the paused holder's lease to end", lambda: len(other.replicas(NAME)) == 1)
@@ -295,17 +299,17 @@ async def test_watch_primary_sees_each_term(backend: Backend, elect: Elect) -> N
     watch = two.watch_primary(NAME)
     try:
         await expect(watch, None)
-        first = await asyncio.to_thread(one.campaign, NAME, 1, 0)
+        first = await asyncio.to_thread(one.campaign, NAME, 1, 0, group_version=0)
         await expect(watch, first)
         await asyncio.to_thread(one.resign, first)
         await expect(watch, None)
-        second = await asyncio.to_thread(two.campaign, NAME, 2, 5)
+        second = await asyncio.to_thread(two.campaign, NAME, 2, 5, group_version=0)
         await expect(watch, second)
         assert first is not None and second is not None
         if backend.kind == "sqlite":  # a take-over waits for the holder's lock
             await asyncio.to_thread(two.resign, second)
             await expect(watch, None)
-        third = await asyncio.to_thread(one.take_over, NAME, 1, second, 9)
+        third = await asyncio.to_thread(one.take_over, NAME, 1, second, 9, group_version=0)
         assert third is not None and first.epoch < second.epoch < third.epoch
         await expect(watch, third)
     finally:
@@ -319,20 +323,20 @@ def test_an_etcd_restart_never_lowers_the_epoch(etcd_server: EtcdServer, tmp_pat
     try:
         one.register_replica(NAME, 1, Endpoint("127.0.0.1", 7001), 0)
         two.register_replica(NAME, 2, Endpoint("127.0.0.1", 7002), 0)
-        first = one.campaign(NAME, 1, 0)
+        first = one.campaign(NAME, 1, 0, group_version=0)
         assert first is not None
         etcd_server.kill()
         etcd_server.start()
         now = eventually("etcd to answer again", lambda: _answer(lambda: two.current(NAME)))
         if now[0] is None:  # the lease ran out meanwhile: a new term, higher
-            later = two.campaign(NAME, 2, 0)
+            later = two.campaign(NAME, 2, 0, group_version=0)
             assert later is not None and later.epoch > first.epoch
         else:
             assert now[0] == first or now[0].epoch > first.epoch
         for held in (one.current(NAME), two.current(NAME)):
             if held is not None:
                 (one if held.replica == 1 else two).resign(held)
-        again = two.campaign(NAME, 2, 0)
+        again = two.campaign(NAME, 2, 0, group_version=0)
         assert again is not None and again.epoch > first.epoch
     finally:
         one.close()

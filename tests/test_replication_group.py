@@ -158,6 +158,13 @@ def test_a_leaving_replica_may_be_primary_and_commits_on_k_new_members_alone() -
     assert CommitAdvanced(12) in p.events()
 
 
+def test_a_replica_not_of_the_group_probes_nobody_and_reports_nothing() -> None:
+    s = secondary(3, ONE, 5, replica=7)  # started before a change adds it
+    s.events()
+    s.tick(TIMING.failover_after * 3)
+    assert s.events() == []
+
+
 def test_a_replica_of_neither_part_cannot_be_a_term_primary() -> None:
     with pytest.raises(Exception, match="replica 7 is not one of"):
         Primary(

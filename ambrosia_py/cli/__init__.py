@@ -33,6 +33,7 @@ _LAZY = {
     "coordinator": "ambrosia_py.cli.coordinator:coordinator",
     "debug": "ambrosia_py.cli.debug:debug",
     "demo": "ambrosia_py.demo:demo",
+    "group": "ambrosia_py.cli.group:group",
     "instances": "ambrosia_py.cli.instances:instances",
     "log": "ambrosia_py.cli.log:log",
     "register": "ambrosia_py.cli.register:register",

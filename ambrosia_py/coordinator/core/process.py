@@ -12,8 +12,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import attrs
-
 from ...allocator import prime_allocator
 from ..links.config import load_secret, tls_contexts
 from ..registry.files import clear_interrupted_first_start, prepare_start
@@ -34,7 +32,6 @@ from .server import Coordinator
 if TYPE_CHECKING:
     from ..replicas.node import ReplicaNode
     from ..replication import Group
-    from ..storage.replica_state import ReplicaState
 
 __all__ = ["coordinator_argv", "run_coordinator"]
 
@@ -152,21 +149,25 @@ async def run_coordinator(
         registry.close()
 
 
-def _check_group(state: ReplicaState, group: Group, files: InstanceFiles) -> None:
-    """Refuse to run a replica that holds a checkpoint in another group than the one it
-    was started with: a term's quorum meets every set of replicas a record was committed
-    on only while the group stays the same."""
-    if state.checkpoint is None or state.group is None or state.group == (group.n, group.k):
-        return
-    replicas, ack = state.group
-    raise CoordinatorError(
-        f"replica {state.replica} was started with --replicas {group.n} "
-        f"--replication-ack {group.k}, but its data dir ({files.path}) holds the log of "
-        f"a group of {replicas} replicas committing on {ack}. The group of an instance "
-        f"cannot change: a record committed on {ack} of the {replicas} could be missing "
-        f"from every quorum of the other. Start it with --replicas {replicas} "
-        f"--replication-ack {ack}."
-    )
+def _say_group(config: CoordinatorConfig, flags: Group, group: Group) -> None:
+    """Say where the group the replica runs in differs from what its flags say: the
+    registry's counts (the flags, at an instance's first start only)."""
+    assert config.replica is not None
+    if (group.replicas, group.k) != (flags.replicas, flags.k):
+        log.info(
+            "the group of %r is %s, as the registry holds it (--replicas and "
+            "--replication-ack count at its first start only; ambrosia-py group changes it)",
+            config.instance,
+            group.describe(),
+        )
+    if config.replica not in group.members:
+        log.info(
+            "replica %d is not of the group of %r: it waits, taking no part, until a change "
+            "adds it (ambrosia-py group --instance %s --members ...)",
+            config.replica,
+            config.instance,
+            config.instance,
+        )
 
 
 async def _start_replica(
@@ -179,16 +180,22 @@ async def _start_replica(
     from ..storage.replica_state import ReplicaState, load_replica_state
 
     assert config.replica is not None
-    if config.replica >= config.replicas:
-        raise CoordinatorError(
-            f"replica {config.replica} is not one of the {config.replicas} replicas "
-            f"(0..{config.replicas - 1}; --replicas sets how many)"
-        )
     try:
-        group = Group.of(set(range(config.replicas)), config.replication_ack)
+        flags = Group.of(set(range(config.replicas)), config.replication_ack)
     except ValueError as exc:
         raise CoordinatorError(str(exc)) from None
     state = load_replica_state(files, replica=config.replica)
+    election = open_election(registry)
+    try:
+        # The registry's group; a first start stores it, from the flags (or from the
+        # group a replica-state file of an earlier release recorded).
+        earlier = None if state is None else state.group
+        first = flags if earlier is None else Group.of(set(range(earlier[0])), earlier[1])
+        group = election.found_group(config.instance, first)
+    except BaseException:
+        election.close()
+        raise
+    _say_group(config, flags, group)
     if state is None:
         # An empty data dir. Once the instance was founded (the registry holds its first
         # checkpoint), it is a new machine or one that lost its disk: it may have
@@ -197,7 +204,7 @@ async def _start_replica(
         # waits for to found it: nothing was committed yet.
         info = registry.get(config.instance)
         founded = info is not None and info.last_checkpoint is not None
-        state = ReplicaState(config.replica, 0, (), recovering=founded, group=(group.n, group.k))
+        state = ReplicaState(config.replica, 0, (), recovering=founded)
         if founded:
             log.info(
                 "replica %d starts empty after %r was founded: it recovers (no new term "
@@ -205,10 +212,6 @@ async def _start_replica(
                 config.replica,
                 config.instance,
             )
-    else:
-        _check_group(state, group, files)
-        state = attrs.evolve(state, group=(group.n, group.k))  # saved with the next save
-    election = open_election(registry)
     node = ReplicaNode(
         instance=config.instance,
         group=group,

@@ -6,21 +6,26 @@ Keys, beside the registry's (:mod:`.etcd_records`; values strict JSON, read as s
     /<cluster>/primary/<name>          {"replica", "log_position"}   the current term
     /<cluster>/replicas/<name>/<N>     {"host", "port", "host_name", "log_position",
                                         "recovering" (may be left out: false)}
+    /<cluster>/group/<name>            {"replicas", "ack", "previous"}  (:mod:`.groups`)
 
 Both live under the lease of the process that wrote them: the registry's one lease per
 process (:class:`.etcd_lease.LeaseKeeper`), which its replica registration uses too; so a
 replica registers before it campaigns, and a primary that dies or is cut off from etcd
 loses its term within the lease's TTL.
 
+The group is under no lease: it outlives every process. Its version is its key's
+``mod_revision``, so every write of it gives it a higher one.
+
 A term's epoch is the key's ``mod_revision``: the revision of the transaction that wrote
 it, higher than every revision before, and unchanged while the term lasts (keep-alives
 write nothing, and nothing else writes the key). The transactions:
 
-- ``campaign``: if the key has no ``create_revision`` (nobody holds it) and the instance
-  is registered, put it under our lease;
-- ``take_over``: if the key's ``mod_revision`` is the epoch the caller saw, put it under
-  our lease. The put moves the key onto our lease, so the deposed primary's lease ending
-  later does not delete the new term;
+- ``campaign``: if the key has no ``create_revision`` (nobody holds it), the instance
+  is registered and the group's ``mod_revision`` is the version the caller read, put it
+  under our lease;
+- ``take_over``: if the key's ``mod_revision`` is the epoch the caller saw and the
+  group's the version it read, put it under our lease. The put moves the key onto our
+  lease, so the deposed primary's lease ending later does not delete the new term;
 - ``resign``: if the key's ``mod_revision`` is the term's epoch, delete it.
 
 The keeper puts back, under a new lease, what it holds when its lease ran out; the
@@ -41,6 +46,7 @@ from typing import Any, TypeVar
 
 import attrs
 
+from ..replication.group import Group
 from .etcd import EtcdRegistry, follow
 from .etcd_client import (
     EtcdClient,
@@ -53,6 +59,7 @@ from .etcd_client import (
     range_op,
 )
 from .etcd_records import _Fields
+from .groups import changed, decode_group, encode_group
 from .interface import Endpoint, RegistryError
 from .primary import LOG_POSITION_MAX, Replica, Term, check_replica
 
@@ -141,37 +148,45 @@ class EtcdPrimaryElection:
 
     # --- the term ----------------------------------------------------------------------
 
-    def campaign(self, instance: str, replica: int, log_position: int) -> Term | None:
+    def campaign(
+        self, instance: str, replica: int, log_position: int, *, group_version: int
+    ) -> Term | None:
         check_replica(replica, log_position)
         key = self._keys(instance)[0]
-        return self._run(self._campaign(instance, replica, key, log_position))
+        return self._run(self._campaign(instance, replica, key, log_position, group_version))
 
     async def _campaign(
-        self, instance: str, replica: int, key: str, log_position: int
+        self, instance: str, replica: int, key: str, log_position: int, group_version: int
     ) -> Term | None:
         registered = self._registry.keys.instance(instance)
+        group_key = self._group_key(instance)
         nobody = compare(key, "CREATE", "EQUAL", 0)
+        same_group = compare(group_key, "MOD", "EQUAL", group_version)
         for _ in range(_TRIES):
             exists = compare(registered, "VERSION", "GREATER", 0)
-            term = await self._begin(instance, replica, key, log_position, [nobody, exists])
+            conditions = [nobody, exists, same_group]
+            term = await self._begin(instance, replica, key, log_position, conditions)
             if term is not None:
                 return term
-            _, (held, found) = await self._registry._client.txn(
-                [], [range_op(key), range_op(registered)]
+            _, (held, found, group) = await self._registry._client.txn(
+                [], [range_op(key), range_op(registered), range_op(group_key)]
             )
             if not found:
                 raise _unknown(instance)
-            if held:
+            if held or (group[0].mod_revision if group else 0) != group_version:
                 return None
         raise RegistryError(f"could not campaign for {instance!r}: its term kept changing")
 
-    def take_over(self, instance: str, replica: int, seen: Term, log_position: int) -> Term | None:
+    def take_over(
+        self, instance: str, replica: int, seen: Term, log_position: int, *, group_version: int
+    ) -> Term | None:
         check_replica(replica, log_position)
         key = self._keys(instance)[0]
         if seen.instance != instance:
             raise RegistryError(f"a term of {seen.instance!r} is not one of {instance!r}")
         same = compare(key, "MOD", "EQUAL", seen.epoch)
-        return self._run(self._begin(instance, replica, key, log_position, [same]))
+        same_group = compare(self._group_key(instance), "MOD", "EQUAL", group_version)
+        return self._run(self._begin(instance, replica, key, log_position, [same, same_group]))
 
     async def _begin(
         self,
@@ -207,6 +222,55 @@ class EtcdPrimaryElection:
 
     def still_primary(self, term: Term) -> bool:
         return self.current(term.instance) == term
+
+    # --- the group ---------------------------------------------------------------------
+
+    def _group_key(self, instance: str) -> str:
+        self._keys(instance)
+        return f"{self._registry.keys.root}group/{instance}"
+
+    def group(self, instance: str) -> Group | None:
+        key = self._group_key(instance)
+        _, found = self._run(self._registry._client.range(key))
+        return _group(found[0]) if found else None
+
+    def found_group(self, instance: str, group: Group) -> Group:
+        key = self._group_key(instance)
+        value = encode_group(Group.of(group.replicas, group.k))
+        absent = compare(key, "CREATE", "EQUAL", 0)
+        exists = compare(self._registry.keys.instance(instance), "VERSION", "GREATER", 0)
+        client = self._registry._client
+        self._run(client.txn([absent, exists], [put_op(key, value)]))
+        _, found = self._run(client.range(key))
+        if not found:
+            raise _unknown(instance)
+        return _group(found[0])
+
+    def change_group(
+        self, instance: str, replicas: frozenset[int], k: int | None, *, from_version: int
+    ) -> Group:
+        key = self._group_key(instance)
+        stored = self.group(instance)
+        group = changed(stored, instance, replicas, k, from_version)
+        same = compare(key, "MOD", "EQUAL", from_version)
+        done, reads = self._run(
+            self._registry._client.txn([same], [put_op(key, encode_group(group)), range_op(key)])
+        )
+        if not done:
+            raise RegistryError(f"the group of {instance!r} changed meanwhile: look at it again")
+        return _group(reads[0][0])
+
+    def settle_group(self, term: Term, group: Group) -> Group | None:
+        if term not in self._terms or group.previous is None:
+            return None
+        key = self._group_key(term.instance)
+        conditions = [
+            compare(key, "MOD", "EQUAL", group.version),
+            compare(self._keys(term.instance)[0], "MOD", "EQUAL", term.epoch),
+        ]
+        operations = [put_op(key, encode_group(group.settled)), range_op(key)]
+        done, reads = self._run(self._registry._client.txn(conditions, operations))
+        return _group(reads[0][0]) if done else None
 
     def resign(self, term: Term) -> None:
         self._keys(term.instance)
@@ -281,6 +345,10 @@ def _term(instance: str, kv: KeyValue) -> Term:
         kv.mod_revision,
         fields.required_int("log_position", _POSITION),
     )
+
+
+def _group(kv: KeyValue) -> Group:
+    return decode_group(kv.value, kv.mod_revision, f"etcd key {kv.key}")
 
 
 def _replica(key: str, number: str, raw: bytes) -> Replica:

@@ -43,6 +43,7 @@ from typing import Protocol, runtime_checkable
 
 import attrs
 
+from ..replication.group import Group
 from .interface import Endpoint, InstanceRegistry, RegistryError
 from .rules import check_port
 
@@ -130,15 +131,46 @@ class PrimaryElection(Protocol):
         """The live replicas of ``instance``, by number."""
         ...
 
-    def campaign(self, instance: str, replica: int, log_position: int) -> Term | None:
+    def campaign(
+        self, instance: str, replica: int, log_position: int, *, group_version: int
+    ) -> Term | None:
         """Take the primary role for ``replica`` (registered by this process) if nobody
-        holds it: the new term, or ``None`` if another term is current."""
+        holds it and the instance's group is still of ``group_version`` (as the caller
+        read it: 0 for none): the new term, or ``None`` if another term is current or
+        the group changed."""
         ...
 
-    def take_over(self, instance: str, replica: int, seen: Term, log_position: int) -> Term | None:
+    def take_over(
+        self, instance: str, replica: int, seen: Term, log_position: int, *, group_version: int
+    ) -> Term | None:
         """Take the role from ``seen``, found lost by the caller's own heartbeats: the
-        new term (a higher epoch) if ``seen`` was still the current term, else ``None``.
-        Of several callers that saw the same term, at most one wins."""
+        new term (a higher epoch) if ``seen`` was still the current term and the group
+        still of ``group_version``, else ``None``. Of several callers that saw the same
+        term, at most one wins."""
+        ...
+
+    def group(self, instance: str) -> Group | None:
+        """The instance's replica group as the store holds it (its version the store's),
+        or ``None`` before any was stored (:mod:`.groups`)."""
+        ...
+
+    def found_group(self, instance: str, group: Group) -> Group:
+        """The instance's group: the one stored, or ``group`` (settled), stored now if
+        none is."""
+        ...
+
+    def change_group(
+        self, instance: str, replicas: frozenset[int], k: int | None, *, from_version: int
+    ) -> Group:
+        """Begin a change of the stored group, which must be of ``from_version`` and
+        settled, to ``replicas`` committing on ``k`` (default: a majority): the group
+        stored, changing. A :class:`RegistryError` says why not."""
+        ...
+
+    def settle_group(self, term: Term, group: Group) -> Group | None:
+        """Settle the change ``group`` is (the term's), the primary of ``term`` having
+        committed the term's start: the new members alone, stored; ``None`` if the term
+        is no longer current or the stored group is no longer ``group``."""
         ...
 
     def current(self, instance: str) -> Term | None:

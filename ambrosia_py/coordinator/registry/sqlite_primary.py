@@ -11,6 +11,8 @@ and in the registry file itself::
 
     primaries(name, epoch, replica, log_position)   the last term begun; epoch the counter
     replicas(name, replica, host, port, host_name, log_position)
+    groups(name, version, record)                   the replica group (:mod:`.groups`);
+                                                    version: 1, then one more each write
 
 The locks are Linux's open-file-description locks (``fcntl`` ``F_OFD_SETLK``): like
 ``flock`` they belong to an open file, so two holders in one process exclude each other,
@@ -20,7 +22,8 @@ a campaign fail.
 
 A new term: lock ``primary.<name>`` without waiting, empty it, then in one ``BEGIN
 IMMEDIATE`` transaction add one to the instance's epoch (1 for its first term) and record
-the replica; then write the epoch into the file. A term is current while its file is
+the replica, if the group's version is still the one the candidate read; then write the
+epoch into the file. A term is current while its file is
 locked and holds its epoch: so between a new primary's lock and its epoch, and after a
 resignation (which empties the file before unlocking), nobody is said to hold the role.
 
@@ -45,7 +48,9 @@ import threading
 from collections.abc import AsyncGenerator
 from pathlib import Path
 
+from ..replication.group import Group
 from ..storage.modes import create_private, make_private_dir
+from .groups import changed, decode_group, encode_group
 from .interface import Endpoint, RegistryError
 from .primary import Replica, Term, check_replica
 from .sqlite import SqliteRegistry
@@ -68,6 +73,11 @@ _SCHEMA = (
         log_position INTEGER NOT NULL,
         recovering INTEGER NOT NULL DEFAULT 0,
         PRIMARY KEY (name, replica)
+    )""",
+    """CREATE TABLE IF NOT EXISTS groups (
+        name TEXT PRIMARY KEY REFERENCES instances(name),
+        version INTEGER NOT NULL,
+        record BLOB NOT NULL
     )""",
 )
 # A registry file made before replicas said whether they recover gains the column.
@@ -191,19 +201,23 @@ class SqlitePrimaryElection:
 
     # --- the term ----------------------------------------------------------------------
 
-    def campaign(self, instance: str, replica: int, log_position: int) -> Term | None:
-        return self._begin(instance, replica, log_position, None)
+    def campaign(
+        self, instance: str, replica: int, log_position: int, *, group_version: int
+    ) -> Term | None:
+        return self._begin(instance, replica, log_position, None, group_version)
 
-    def take_over(self, instance: str, replica: int, seen: Term, log_position: int) -> Term | None:
+    def take_over(
+        self, instance: str, replica: int, seen: Term, log_position: int, *, group_version: int
+    ) -> Term | None:
         if seen.instance != instance:
             raise RegistryError(f"a term of {seen.instance!r} is not one of {instance!r}")
-        return self._begin(instance, replica, log_position, seen.epoch)
+        return self._begin(instance, replica, log_position, seen.epoch, group_version)
 
     def _begin(
-        self, instance: str, replica: int, log_position: int, seen: int | None
+        self, instance: str, replica: int, log_position: int, seen: int | None, group: int
     ) -> Term | None:
-        """A new term if the role's lock is free (and, with ``seen``, the last term begun
-        has that epoch)."""
+        """A new term if the role's lock is free, the group is of version ``group`` (and,
+        with ``seen``, the last term begun has that epoch)."""
         check_replica(replica, log_position)
         with self._lock:
             if (instance, replica) not in self._replicas:
@@ -221,7 +235,12 @@ class SqlitePrimaryElection:
                         "SELECT epoch FROM primaries WHERE name = ?", (instance,)
                     ).fetchone()
                     last = 0 if row is None else int(row[0])
-                    if seen is not None and last != seen:
+                    stored = db.execute(
+                        "SELECT version FROM groups WHERE name = ?", (instance,)
+                    ).fetchone()
+                    if (seen is not None and last != seen) or (
+                        (0 if stored is None else int(stored[0])) != group
+                    ):
                         _release(fd)
                         return None
                     db.execute(
@@ -260,6 +279,62 @@ class SqlitePrimaryElection:
 
     def still_primary(self, term: Term) -> bool:
         return self.current(term.instance) == term
+
+    # --- the group ---------------------------------------------------------------------
+
+    def _stored(self, db: sqlite3.Connection, instance: str) -> Group | None:
+        row = db.execute(
+            "SELECT version, record FROM groups WHERE name = ?", (instance,)
+        ).fetchone()
+        if row is None:
+            return None
+        where = f"{self._registry.where}: the group of {instance!r}"
+        return decode_group(bytes(row[1]), int(row[0]), where)
+
+    def _store(self, db: sqlite3.Connection, instance: str, group: Group) -> Group:
+        """``group`` written over the stored one; its version is the next one."""
+        db.execute(
+            "INSERT INTO groups VALUES (?, ?, ?) ON CONFLICT (name) DO UPDATE SET "
+            "version = excluded.version, record = excluded.record",
+            (instance, group.version, encode_group(group)),
+        )
+        return group
+
+    def group(self, instance: str) -> Group | None:
+        with self._registry._lock:
+            try:
+                return self._stored(self._registry._conn(), instance)
+            except sqlite3.Error as exc:
+                raise self._registry._error("cannot read", exc) from exc
+
+    def found_group(self, instance: str, group: Group) -> Group:
+        with self._registry._write() as db:
+            self._registry._require(db, instance)
+            stored = self._stored(db, instance)
+            if stored is not None:
+                return stored
+            return self._store(db, instance, Group.of(group.replicas, group.k, version=1))
+
+    def change_group(
+        self, instance: str, replicas: frozenset[int], k: int | None, *, from_version: int
+    ) -> Group:
+        with self._registry._write() as db:
+            stored = self._stored(db, instance)
+            return self._store(db, instance, changed(stored, instance, replicas, k, from_version))
+
+    def settle_group(self, term: Term, group: Group) -> Group | None:
+        instance = term.instance
+        with self._lock:
+            held = self._terms.get(instance)
+            if held is None or held[1] != term or group.previous is None:
+                return None
+            with self._registry._write() as db:
+                row = db.execute(
+                    "SELECT epoch FROM primaries WHERE name = ?", (instance,)
+                ).fetchone()
+                if row is None or int(row[0]) != term.epoch or self._stored(db, instance) != group:
+                    return None
+                return self._store(db, instance, group.settled)
 
     def resign(self, term: Term) -> None:
         with self._lock:

@@ -135,17 +135,33 @@ class Leading:
         self._campaigning = True
         try:
             end = self._end()
+            # The term is of the group the store holds as it begins (the transaction
+            # checks that it still does): a replica of neither part takes no term.
+            group = await asyncio.to_thread(self.election.group, self.instance)
+            if group is None or self.replica not in group.members:
+                return None, False
             current = await asyncio.to_thread(self.election.current, self.instance)
             if current is None:
                 term = await asyncio.to_thread(
-                    self.election.campaign, self.instance, self.replica, end
+                    self.election.campaign,
+                    self.instance,
+                    self.replica,
+                    end,
+                    group_version=group.version,
                 )
-                return term, False
-            if seen is None or current.epoch > seen:
+            elif seen is None or current.epoch > seen:
                 return None, True
-            term = await asyncio.to_thread(
-                self.election.take_over, self.instance, self.replica, current, end
-            )
+            else:
+                term = await asyncio.to_thread(
+                    self.election.take_over,
+                    self.instance,
+                    self.replica,
+                    current,
+                    end,
+                    group_version=group.version,
+                )
+            if term is not None:
+                self.group = group
             return term, False
         except RegistryError as exc:
             log.warning("replica %d could not take the primary role: %s", self.replica, exc)
@@ -194,9 +210,18 @@ class Leading:
                 )
                 said = True
             await asyncio.sleep(0.1)
-        term = await asyncio.to_thread(self.election.campaign, self.instance, self.replica, 0)
+        term = await asyncio.to_thread(
+            self.election.campaign,
+            self.instance,
+            self.replica,
+            0,
+            group_version=self.group.version,
+        )
         if term is None:
-            raise RegistryError(f"another replica of {self.instance!r} holds the primary role")
+            raise RegistryError(
+                f"another replica of {self.instance!r} holds the primary role, or its group "
+                "changed before it was founded"
+            )
         log.info(
             "replica %d founds %r, primary from epoch %d", self.replica, self.instance, term.epoch
         )

@@ -74,6 +74,7 @@ from .disk import ReplicaDisk
 from .gate import CommitGate
 from .leading import Leading
 from .log_work import LogWork
+from .membership import Membership
 from .transport import ReplicaTransport
 from .versions import Versions
 
@@ -103,7 +104,7 @@ class SteppedDownError(CoordinatorError):
     acted on records that were never committed)."""
 
 
-class ReplicaNode(LogWork, Leading, Versions):
+class ReplicaNode(LogWork, Leading, Membership, Versions):
     """See the module. ``state`` is what ``replica-state`` held at start (or a fresh one)."""
 
     def __init__(
@@ -168,6 +169,7 @@ class ReplicaNode(LogWork, Leading, Versions):
         self._deferred: deque[Callable[[], None]] = deque()  # disk steps after a sync
         self._published = (-1, False)  # the log position, recovering, last registered
         self._version_said: VersionFrom | None = None  # before a follower was attached
+        self._settling = False  # a change of the group is being settled (membership.py)
 
     # --- start and stop -------------------------------------------------------------------
 
@@ -201,6 +203,7 @@ class ReplicaNode(LogWork, Leading, Versions):
             asyncio.create_task(self._watch()),
             asyncio.create_task(self._ticks()),
             asyncio.create_task(self._positions()),
+            asyncio.create_task(self._watch_group()),
         ]
 
     async def close(self) -> None:
@@ -334,7 +337,7 @@ class ReplicaNode(LogWork, Leading, Versions):
     # --- messages and time ----------------------------------------------------------------
 
     def _received(self, sender: int, msg: Message) -> None:
-        if sender not in self.group.replicas:
+        if sender not in self._members():
             log.warning("a message from replica %d, not of the group: dropped", sender)
             return
         try:
@@ -510,6 +513,7 @@ class ReplicaNode(LogWork, Leading, Versions):
                 assert self.gate is not None
                 self.gate.commit(end)
                 self._change()
+                self._settle_if_due(end)
             case ReadLog(replica, from_seq):
                 self._later(self._read(replica, from_seq))
             case SendCheckpoint(replica):

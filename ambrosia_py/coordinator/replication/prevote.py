@@ -43,7 +43,11 @@ class Probing:
         while it lasts), or report the primary lost at once when no other's word is
         needed."""
         failover_after = self.timing.failover_after
-        if now - max(self._heard, self._lost_said) < failover_after or self.leaves_role(now):
+        if (
+            now - max(self._heard, self._lost_said) < failover_after
+            or self.leaves_role(now)
+            or self.replica not in self.group.members  # waits to be added: no part yet
+        ):
             return
         others = self._others()
         if not others:
