@@ -85,8 +85,9 @@ class Membership:
             log.warning("replica %d could not settle the group change: %s", self.replica, exc)
             self._settling = False  # tried again at the next commit
             return
-        if settled is None:
-            return  # the term is over, or the group moved on: the next look says which
+        if settled is None:  # the term is over, or the group moved on: the next look says
+            self._settling = False
+            return
         self.group = settled
         self._settling = False
         log.info(

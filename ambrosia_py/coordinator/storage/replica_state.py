@@ -8,9 +8,10 @@ restart), the epoch history of its log (which term wrote which part,
 :mod:`ambrosia_py.coordinator.replication.history`), the committed checkpoint its
 recovery starts from, whether it is still recovering (it started with an empty data
 dir and has not caught up since: new terms do not count it,
-:mod:`ambrosia_py.coordinator.replication.secondary`), and the group its log was written
-in (``--replicas`` and ``--replication-ack``: a replica that holds a checkpoint is not
-started with another). The replication core asks for
+:mod:`ambrosia_py.coordinator.replication.secondary`), and, in files of the release
+before the registry held an instance's group, the group its log was written in
+(``--replicas`` and ``--replication-ack``): read to store that group in the registry
+when none is there yet (carried over as read, never set anew). The replication core asks for
 these to be saved *durably* (``SaveEpoch``, ``SaveHistory``, ``Recovered``, the
 checkpoint after an install): each save replaces the whole file atomically (temporary
 file, fsync, rename, fsync of the directory), so a crash leaves the old file or the new
@@ -103,8 +104,8 @@ class ReplicaState:
     strictly growing and at least 1, starts never going down, none above ``epoch``.
     ``checkpoint``: the number of the committed checkpoint recovery starts from (None:
     none yet). ``recovering``: the replica started with an empty data dir and has not
-    caught up since. ``group``: ``(replicas, ack)`` of the group its log was written in
-    (None: not recorded, a file of format 1). Values that cannot be raise
+    caught up since. ``group``: ``(replicas, ack)`` of the group its log was written in,
+    as files of an earlier release recorded it (None: not recorded). Values that cannot be raise
     :class:`ReplicaStateError` at construction.
     """
 
