@@ -56,7 +56,7 @@ def test_the_replication_figures_count_every_call_once_and_leave_nothing_running
     figures = measure_replication(tmp_path, quick=True, plan=TINY)
 
     assert processes_under(tmp_path) == []
-    assert [(c.replicas, c.ack) for c in figures.calls] == [(1, 1), (2, 2), (3, 2)]
+    assert [(c.replicas, c.ack) for c in figures.calls] == [(0, 1), (1, 1), (2, 2), (3, 2)]
     for shape in figures.calls:
         assert shape.calls > 0
         assert shape.counter == shape.calls, shape
@@ -93,7 +93,11 @@ def test_the_replication_figures_count_every_call_once_and_leave_nothing_running
     for name, ratio, met in goals:
         assert positive(ratio), name
         assert met == (ratio >= 1.0), name
-    assert all(positive(v) for v in figures.as_dict().values())
+    figured = figures.as_dict()
+    assert all(positive(v) for v in figured.values())
+    one, two = figured["replicas1_client_p50_ms"], figured["replicas2_client_p50_ms"]
+    assert figured["replicas2_p50_ratio"] == two / one  # the goals' base: one replica
+    assert figured["replicas2_p50_vs_standalone"] == two / figured["standalone_client_p50_ms"]
 
 
 def test_a_group_interrupted_while_it_runs_leaves_no_process(tmp_path: Path) -> None:
@@ -107,11 +111,12 @@ def test_a_group_interrupted_while_it_runs_leaves_no_process(tmp_path: Path) -> 
 
 def test_the_report_holds_replication_to_its_bars() -> None:
     """``bench compare``'s replicas section: its goals against their bars (failover
-    under 1 s, p50 at most 2x, at least half the throughput), from figures as
-    ``--json`` holds them."""
+    under 1 s, p50 at most 2x one replica's, at least half its throughput), from
+    figures as ``--json`` holds them."""
     from ambrosia_py.bench.compare_report import goals, tables
 
     figures = {
+        "standalone_client_p50_ms": 0.4,
         "replicas1_client_p50_ms": 0.5,
         "replicas1_client_p99_ms": 1.0,
         "replicas1_client_concurrent_calls_per_s": 4000.0,
@@ -120,6 +125,8 @@ def test_the_report_holds_replication_to_its_bars() -> None:
         "replicas3_client_concurrent_calls_per_s": 1000.0,
         "replicas3_p50_ratio": 3.0,
         "replicas3_throughput_ratio": 0.25,
+        "replicas3_p50_vs_standalone": 3.75,
+        "replicas3_throughput_vs_standalone": 0.2,
         "failover_etcd_min_s": 0.4,
         "failover_etcd_median_s": 0.5,
         "failover_etcd_max_s": 0.8,
@@ -132,6 +139,11 @@ def test_the_report_holds_replication_to_its_bars() -> None:
     assert met["replicas3_throughput"] == (0.5, False)  # a quarter, against a half
     assert "replicas_failover_sqlite" not in met  # not measured: not judged
     assert met["replicas_failover_long_log"] == (0.8, False)  # 1 s / 1.25 s
-    titles = [t[0] for t in tables({"replicas": figures}, 1)]
+    rows = {g.key: g for g in goals({"replicas": figures})}
+    assert "(3.75x standalone's)" in rows["replicas3_p50"].measured
+    made = tables({"replicas": figures}, 1)
+    shapes = [row[0] for title, _, rows_ in made if title.startswith("Replicas:") for row in rows_]
+    assert shapes == ["standalone", "1 replica", "3 replicas, ack 2"]
+    titles = [t[0] for t in made]
     assert any(t.startswith("Replicas:") for t in titles)
     assert any(t.startswith("Failover:") for t in titles)
