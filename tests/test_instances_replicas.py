@@ -25,6 +25,7 @@ import pytest
 from ambrosia_py.coordinator.registry.backends import open_registry
 from ambrosia_py.coordinator.registry.interface import Endpoint
 from ambrosia_py.coordinator.registry.primary import Term, open_election
+from ambrosia_py.coordinator.replication import Group
 from ambrosia_py.testing import wait_for
 from tests.test_replicas_failover import (
     COUNTER,
@@ -179,6 +180,7 @@ def test_instances_shows_each_replica_its_role_and_how_far_behind(
     assert primary["from seq"] == str(term.log_position)
     assert term.log_position <= int(primary["position"])
     for r in rows:
+        assert r["in group"] == "yes"
         if r is not primary:
             assert r["role"] == "secondary" and r["epoch"] == "-" and r["from seq"] == "-"
     held = registered(registry)
@@ -250,6 +252,16 @@ def test_a_replica_still_recovering_is_shown_so(tmp_path: Path) -> None:
         reg.close()
     roles = {r["replica"]: r["role"] for r in rows}
     assert roles == {"1": "secondary (recovering)", "2": "secondary"}
+
+
+def test_each_replica_is_shown_in_or_out_of_the_group_and_changes_under_way() -> None:
+    from ambrosia_py.cli.instances import _in_group
+
+    settled = Group.of({0, 1, 2}, 2, version=3)
+    changing = Group.of({1, 2, 3}, 2, version=4, previous=Group.of({0, 1, 2}, 2))
+    assert [_in_group(r, settled) for r in (0, 3)] == ["yes", "no"]
+    assert [_in_group(r, changing) for r in (0, 1, 3, 7)] == ["leaving", "yes", "joining", "no"]
+    assert _in_group(0, None) == "-"  # a registry of an earlier release: no group stored
 
 
 def test_instances_without_replicas_shows_no_replicas_and_creates_nothing(

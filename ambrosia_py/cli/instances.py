@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import attrs
 import click
@@ -41,6 +42,9 @@ from ..coordinator.storage.data_dir import DataDirError, existing_data_dir, runn
 from ..coordinator.storage.files import InstanceFiles
 from .options import coordinators_data_dir, or_dash, registry_options
 
+if TYPE_CHECKING:
+    from ..coordinator.replication.group import Group
+
 __all__ = ["instances"]
 
 _COLUMNS = (
@@ -48,7 +52,7 @@ _COLUMNS = (
     *("alive", "host", "link", "ingress"),
 )
 _REPLICA_COLUMNS = (
-    *("instance", "replica", "role", "epoch", "from seq"),
+    *("instance", "replica", "role", "in group", "epoch", "from seq"),
     *("host", "replication", "position", "behind"),
 )
 
@@ -73,6 +77,7 @@ class _ReplicaLine:
     log_position: int
     behind: int | None
     recovering: bool = False
+    in_group: str = "-"  # yes, joining, leaving (a change under way), no; "-": no group
 
 
 def _role(line: _ReplicaLine) -> str:
@@ -81,8 +86,20 @@ def _role(line: _ReplicaLine) -> str:
     return "secondary (recovering)" if line.recovering else "secondary"
 
 
-def _replica_lines(instance: str, replicas: list[Replica], term: Term | None) -> list[_ReplicaLine]:
-    """The lines of ``instance``'s live ``replicas``, by number; ``term`` the current one."""
+def _in_group(replica: int, group: Group | None) -> str:
+    if group is None:
+        return "-"
+    if replica in group.replicas:
+        old = group.previous
+        return "joining" if old is not None and replica not in old.replicas else "yes"
+    return "leaving" if group.previous and replica in group.previous.replicas else "no"
+
+
+def _replica_lines(
+    instance: str, replicas: list[Replica], term: Term | None, group: Group | None = None
+) -> list[_ReplicaLine]:
+    """The lines of ``instance``'s live ``replicas``, by number; ``term`` the current one,
+    ``group`` the registry's."""
     primary = next((r for r in replicas if term is not None and r.replica == term.replica), None)
     return [
         _ReplicaLine(
@@ -95,6 +112,7 @@ def _replica_lines(instance: str, replicas: list[Replica], term: Term | None) ->
             address=r.address,
             log_position=r.log_position,
             recovering=r.recovering,
+            in_group=_in_group(r.replica, group),
             behind=(
                 None
                 if primary is None or r is primary
@@ -120,7 +138,8 @@ def _read_replicas(registry: InstanceRegistry, names: list[str]) -> list[_Replic
         for name in names:
             replicas = election.replicas(name)
             if replicas:
-                lines += _replica_lines(name, replicas, election.current(name))
+                term, group = election.current(name), election.group(name)
+                lines += _replica_lines(name, replicas, term, group)
         return lines
     finally:
         election.close()
@@ -219,6 +238,7 @@ def _replica_table(where: str, lines: list[_ReplicaLine]) -> Table:
             line.instance,
             str(line.replica),
             _role(line),
+            line.in_group,
             or_dash(line.epoch),
             or_dash(line.since),
             line.host_name,

@@ -39,13 +39,15 @@ narrows the window, the epochs close it.
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import attrs
 
-from ..replication.group import Group
 from .interface import Endpoint, InstanceRegistry, RegistryError
 from .rules import check_port
+
+if TYPE_CHECKING:  # the replication core, not imported by whoever only reads the role
+    from ..replication.group import Group
 
 __all__ = [
     "LOG_POSITION_MAX",
