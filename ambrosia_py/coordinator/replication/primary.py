@@ -2,9 +2,11 @@
 
 One :class:`Primary` is one term: made when the registry gives this replica the role
 (with the term's epoch), dropped when it steps down. It starts GATHERING: it saves its
-epoch, sends NEW_TERM to every replica, and waits for their positions. Once
-``group.term_quorum`` replicas, itself counted, have answered with positions none of
-which ranks above its own log, none of them recovering, the term is ESTABLISHED
+epoch, sends NEW_TERM to every replica of its group, and waits for their positions.
+Once replicas making a quorum of the group (``group.term_quorum`` of its members, and
+while the group changes as many of the old members too: :mod:`.group`), itself counted,
+have answered with positions none of which ranks above its own log, none of them
+recovering, the term is ESTABLISHED
 (:class:`~.events.Established`) and its entry joins the saved history, at the log's end
 then (the *term start*); a term never established leaves no entry, so it ranks no log
 above another. If so many rank above it that this cannot happen, or
@@ -28,7 +30,8 @@ the adapter calls :meth:`Primary.records_read`) while it is behind, from the che
 (:class:`SendCheckpoint`, :meth:`Primary.checkpoint_read`) when the log no longer holds
 where its log ends. Each replica's acknowledged durable end counts toward the commit
 point: the highest seq ``c`` such that the primary's own log is durable below ``c``,
-``group.k - 1`` replicas have acknowledged the same in this epoch, and ``c`` is at least
+``group.k`` of the group's (new) members, the primary among them if it is one, hold the
+same durably in this epoch, and ``c`` is at least
 the term start (records of earlier terms are committed by the first commit of this one,
 never by counting them: the Raft rule).
 
