@@ -101,7 +101,7 @@ def test_the_stored_value_round_trips_with_the_stores_version() -> None:
     ("raw", "words"),
     [
         (b"not json", "here: the value is not JSON"),
-        (b"[1]", "here: not a JSON object"),
+        (b"[1]", "here: the value is not a JSON object"),
         (b'{"replicas":[0],"ack":1}', "here: field 'previous' is missing"),
         (b'{"replicas":[0],"ack":1,"previous":null,"x":1}', "here: field 'x' is not known"),
         (b'{"replicas":[1,0],"ack":1,"previous":null}', "not 1 to 255 replica numbers in"),

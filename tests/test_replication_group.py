@@ -22,9 +22,9 @@ from ambrosia_py.coordinator.replication import (
     GroupMismatchError,
     NewTerm,
     Position,
-    Primary,
     PrimaryLost,
     Probe,
+    ReplicationRuleError,
     SaveEpoch,
     Send,
     Silence,
@@ -134,18 +134,7 @@ def test_a_changing_group_is_probed_for_a_quorum_of_each_part() -> None:
 def test_a_leaving_replica_may_be_primary_and_commits_on_k_new_members_alone() -> None:
     # Replica 1 holds the best log as the change begins: it takes the term (its own
     # position counts toward the old part only) and commits once 2 of 0, 3, 4 hold it.
-    p = Primary(
-        replica=1,
-        group=CHANGING,
-        epoch=5,
-        history=ONE,
-        log_base=0,
-        log_end=10,
-        durable_end=10,
-        commit_end=0,
-        now=0.0,
-        timing=TIMING,
-    )
+    p = primary(group=CHANGING, replica=1)
     for r in (0, 3):
         p.receive(r, Position(5, 10, ONE, CHANGING), 0.01)
     assert p.state.name == "ESTABLISHED"
@@ -166,16 +155,5 @@ def test_a_replica_not_of_the_group_probes_nobody_and_reports_nothing() -> None:
 
 
 def test_a_replica_of_neither_part_cannot_be_a_term_primary() -> None:
-    with pytest.raises(Exception, match="replica 7 is not one of"):
-        Primary(
-            replica=7,
-            group=CHANGING,
-            epoch=5,
-            history=ONE,
-            log_base=0,
-            log_end=10,
-            durable_end=10,
-            commit_end=0,
-            now=0.0,
-            timing=TIMING,
-        )
+    with pytest.raises(ReplicationRuleError, match="replica 7 is not one of"):
+        primary(group=CHANGING, replica=7)

@@ -342,9 +342,10 @@ def primary(
     commit: int = 0,
     group: Group = GROUP,
     founding: bool = False,
+    replica: int = 0,
 ) -> Primary:
     return Primary(
-        replica=0,
+        replica=replica,
         group=group,
         epoch=epoch,
         history=history,

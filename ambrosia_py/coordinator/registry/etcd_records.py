@@ -126,13 +126,20 @@ def _refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 class _Fields:
-    """The fields of one JSON object read from ``key``, taken one by one and checked:
-    every ``expected`` one there, ``optional`` ones perhaps, no other."""
+    """The fields of one JSON object read from ``key`` (or from ``where``, in words),
+    taken one by one and checked: every ``expected`` one there, ``optional`` ones
+    perhaps, no other. :meth:`of` takes an object found inside another."""
 
     def __init__(
-        self, key: str, raw: bytes, expected: tuple[str, ...], optional: tuple[str, ...] = ()
+        self,
+        key: str,
+        raw: bytes,
+        expected: tuple[str, ...],
+        optional: tuple[str, ...] = (),
+        *,
+        where: str | None = None,
     ) -> None:
-        self.key = key
+        self.where = f"etcd key {key}" if where is None else where
         try:
             doc = json.loads(
                 raw.decode("utf-8"),
@@ -140,28 +147,38 @@ class _Fields:
                 object_pairs_hook=_refuse_duplicates,
             )
         except (UnicodeDecodeError, ValueError) as exc:
-            raise RegistryError(f"etcd key {key}: the value is not JSON ({exc})") from None
+            raise RegistryError(f"{self.where}: the value is not JSON ({exc})") from None
+        self.doc = self._checked(doc, expected, optional)
+
+    @classmethod
+    def of(cls, doc: object, where: str, expected: tuple[str, ...]) -> _Fields:
+        fields = cls.__new__(cls)
+        fields.where = where
+        fields.doc = fields._checked(doc, expected, ())
+        return fields
+
+    def _checked(
+        self, doc: object, expected: tuple[str, ...], optional: tuple[str, ...]
+    ) -> dict[str, Any]:
         if not isinstance(doc, dict):
-            raise RegistryError(f"etcd key {key}: the value is not a JSON object")
+            raise RegistryError(f"{self.where}: the value is not a JSON object")
         missing = [f for f in expected if f not in doc]
         unknown = sorted(set(doc) - set(expected) - set(optional))
         if missing:
-            raise RegistryError(f"etcd key {key}: field {missing[0]!r} is missing")
+            raise RegistryError(f"{self.where}: field {missing[0]!r} is missing")
         if unknown:
-            raise RegistryError(f"etcd key {key}: field {unknown[0]!r} is not known")
-        self.doc: dict[str, Any] = doc
+            raise RegistryError(f"{self.where}: field {unknown[0]!r} is not known")
+        return doc
 
     def integer(self, field: str, bounds: tuple[int, int], *, nullable: bool = False) -> int | None:
         value = self.doc[field]
         if value is None and nullable:
             return None
         if isinstance(value, bool) or not isinstance(value, int):
-            raise RegistryError(
-                f"etcd key {self.key}: field {field!r} is {value!r}, not an integer"
-            )
+            raise RegistryError(f"{self.where}: field {field!r} is {value!r}, not an integer")
         if not bounds[0] <= value <= bounds[1]:
             raise RegistryError(
-                f"etcd key {self.key}: field {field!r} is {value}, outside {bounds[0]}..{bounds[1]}"
+                f"{self.where}: field {field!r} is {value}, outside {bounds[0]}..{bounds[1]}"
             )
         return value
 
@@ -174,16 +191,14 @@ class _Fields:
         """An optional true or false, false when left out."""
         value = self.doc.get(field, False)
         if not isinstance(value, bool):
-            raise RegistryError(
-                f"etcd key {self.key}: field {field!r} is {value!r}, not true or false"
-            )
+            raise RegistryError(f"{self.where}: field {field!r} is {value!r}, not true or false")
         return value
 
     def text(self, field: str) -> str:
         value = self.doc[field]
         if not isinstance(value, str) or not value:
             raise RegistryError(
-                f"etcd key {self.key}: field {field!r} is {value!r}, not a non-empty string"
+                f"{self.where}: field {field!r} is {value!r}, not a non-empty string"
             )
         return value
 

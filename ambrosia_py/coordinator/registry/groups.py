@@ -22,7 +22,7 @@ import json
 from typing import Any
 
 from ..replication.group import MAX_REPLICA_NUMBER, MAX_REPLICAS, Group
-from .etcd_records import _refuse_constant, _refuse_duplicates
+from .etcd_records import _Fields
 from .interface import RegistryError
 
 __all__ = ["changed", "decode_group", "encode_group"]
@@ -69,35 +69,20 @@ def _part(group: Group) -> dict[str, Any]:
 
 def decode_group(raw: bytes, version: int, where: str) -> Group:
     """The group ``raw`` holds, of the store's ``version``; ``where`` names it in errors."""
-    try:
-        doc = json.loads(
-            raw.decode("utf-8"),
-            parse_constant=_refuse_constant,
-            object_pairs_hook=_refuse_duplicates,
-        )
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise RegistryError(f"{where}: the value is not JSON ({exc})") from None
-    current = _read_part(doc, where, ("replicas", "ack", "previous"))
-    previous = doc["previous"]
+    fields = _Fields("", raw, ("replicas", "ack", "previous"), where=where)
+    current = _read_part(fields)
+    previous = fields.doc["previous"]
     try:
         if previous is None:
             return Group.of(current.replicas, current.k, version=version)
-        old = _read_part(previous, f"{where}, field 'previous'", ("replicas", "ack"))
-        return Group.of(current.replicas, current.k, version=version, previous=old)
+        part = _Fields.of(previous, f"{where}, field 'previous'", ("replicas", "ack"))
+        return Group.of(current.replicas, current.k, version=version, previous=_read_part(part))
     except ValueError as exc:
         raise RegistryError(f"{where}: {exc}") from None
 
 
-def _read_part(doc: object, where: str, fields: tuple[str, ...]) -> Group:
-    if not isinstance(doc, dict):
-        raise RegistryError(f"{where}: not a JSON object")
-    missing = [f for f in fields if f not in doc]
-    unknown = sorted(set(doc) - set(fields))
-    if missing:
-        raise RegistryError(f"{where}: field {missing[0]!r} is missing")
-    if unknown:
-        raise RegistryError(f"{where}: field {unknown[0]!r} is not known")
-    replicas, ack = doc["replicas"], doc["ack"]
+def _read_part(fields: _Fields) -> Group:
+    replicas, ack = fields.doc["replicas"], fields.doc["ack"]
     if (
         not isinstance(replicas, list)
         or not 1 <= len(replicas) <= MAX_REPLICAS
@@ -105,11 +90,11 @@ def _read_part(doc: object, where: str, fields: tuple[str, ...]) -> Group:
         or any(a >= b for a, b in itertools.pairwise(replicas))
     ):
         raise RegistryError(
-            f"{where}: field 'replicas' is {replicas!r}, not 1 to {MAX_REPLICAS} replica "
-            "numbers in increasing order"
+            f"{fields.where}: field 'replicas' is {replicas!r}, not 1 to {MAX_REPLICAS} "
+            "replica numbers in increasing order"
         )
     if not _integer(ack, 1, len(replicas)):
-        raise RegistryError(f"{where}: field 'ack' is {ack!r}, not in 1..{len(replicas)}")
+        raise RegistryError(f"{fields.where}: field 'ack' is {ack!r}, not in 1..{len(replicas)}")
     return Group.of(replicas, ack)
 
 
