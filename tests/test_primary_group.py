@@ -88,6 +88,25 @@ def test_the_primary_of_a_term_of_the_change_settles_it(elect: Elect) -> None:
     assert one.settle_group(term, again) is None
 
 
+def test_the_primary_renews_its_term_in_the_changed_group(elect: Elect) -> None:
+    one, two = elect(1), elect(2)
+    stored = one.found_group(NAME, THREE)
+    term = one.campaign(NAME, 1, 0, group_version=stored.version)
+    assert term is not None
+    changing = two.change_group(NAME, frozenset({1, 2, 3}), None, from_version=stored.version)
+    assert one.renew(term, 40, group_version=stored.version) is None  # the group moved on
+    assert two.renew(term, 40, group_version=changing.version) is None  # not its term
+    renewed = one.renew(term, 40, group_version=changing.version)
+    assert renewed is not None
+    assert (renewed.replica, renewed.log_position) == (1, 40) and renewed.epoch > term.epoch
+    assert two.current(NAME) == renewed and one.still_primary(renewed)
+    assert not one.still_primary(term)
+    assert one.renew(term, 41, group_version=changing.version) is None  # once
+    assert one.settle_group(renewed, changing) is not None
+    one.resign(renewed)
+    assert two.current(NAME) is None
+
+
 def test_the_stored_value_round_trips_with_the_stores_version() -> None:
     changing = Group.of({0, 1, 3}, 2, version=9, previous=Group.of({0, 1, 2}, 2))
     raw = encode_group(changing)

@@ -2,10 +2,10 @@
 ``ambrosia-py group`` changes it under a load of ingress calls.
 
 Three replicas of the counter; a fourth machine starts empty as replica 3 and waits,
-taking no part, until the group adds it; the primary steps down at the change (and is
-started again, rejoining as a secondary); the next term settles it and replica 3 catches
-up. Then replica 0 is removed (it stops, saying so), and the primary's machine is lost
-with its disk: the three left take over. Every call is counted exactly once.
+taking no part, until the group adds it; the primary begins a term of the changing
+group in place, settles the change once it has committed its start, and replica 3
+catches up. Then replica 0 is removed (it stops, saying so), and the primary's machine
+is lost with its disk: the three left take over. Every call is counted exactly once.
 
 A replica restarted with other ``--replicas`` runs in the registry's group and says so
 (the flags count at an instance's first start only): a replica counting by other
@@ -139,27 +139,32 @@ def test_replicas_join_and_leave_the_group_under_load_losing_no_call(
         out = change(registry, "--members", "0,1,2,3")
         assert "counter: changing to replicas 0,1,2,3 committing on 3 (changing from " in out
         assert "counter: settled, replicas 0,1,2,3 committing on 3" in out
-        # The primary stepped down at the change, and stopped; started again, it rejoins.
-        said = stops(machines[term.replica])
-        assert "the group of 'counter' changed to replicas 0,1,2,3 committing on 3" in said
-        assert newer_term(registry, term)
-        machines[term.replica].start()
-        for m in machines:
+        # The primary kept the role: a term of its own in the changing group.
+        renewed = current_term(registry)
+        assert renewed is not None and renewed.replica == term.replica
+        assert renewed.epoch > term.epoch
+        said = machines[term.replica].process_output()
+        assert f"is primary from epoch {renewed.epoch} (the group of 'counter' changed" in said
+        assert "settled the change of 'counter''s group: replicas 0,1,2,3 committing on 3" in said
+        for m in (m for m in machines if m.replica != renewed.replica):
             wait_for(f"replica {m.replica} to hold its log", lambda m=m: follows(m), DEADLINE)
         callers.wait_answers(30)
 
-        # Replica 0 leaves (it stops, saying so); the primary steps down again, unless it
-        # was replica 0 itself, which settles the change and then leaves.
-        term = current_term(registry)
-        assert term is not None
+        # Replica 0 leaves, and stops, saying so (if it was the primary, once it has
+        # settled the change; the next term is of the three left).
         out = change(registry, "--members", "1,2,3")
         assert "counter: settled, replicas 1,2,3 committing on 2" in out
         left = stops(machines[0])
         assert "replica 0 left the group of 'counter' (replicas 1,2,3 committing on 2)" in left
-        if term.replica != 0:
-            stops(machines[term.replica])
-            machines[term.replica].start()
-        for m in machines[1:]:
+
+        def of_the_three() -> bool:
+            term = current_term(registry)
+            return term is not None and term.replica in (1, 2, 3)
+
+        wait_for("a primary of the three left", of_the_three, DEADLINE)
+        now = current_term(registry)
+        assert now is not None
+        for m in (m for m in machines[1:] if m.replica != now.replica):
             wait_for(f"replica {m.replica} to hold its log", lambda m=m: follows(m), DEADLINE)
         callers.wait_answers(30)
 

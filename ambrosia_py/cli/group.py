@@ -5,10 +5,10 @@ or ``--replication-ack``, a change of it.
 The registry's store holds the group (``coordinator/registry/groups.py``); the rules of
 a change are ``coordinator/replication/group.py``'s and the replicas' part in it
 ``coordinator/replicas/membership.py``'s. A change is written to the store as the new
-group changing from the old; the primary steps down (and stops: run it again and it
-rejoins as a secondary); the next term, which needs a quorum of positions from each
-group, settles it once it has committed its start. The command waits for that (unless
-``--no-wait``) and says when it is settled.
+group changing from the old; the primary begins a term of its own in it (keeping the
+role, under a higher epoch), which needs a quorum of positions from each group, and
+settles the change once that term has committed its start. The command waits for that
+(unless ``--no-wait``) and says when it is settled.
 
 A change is refused when the new group's terms could not be established: a term needs
 positions from ``n - k + 1`` of its members that hold their logs, and a member not

@@ -223,6 +223,32 @@ class EtcdPrimaryElection:
     def still_primary(self, term: Term) -> bool:
         return self.current(term.instance) == term
 
+    def renew(self, term: Term, log_position: int, *, group_version: int) -> Term | None:
+        check_replica(term.replica, log_position)
+        if term not in self._terms:
+            return None
+        return self._run(self._renew(term, log_position, group_version))
+
+    async def _renew(self, term: Term, log_position: int, group_version: int) -> Term | None:
+        key = self._keys(term.instance)[0]
+        lease = self._registry.keeper.lease
+        if not lease:
+            return None
+        conditions = [
+            compare(key, "MOD", "EQUAL", term.epoch),
+            compare(self._group_key(term.instance), "MOD", "EQUAL", group_version),
+        ]
+        value = _json({"replica": term.replica, "log_position": log_position})
+        done, reads = await self._registry._client.txn(
+            conditions, [put_op(key, value, lease), range_op(key)]
+        )
+        if not done:
+            return None
+        renewed = _term(term.instance, reads[0][0])
+        self._terms.discard(term)
+        self._terms.add(renewed)
+        return renewed
+
     # --- the group ---------------------------------------------------------------------
 
     def _group_key(self, instance: str) -> str:

@@ -151,6 +151,14 @@ class PrimaryElection(Protocol):
         term, at most one wins."""
         ...
 
+    def renew(self, term: Term, log_position: int, *, group_version: int) -> Term | None:
+        """A new term for the holder of ``term`` (begun by this object, still current),
+        from ``log_position``, in the group of ``group_version`` (the store's now): its
+        replica keeps the role under a higher epoch, so that a term of a changed group
+        begins without a failover. ``None`` if ``term`` is no longer current or the group
+        is not of that version."""
+        ...
+
     def group(self, instance: str) -> Group | None:
         """The instance's replica group as the store holds it (its version the store's),
         or ``None`` before any was stored (:mod:`.groups`)."""

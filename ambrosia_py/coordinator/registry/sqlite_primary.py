@@ -280,6 +280,33 @@ class SqlitePrimaryElection:
     def still_primary(self, term: Term) -> bool:
         return self.current(term.instance) == term
 
+    def renew(self, term: Term, log_position: int, *, group_version: int) -> Term | None:
+        check_replica(term.replica, log_position)
+        instance = term.instance
+        with self._lock:
+            held = self._terms.get(instance)
+            if held is None or held[1] != term:
+                return None
+            with self._registry._write() as db:
+                row = db.execute(
+                    "SELECT epoch FROM primaries WHERE name = ?", (instance,)
+                ).fetchone()
+                stored = db.execute(
+                    "SELECT version FROM groups WHERE name = ?", (instance,)
+                ).fetchone()
+                version = 0 if stored is None else int(stored[0])
+                if row is None or int(row[0]) != term.epoch or version != group_version:
+                    return None
+                db.execute(
+                    "UPDATE primaries SET epoch = ?, log_position = ? WHERE name = ?",
+                    (term.epoch + 1, log_position, instance),
+                )
+            # Still locked by us; a longer number over a shorter one: never a mix.
+            os.pwrite(held[0], f"{term.epoch + 1}\n".encode(), 0)
+            renewed = Term(instance, term.replica, term.epoch + 1, log_position)
+            self._terms[instance] = (held[0], renewed)
+            return renewed
+
     # --- the group ---------------------------------------------------------------------
 
     def _stored(self, db: sqlite3.Connection, instance: str) -> Group | None:

@@ -49,6 +49,7 @@ class Leading:
     _failed: asyncio.Future[None]
     _campaigning: bool
     _retry_at: float
+    _renewing: bool  # the store renews this primary's term (membership.py)
 
     def _end(self) -> int:
         return self.core.log_end
@@ -91,7 +92,11 @@ class Leading:
                 elif isinstance(self.core, Secondary) and term.replica != self.replica:
                     self.core.follow(term.epoch, term.replica, time.monotonic())
                     self._pump()
-                elif isinstance(self.core, Primary) and term.epoch > self.core.epoch:
+                elif (
+                    isinstance(self.core, Primary)
+                    and term.epoch > self.core.epoch
+                    and not (term.replica == self.replica and self._renewing)
+                ):
                     # Taken over while cut off from the replicas (it could commit nothing
                     # since): it learns it here if the registry still reaches it.
                     self._deposed(

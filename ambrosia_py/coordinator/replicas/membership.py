@@ -5,10 +5,11 @@ The registry's store holds the group. A change is written there as the new group
 changing from the old (``PrimaryElection.change_group``); then, here:
 
 - the primary finds it at its next look at the store (every :data:`GROUP_EVERY`
-  seconds) and steps down, giving the role up in the registry: the next term, of
-  whichever replica of either part takes the role, is of the changing group, which
-  needs a quorum of each part. Like every primary that steps down it stops, and
-  rejoins as a secondary when started again;
+  seconds) and begins a new term of its own in the changing group (the store's
+  ``renew``: the role stays its, under a higher epoch), which needs a quorum of each
+  part; the records it appends meanwhile wait until the term is established. If the
+  store will not renew its term, or the term is not established, it steps down and
+  stops, as every primary that steps down does;
 - the primary of that term, once it has committed the term's start (every committed
   record is then on ``k`` of the new members), settles the change in the store;
 - a replica the settled group leaves out stops, saying so; one a change adds, started
@@ -22,12 +23,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Coroutine
 
 from ..core.config import CoordinatorError
 from ..registry.interface import RegistryError
 from ..registry.primary import PrimaryElection, Term
-from ..replication import Group, Primary, Secondary
+from ..replication import Group, Message, Primary, Secondary, Timing
+from ..replication.states import TermState
 
 __all__ = ["GROUP_EVERY", "Membership"]
 
@@ -50,7 +53,20 @@ class Membership:
     core: Primary | Secondary
     term: Term | None
     term_start: int
+    timing: Timing
     _settling: bool
+    _renewing: bool
+    _early: list[tuple[int, Message]]  # of the renewed epoch, before it is known here
+    _held: list[bytes]  # records appended while a renewed term gathers
+    _durable_end: int  # the primary's log is durable below it, as last reported
+
+    def _received(self, sender: int, msg: Message) -> None:
+        """A message from another replica (the node's)."""
+        raise NotImplementedError
+
+    def _pump(self) -> None:
+        """Carry out what the core asks (the node's)."""
+        raise NotImplementedError
 
     def _deposed(self, epoch: int, reason: str, *, handed: bool = False) -> None:
         """This replica's term is over (the node's)."""
@@ -68,6 +84,25 @@ class Membership:
         """The replicas whose messages are taken: of the group this replica knows, and
         of the group of the term it follows."""
         return self.group.members | self.core.group.members
+
+    def _before_renewed(self, sender: int, msg: Message) -> bool:
+        """While the store renews this primary's term, keep what comes under a higher
+        epoch for the new term: the others may learn its epoch from the registry's watch
+        before this replica learns it from the store's answer (the old term would step
+        down, taking the renewed epoch for another's)."""
+        if self._renewing and isinstance(self.core, Primary) and msg.epoch > self.core.epoch:
+            self._early.append((sender, msg))
+            return True
+        return False
+
+    def _release_held(self) -> None:
+        """A renewed term is established: the records appended while it gathered go to
+        it, durable as far as they were reported so while it gathered."""
+        core = self.core
+        if self._held and isinstance(core, Primary):
+            held, self._held = self._held, []
+            core.append(held, time.monotonic())
+            core.records_durable(self._durable_end)
 
     def _settle_if_due(self, end: int) -> None:
         """The primary of a changing group's term committed up to ``end``: once that
@@ -105,6 +140,48 @@ class Membership:
                 )
             )
 
+    async def _renew(self, term: Term, core: Primary, group: Group) -> None:
+        """Begin a term of ``group`` in place of ``term``, keeping the role."""
+        try:
+            renewed = await asyncio.to_thread(
+                self.election.renew, term, core.log_end, group_version=group.version
+            )
+        except RegistryError as exc:
+            log.warning("replica %d could not renew its term: %s", self.replica, exc)
+            renewed = None
+        finally:
+            self._renewing = False
+        early, self._early = self._early, []
+        if self.term is not term or self.core is not core:
+            return  # the term ended meanwhile
+        if renewed is None:
+            why = f"the group changed to {group.describe()}, and its term could not be renewed"
+            self._deposed(core.epoch, why, handed=True)
+        else:
+            self._begin_renewed(core, renewed, group)
+        for sender, msg in early:
+            self._received(sender, msg)
+
+    def _begin_renewed(self, core: Primary, renewed: Term, group: Group) -> None:
+        self.group, self.term = group, renewed
+        self.core = Primary.taking_over(
+            core,
+            group=group,
+            epoch=renewed.epoch,
+            now=time.monotonic(),
+            timing=self.timing,
+            version=core.version,
+            since=max(core.since, core.log_base),
+        )
+        log.info(
+            "replica %d is primary from epoch %d (the group of %r changed to %s)",
+            self.replica,
+            renewed.epoch,
+            self.instance,
+            group.describe(),
+        )
+        self._pump()
+
     async def _watch_group(self) -> None:
         while True:
             await asyncio.sleep(GROUP_EVERY)
@@ -119,13 +196,13 @@ class Membership:
     def _group_moved(self, stored: Group) -> None:
         core = self.core
         if isinstance(core, Primary):
-            if self.term is not None and not self._settling:
-                self._deposed(
-                    core.epoch,
-                    f"the group of {self.instance!r} changed to {stored.describe()}; a term "
-                    "of the new group begins",
-                    handed=True,
-                )
+            if self.term is None or self._settling or self._renewing:
+                return
+            if core.state is not TermState.ESTABLISHED:
+                self._deposed(core.epoch, f"the group changed to {stored.describe()}")
+                return
+            self._renewing = True
+            self._later(self._renew(self.term, core, stored))
             return
         was_member = self.replica in self.group.members
         if self.replica in stored.members:

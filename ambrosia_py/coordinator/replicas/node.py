@@ -67,6 +67,7 @@ from ..replication import (
     VersionFrom,
     WriteRecords,
 )
+from ..replication.states import TermState
 from ..storage.errors import StorageError
 from ..storage.files import InstanceFiles
 from ..storage.replica_state import ReplicaState
@@ -170,6 +171,10 @@ class ReplicaNode(LogWork, Leading, Membership, Versions):
         self._published = (-1, False)  # the log position, recovering, last registered
         self._version_said: VersionFrom | None = None  # before a follower was attached
         self._settling = False  # a change of the group is being settled (membership.py)
+        self._renewing = False  # a term of a changed group is being asked for (membership.py)
+        self._early: list[tuple[int, Message]] = []
+        self._held: list[bytes] = []
+        self._durable_end = 0  # the primary's log is durable below it, as last reported
 
     # --- start and stop -------------------------------------------------------------------
 
@@ -285,6 +290,9 @@ class ReplicaNode(LogWork, Leading, Membership, Versions):
         # Made known to the log once durable (durable()): only then is it surely in the
         # file, whole, for a read that feeds a replica behind.
         self._unwritten.append((seq, log_number, offset, len(record)))
+        if core.state is TermState.GATHERING:
+            self._held.append(record)  # a term begun in place: on once it is established
+            return
         core.append([record], time.monotonic())
         self._pump()
 
@@ -331,6 +339,7 @@ class ReplicaNode(LogWork, Leading, Membership, Versions):
             if self.disk.log is not None:
                 self.disk.log.synced(end)
             self._durable_moved.set()
+            self._durable_end = max(self._durable_end, end)
             core.records_durable(end)
             self._pump()
 
@@ -339,6 +348,8 @@ class ReplicaNode(LogWork, Leading, Membership, Versions):
     def _received(self, sender: int, msg: Message) -> None:
         if sender not in self._members():
             log.warning("a message from replica %d, not of the group: dropped", sender)
+            return
+        if self._before_renewed(sender, msg):
             return
         try:
             self.core.receive(sender, msg, time.monotonic())
@@ -507,6 +518,7 @@ class ReplicaNode(LogWork, Leading, Membership, Versions):
             case Established(epoch, term_start):
                 self.term_start = term_start
                 self.established.set()
+                self._release_held()
                 self._change()
                 log.info("epoch %d established at seq %d", epoch, term_start)
             case CommitAdvanced(end):
