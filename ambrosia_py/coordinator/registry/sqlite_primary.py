@@ -319,7 +319,8 @@ class SqlitePrimaryElection:
         return decode_group(bytes(row[1]), int(row[0]), where)
 
     def _store(self, db: sqlite3.Connection, instance: str, group: Group) -> Group:
-        """``group`` written over the stored one; its version is the next one."""
+        """``group`` written over the stored one, under its own version: the next one
+        (``Group.changed`` and ``Group.settled`` count it up, the first is 1)."""
         db.execute(
             "INSERT INTO groups VALUES (?, ?, ?) ON CONFLICT (name) DO UPDATE SET "
             "version = excluded.version, record = excluded.record",
