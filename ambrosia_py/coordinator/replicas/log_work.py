@@ -1,6 +1,7 @@
 """A replica's log worked on beside the event loop: fdatasyncs in a worker thread (the
-steps that close or remove log files wait for one in flight to end), and the reads that
-feed a secondary behind from the primary's log.
+steps that close or remove log files wait for one in flight to end), the reads that
+feed a secondary behind from the primary's log, and a secondary's rolls of its log for
+checkpoints of its own and their commits (the follower, ``follow.py``, takes them).
 
 :class:`LogWork` is a part of :class:`~.node.ReplicaNode`, apart by concern.
 """
@@ -8,6 +9,7 @@ feed a secondary behind from the primary's log.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine
@@ -15,8 +17,11 @@ from collections.abc import Callable, Coroutine
 from ..replication import Event, Primary, Secondary, Timing
 from ..storage.errors import StorageError
 from .disk import ReplicaDisk
+from .follow import Follower
 
 __all__ = ["LogWork"]
+
+log = logging.getLogger("ambrosia_py.coordinator")
 
 
 class LogWork:
@@ -29,6 +34,9 @@ class LogWork:
     _backlog: deque[Event]
     _deferred: deque[Callable[[], None]]
     _durable_moved: asyncio.Event
+    replica: int
+    follower: Follower | None
+    trigger_bytes: int | None
 
     def _pump(self) -> None:
         """Carry out what the core asks (the node's)."""
@@ -113,3 +121,44 @@ class LogWork:
                 self._pump()
         except Exception as exc:
             self._fail(exc)
+
+    # --- a secondary's checkpoints of its own (follow.py) ---------------------------------
+
+    def _roll_if_due(self) -> None:
+        """Past the size trigger, roll the log to a new file at its end, where the
+        follower takes a checkpoint."""
+        follower, rlog, trigger = self.follower, self.disk.log, self.trigger_bytes
+        if (
+            follower is None
+            or follower.planning
+            or follower.state is None
+            or rlog is None
+            or trigger is None
+            or rlog.log_size < trigger
+            or self._deferred
+        ):
+            return
+
+        def roll() -> None:
+            rlog = self.disk.log
+            if rlog is None or self.follower is not follower or follower.planning:
+                return
+            n, seq = rlog.log_number + 1, rlog.end
+            rlog.roll(n)
+            follower.checkpoint_at(n, seq)
+            log.info("replica %d rolled to log %d at seq %d for a checkpoint", self.replica, n, seq)
+
+        self._when_not_syncing(roll)
+
+    def commit_checkpoint(self, n: int, seq: int) -> None:
+        """Checkpoint ``n``, written by the follower, the state before ``seq``, is safe to
+        recover from: commit it in the state file, then drop the files before it."""
+
+        def commit() -> None:
+            rlog = self.disk.log
+            assert rlog is not None
+            self.disk.save(checkpoint=n)
+            rlog.drop_before(n)
+            self.core.log_pruned(seq)
+
+        self._when_not_syncing(commit)

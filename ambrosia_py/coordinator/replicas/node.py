@@ -423,47 +423,6 @@ class ReplicaNode(LogWork, Leading, Membership, Versions):
         # before the commit path syncs it on the event loop, an acknowledgement at once.
         self.transport.flush()
 
-    # --- a secondary's checkpoints of its own (follow.py) ---------------------------------
-
-    def _roll_if_due(self) -> None:
-        """Past the size trigger, roll the log to a new file at its end, where the
-        follower takes a checkpoint."""
-        follower, rlog, trigger = self.follower, self.disk.log, self.trigger_bytes
-        if (
-            follower is None
-            or follower.planning
-            or follower.state is None
-            or rlog is None
-            or trigger is None
-            or rlog.log_size < trigger
-            or self._deferred
-        ):
-            return
-
-        def roll() -> None:
-            rlog = self.disk.log
-            if rlog is None or self.follower is not follower or follower.planning:
-                return
-            n, seq = rlog.log_number + 1, rlog.end
-            rlog.roll(n)
-            follower.checkpoint_at(n, seq)
-            log.info("replica %d rolled to log %d at seq %d for a checkpoint", self.replica, n, seq)
-
-        self._when_not_syncing(roll)
-
-    def commit_checkpoint(self, n: int, seq: int) -> None:
-        """Checkpoint ``n``, written by the follower, the state before ``seq``, is safe to
-        recover from: commit it in the state file, then drop the files before it."""
-
-        def commit() -> None:
-            rlog = self.disk.log
-            assert rlog is not None
-            self.disk.save(checkpoint=n)
-            rlog.drop_before(n)
-            self.core.log_pruned(seq)
-
-        self._when_not_syncing(commit)
-
     def _do(self, event: Event) -> None:
         match event:
             case Send(to, message):

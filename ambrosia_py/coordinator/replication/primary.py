@@ -35,13 +35,7 @@ same durably in this epoch, and ``c`` is at least
 the term start (records of earlier terms are committed by the first commit of this one,
 never by counting them: the Raft rule).
 
-It never pauses to checkpoint: when the adapter rolls its log (:meth:`Primary.rolled`),
-the streaming secondary that has acknowledged the most is asked (ROLL) for the state
-before the roll point, which its binding takes as it replays; the chunks it sends back
-(TAKEN) are kept aside (:class:`~.events.StoreCheckpointChunk`) and, once whole, kept
-as the checkpoint of the log that starts there (:class:`~.events.CheckpointTaken`).
-Only the last roll's checkpoint is taken; one that never comes is asked for again at
-the next roll.
+It never pauses to checkpoint: a secondary takes its checkpoints (:mod:`.rolls`).
 
 A replica started to upgrade that holds the whole log asks for the role (ASK_ROLE, again
 while it does). Once ``group.k`` replicas have asked within ``timing.failover_after``
@@ -62,7 +56,6 @@ from collections.abc import Sequence
 from .chunks import ChunkTransfer, checkpoint_pieces
 from .errors import ReplicationRuleError
 from .events import (
-    CheckpointTaken,
     CommitAdvanced,
     Established,
     EventQueue,
@@ -73,7 +66,6 @@ from .events import (
     Send,
     SendCheckpoint,
     SteppedDown,
-    StoreCheckpointChunk,
     Timing,
 )
 from .feeds import Feed, batches, record_seqs
@@ -93,19 +85,19 @@ from .messages import (
     Probe,
     Refuse,
     Resend,
-    Roll,
     Silence,
     Sync,
     TakenChunk,
     append_size,
 )
+from .rolls import Rolling
 from .secondary import LogState
 from .states import FEED, TERM, FeedEvent, FeedState, TermEvent, TermState, step
 
 __all__ = ["Primary"]
 
 
-class Primary(Handing, EventQueue):
+class Primary(Handing, Rolling, EventQueue):
     """The primary of one term (see the module). ``history``, ``log_base`` (the first
     seq the log holds), ``log_end``, ``durable_end`` and ``commit_end`` are the
     replica's as it takes the role; ``epoch`` must exceed every epoch it has seen.
@@ -294,43 +286,6 @@ class Primary(Handing, EventQueue):
             else:
                 feed.state = step("feed", FEED, feed.state, FeedEvent.BEHIND)
                 self._pump(r)
-
-    def rolled(self, seq: int, now: float) -> int | None:
-        """The adapter rolled its log at ``seq``, its end (the records below are in older
-        files), and would keep the state there as its checkpoint: the streaming
-        secondary that has acknowledged the most (the lowest number of those tied) is
-        asked for it. Returns that replica; None if none can be asked now (the term not
-        established, or no secondary keeping up), and the adapter asks at its next roll."""
-        if self.state is not TermState.ESTABLISHED or self._handing is not None:
-            return None
-        self.state = step("primary", TERM, self.state, TermEvent.ROLL)
-        if seq != self.log_end:
-            raise ReplicationRuleError(f"rolled at {seq}, not at the log's end {self.log_end}")
-        keeping_up = [
-            (feed.match, -r)
-            for r, feed in self._feeds.items()
-            if feed.state is FeedState.STREAMING and r in self.group.replicas
-        ]
-        if not keeping_up:
-            return None
-        chosen = -max(keeping_up)[1]
-        self._rolled, self._taken = (seq, chosen), None
-        self._send(chosen, Roll(self.epoch, seq), now)
-        return chosen
-
-    def _taken_chunk(self, replica: int, msg: TakenChunk) -> None:
-        if self._rolled != (msg.seq, replica):
-            return  # for an earlier roll, or not asked of this replica: not kept
-        key = (msg.epoch, msg.seq, msg.total)
-        held = self._taken if self._taken is not None and self._taken.key == key else None
-        transfer = self._taken = held or ChunkTransfer(key)
-        if transfer.add(msg.offset, len(msg.data)):
-            self._events.append(
-                StoreCheckpointChunk(msg.seq, msg.total, msg.offset, msg.data, held is None)
-            )
-        if transfer.missing_after(0, 0) == 0:
-            self._rolled = self._taken = None
-            self._events.append(CheckpointTaken(msg.seq))
 
     def records_durable(self, end: int) -> None:
         """The log is durable (fdatasync'ed) below ``end``."""
