@@ -115,7 +115,12 @@ def _show_or_change(
         click.echo(f"{instance}: {stored.describe()}")
         return
     replicas = stored.replicas if members is None else _members(members)
-    _check_terms(election, instance, Group.of(replicas, ack) if _valid(replicas, ack) else None)
+    try:
+        new = Group.of(replicas, ack)
+    except ValueError:
+        new = None  # not a group at all: the store's own check names what is wrong
+    if new is not None:
+        _check_terms(election, instance, new)
     changing = election.change_group(instance, replicas, ack, from_version=stored.version)
     click.echo(f"{instance}: changing to {changing.describe()}")
     if not wait:
@@ -135,19 +140,9 @@ def _show_or_change(
     )
 
 
-def _valid(replicas: frozenset[int], ack: int | None) -> bool:
-    try:
-        Group.of(replicas, ack)
-    except ValueError:
-        return False  # the store's own check names it
-    return True
-
-
-def _check_terms(election: PrimaryElection, instance: str, new: Group | None) -> None:
+def _check_terms(election: PrimaryElection, instance: str, new: Group) -> None:
     """Refuse a group whose terms could not be established by the replicas running and
     caught up now (see the module)."""
-    if new is None:
-        return
     holding = {r.replica for r in election.replicas(instance) if not r.recovering}
     able = len(new.replicas & holding)
     if able < new.term_quorum:

@@ -31,6 +31,7 @@ from ..registry.interface import RegistryError
 from ..registry.primary import PrimaryElection, Term
 from ..replication import Group, Message, Primary, Secondary, Timing
 from ..replication.states import TermState
+from .disk import ReplicaDisk
 
 __all__ = ["GROUP_EVERY", "Membership"]
 
@@ -58,7 +59,7 @@ class Membership:
     _renewing: bool
     _early: list[tuple[int, Message]]  # of the renewed epoch, before it is known here
     _held: list[bytes]  # records appended while a renewed term gathers
-    _durable_end: int  # the primary's log is durable below it, as last reported
+    disk: ReplicaDisk
 
     def _received(self, sender: int, msg: Message) -> None:
         """A message from another replica (the node's)."""
@@ -80,10 +81,10 @@ class Membership:
         """Run ``work`` in the background (the node's)."""
         raise NotImplementedError
 
-    def _members(self) -> frozenset[int]:
-        """The replicas whose messages are taken: of the group this replica knows, and
-        of the group of the term it follows."""
-        return self.group.members | self.core.group.members
+    def _of_group(self, sender: int) -> bool:
+        """Whether messages from ``sender`` are taken: a replica of the group this one
+        knows, or of the group of the term it follows."""
+        return sender in self.group.members or sender in self.core.group.members
 
     def _before_renewed(self, sender: int, msg: Message) -> bool:
         """While the store renews this primary's term, keep what comes under a higher
@@ -102,7 +103,8 @@ class Membership:
         if self._held and isinstance(core, Primary):
             held, self._held = self._held, []
             core.append(held, time.monotonic())
-            core.records_durable(self._durable_end)
+            if self.disk.log is not None:
+                core.records_durable(self.disk.log.durable_end)
 
     def _settle_if_due(self, end: int) -> None:
         """The primary of a changing group's term committed up to ``end``: once that

@@ -174,7 +174,6 @@ class ReplicaNode(LogWork, Leading, Membership, Versions):
         self._renewing = False  # a term of a changed group is being asked for (membership.py)
         self._early: list[tuple[int, Message]] = []
         self._held: list[bytes] = []
-        self._durable_end = 0  # the primary's log is durable below it, as last reported
 
     # --- start and stop -------------------------------------------------------------------
 
@@ -339,14 +338,13 @@ class ReplicaNode(LogWork, Leading, Membership, Versions):
             if self.disk.log is not None:
                 self.disk.log.synced(end)
             self._durable_moved.set()
-            self._durable_end = max(self._durable_end, end)
             core.records_durable(end)
             self._pump()
 
     # --- messages and time ----------------------------------------------------------------
 
     def _received(self, sender: int, msg: Message) -> None:
-        if sender not in self._members():
+        if not self._of_group(sender):
             log.warning("a message from replica %d, not of the group: dropped", sender)
             return
         if self._before_renewed(sender, msg):
